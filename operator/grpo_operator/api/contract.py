@@ -1,0 +1,52 @@
+"""The run contract: the resolved job every pod reads from `job.json`.
+
+The operator renders it (spec + topology) into a ConfigMap; in a cluster the addresses are
+Service DNS names, under the local runtime they are loopback addresses. Trainer and
+rollout processes read it through these models and nothing else; env vars only carry
+what differs per pod (the pod index).
+"""
+
+from pydantic import Field
+
+from grpo_operator.api.base import ApiModel
+from grpo_operator.api.spec import GRPOJobSpec
+
+CONTRACT_VERSION = 1
+CONTRACT_FILE = "job.json"
+CONTRACT_MOUNT = "/etc/grpo"
+ENV_CONTRACT = "GRPO_CONTRACT"
+ENV_POD_INDEX = "GRPO_POD_INDEX"
+ENV_TOKEN = "GRPO_TOKEN"
+
+
+class TrainerTopology(ApiModel):
+    service: str = Field(description="service: headless Service of the trainer gang.")
+    replicas: int = Field(ge=1, description="replicas: trainer pods.")
+    processes_per_pod: int = Field(ge=1, description="processesPerPod: ranks per pod.")
+    world_size: int = Field(ge=1, description="worldSize: replicas * processesPerPod.")
+    expert_parallel_size: int = Field(ge=1, description="expertParallelSize: ranks in one EP group.")
+    data_parallel_size: int = Field(ge=1, description="dataParallelSize: worldSize / expertParallelSize.")
+    master_addr: str = Field(description="masterAddr: address of rank 0 (pod 0) for torch.distributed.")
+    master_port: int = Field(ge=1, le=65535, description="masterPort: rendezvous port on rank 0.")
+    backend: str = Field(description="backend: torch.distributed backend, nccl or gloo.")
+
+
+class RolloutTopology(ApiModel):
+    service: str = Field(description="service: headless Service of the rollout servers.")
+    replicas: int = Field(ge=0, description="replicas: rollout servers at render time.")
+    port: int = Field(ge=1, le=65535, description="port: HTTP port of each server.")
+    endpoints: list[str] = Field(description="endpoints: base URL of each server, by pod index.")
+
+
+class RunContract(ApiModel):
+    version: int = Field(default=CONTRACT_VERSION, description="version: contract format version.")
+    job_name: str = Field(description="jobName: the GRPOJob's name.")
+    namespace: str = Field(description="namespace: the GRPOJob's namespace.")
+    generation: int = Field(default=1, description="generation: spec generation this contract was made from.")
+    spec: GRPOJobSpec = Field(description="spec: the validated spec, defaults filled in.")
+    trainer: TrainerTopology = Field(description="trainer: resolved trainer topology.")
+    rollout: RolloutTopology = Field(description="rollout: resolved rollout topology.")
+    checkpoint_dir: str = Field(description="checkpointDir: where this job's checkpoints live inside the pod.")
+    status_url: str | None = Field(
+        default=None, description="statusUrl: where rank 0 reports progress (a GRPOJob status endpoint or local)."
+    )

@@ -1,0 +1,94 @@
+"""GRPOJob status: phases, conditions and progress, with their names as constants.
+
+Written by the operator (phase, conditions, replica readiness, restarts) and by trainer
+rank 0 (progress). Condition types and reasons live here so the controller, the Argo CD
+health check and the tests spell them one way.
+"""
+
+from enum import StrEnum
+
+from pydantic import Field
+
+from grpo_operator.api.base import ApiModel
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
+
+
+class ConditionType(StrEnum):
+    CREATED = "Created"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class Reason(StrEnum):
+    CHILDREN_CREATED = "ChildrenCreated"
+    PODS_PENDING = "PodsPending"
+    PODS_STARTING = "PodsStarting"
+    ALL_READY = "AllReplicasReady"
+    TRAINER_FAILED = "TrainerPodFailed"
+    NODE_LOST = "NodeLost"
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    PERMANENT_ERROR = "PermanentError"
+    INVALID_SPEC = "InvalidSpec"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    SUSPENDED = "JobSuspended"
+    RESUMED = "JobResumed"
+    COMPLETED = "TrainingCompleted"
+
+
+class Condition(ApiModel):
+    type: str = Field(description="type: one of Created, Running, Restarting, Suspended, Succeeded, Failed.")
+    status: str = Field(description="status: True, False or Unknown.")
+    reason: str = Field(default="", description="reason: a CamelCase word saying why the condition holds.")
+    message: str = Field(default="", description="message: what happened, for humans; names pod, rank, step.")
+    last_transition_time: str | None = Field(
+        default=None, description="lastTransitionTime: when status last changed (RFC 3339)."
+    )
+
+
+class ReplicaStatus(ApiModel):
+    replicas: int = Field(default=0, description="replicas: pods wanted for this role.")
+    ready: int = Field(default=0, description="ready: pods of this role that are Ready.")
+    ready_text: str = Field(default="0/0", description="readyText: 'ready/replicas', for printer columns.")
+
+
+class Progress(ApiModel):
+    step: int = Field(default=0, description="step: optimizer steps completed.")
+    max_steps: int | None = Field(default=None, description="maxSteps: steps the job will run.")
+    reward_mean: float | None = Field(default=None, description="rewardMean: mean reward of the last step.")
+    tokens_per_second: float | None = Field(
+        default=None, description="tokensPerSecond: generated plus trained tokens per second, last step."
+    )
+    weight_version: int | None = Field(default=None, description="weightVersion: policy version on rollout.")
+    last_checkpoint: str | None = Field(default=None, description="lastCheckpoint: path of the newest one.")
+    last_checkpoint_step: int | None = Field(default=None, description="lastCheckpointStep: its step.")
+    updated_at: str | None = Field(default=None, description="updatedAt: when rank 0 last reported (RFC 3339).")
+
+
+class GRPOJobStatus(ApiModel):
+    phase: Phase | None = Field(default=None, description="phase: the job's lifecycle phase.")
+    conditions: list[Condition] = Field(default_factory=list, description="conditions: latest observations.")
+    observed_generation: int | None = Field(
+        default=None, description="observedGeneration: the spec generation this status describes."
+    )
+    restarts: int = Field(default=0, description="restarts: trainer gang restarts so far.")
+    trainer: ReplicaStatus | None = Field(default=None, description="trainer: trainer pod readiness.")
+    rollout: ReplicaStatus | None = Field(default=None, description="rollout: rollout pod readiness.")
+    progress: Progress | None = Field(default=None, description="progress: reported by trainer rank 0.")
+    start_time: str | None = Field(default=None, description="startTime: when pods were first created.")
+    completion_time: str | None = Field(default=None, description="completionTime: when it ended.")
+    message: str | None = Field(default=None, description="message: the latest human-readable summary.")
