@@ -1,0 +1,1 @@
+"""grpo_rollout: generation servers (vLLM on GPU, torch on CPU), their HTTP API and rewards."""
