@@ -1,0 +1,40 @@
+# The two commands a newcomer needs: `make demo` (run the tiny GRPO job locally) and
+# `make test` (every ring: lint, unit, integration, e2e against a real API server).
+# Both install what they need; caches live outside the repo (~/.cache/grpo-operator).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+TINY := examples/.tiny
+
+.PHONY: setup control-plane lint test test-unit demo crd cluster-up cluster-down
+
+setup:
+	bash hack/venv.sh >/dev/null
+
+control-plane:
+	bash hack/build-control-plane.sh
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
+
+test: setup control-plane lint
+	$(PY) -m pytest tests
+
+test-unit: setup
+	$(PY) -m pytest tests/unit
+
+demo: setup
+	$(VENV)/bin/grpo-operator tiny-model $(TINY)
+	$(VENV)/bin/grpo-operator run examples/tiny-local.yaml --summary-json out/demo-summary.json
+
+crd: setup
+	$(VENV)/bin/grpo-operator crd > crds/grpojobs.grpo.dev.yaml
+	cp crds/grpojobs.grpo.dev.yaml charts/grpo-operator/crds/grpojobs.grpo.dev.yaml
+
+cluster-up: setup control-plane
+	bash hack/cluster.sh up
+
+cluster-down:
+	bash hack/cluster.sh down
