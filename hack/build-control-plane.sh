@@ -105,7 +105,8 @@ PY
 }
 
 case "${1:-all}" in
-  all) fetch_kubectl_helm; build_etcd; build_kwok; build_kubernetes ;;
+  # The lock makes concurrent callers (parallel CI jobs, e2e sessions) wait for one build.
+  all) exec 9>"$BIN_DIR.lock"; flock 9; fetch_kubectl_helm; build_etcd; build_kwok; build_kubernetes ;;
   print-bin-dir) echo "$BIN_DIR"; exit 0 ;;
   *) echo "usage: $0 [all|print-bin-dir]" >&2; exit 2 ;;
 esac

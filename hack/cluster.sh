@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# The local Kubernetes control plane for the e2e ring: etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler and the kwok controller as plain processes on
+# loopback (kwokctl's binary runtime, binaries from hack/build-control-plane.sh), with kwok
+# fake nodes shaped like an EKS GPU fleet (hack/fleet.sh). Called by developers, CI and the
+# session fixture in tests/e2e/conftest.py.
+#
+#   hack/cluster.sh up          build binaries if needed, start (or reuse) the cluster, print
+#                               `export KUBECONFIG=...` on stdout once every node is Ready
+#   hack/cluster.sh down        stop every process it started and delete the cluster's state
+#   hack/cluster.sh kubeconfig  print the kubeconfig path
+#   hack/cluster.sh fail-pod NAMESPACE POD [EXIT_CODE]
+#                               mark a pod Failed through its status subresource, as a
+#                               kubelet would after its container exited with EXIT_CODE (1)
+#
+# State (pki, etcd data, logs) lives in $GRPO_KWOK_WORKDIR (default /tmp/grpo-kwok-$UID),
+# outside the repo. Concurrent `up` calls are serialised by a lock file there.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=hack/versions.sh
+source "$here/versions.sh"
+# shellcheck source=hack/fleet.sh
+source "$here/fleet.sh"
+
+CLUSTER_NAME="${GRPO_CLUSTER_NAME:-grpo-e2e}"
+export KWOK_WORKDIR="${GRPO_KWOK_WORKDIR:-${TMPDIR:-/tmp}/grpo-kwok-$(id -u)}"
+export KWOK_KUBECTL_BINARY="$BIN_DIR/kubectl"
+CLUSTER_DIR="$KWOK_WORKDIR/clusters/$CLUSTER_NAME"
+KUBECONFIG_PATH="$CLUSTER_DIR/kubeconfig.yaml"
+READY_TIMEOUT="${GRPO_CLUSTER_READY_TIMEOUT:-180s}"
+
+log() { printf '[cluster] %s\n' "$*" >&2; }
+kctl() { "$BIN_DIR/kubectl" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
+kwokctl() { "$BIN_DIR/kwokctl" --name "$CLUSTER_NAME" -v WARN "$@"; }
+
+healthy() {
+  [ -f "$KUBECONFIG_PATH" ] && kctl get --raw=/readyz --request-timeout=5s >/dev/null 2>&1
+}
+
+create_cluster() {
+  log "creating kwok cluster '$CLUSTER_NAME' in $CLUSTER_DIR"
+  kwokctl create cluster --config "$here/kwokctl.yaml" --runtime binary --kubeconfig "" --disable-qps-limits \
+    --etcd-binary "$BIN_DIR/etcd" \
+    --kube-apiserver-binary "$BIN_DIR/kube-apiserver" \
+    --kube-controller-manager-binary "$BIN_DIR/kube-controller-manager" \
+    --kube-scheduler-binary "$BIN_DIR/kube-scheduler" \
+    --kwok-controller-binary "$BIN_DIR/kwok" \
+    --wait "$READY_TIMEOUT" >&2
+}
+
+# Starts the cluster's processes, reusing its state when a previous run left it stopped
+# (say, after a reboot); recreates it when that state is unusable.
+ensure_running() {
+  healthy && { log "cluster '$CLUSTER_NAME' already running"; return 0; }
+  if [ -d "$CLUSTER_DIR" ]; then
+    log "cluster '$CLUSTER_NAME' exists but does not answer; restarting it"
+    if kwokctl start cluster --wait "$READY_TIMEOUT" >&2 && healthy; then return 0; fi
+    log "restart failed; recreating the cluster"
+    kwokctl delete cluster >&2 || rm -rf "$CLUSTER_DIR"
+  fi
+  create_cluster
+  healthy || { log "kube-apiserver is not ready; logs: $CLUSTER_DIR/logs"; return 1; }
+}
+
+# Node manifests of the whole fleet. Status (allocatable, capacity) is set at creation;
+# kwok's node-initialize stage keeps it and adds conditions, addresses and heartbeats.
+node_manifests() {
+  local i=0 name type zone group l1 l2 l3 kv
+  while read -r name type zone group l1 l2 l3; do
+    printf -- '---\napiVersion: v1\nkind: Node\nmetadata:\n  name: %s\n' "$name"
+    printf '  annotations:\n    kwok.x-k8s.io/node: fake\n  labels:\n    type: kwok\n'
+    node_labels "$name" "$type" "$zone" "$group" "$l1" "$l2" "$l3" | sed 's/^\([^=]*\)=\(.*\)$/    \1: "\2"/'
+    printf 'spec:\n  providerID: aws:///%s/i-0kwok%011d\n' "$zone" "$i"
+    printf '  podCIDR: 10.244.%d.0/24\n  podCIDRs: [10.244.%d.0/24]\n' "$i" "$i"
+    if [ -n "$(shape_gpu_product "$type")" ]; then
+      printf '  taints:\n  - {key: %s, value: "%s", effect: %s}\n' \
+        "$GPU_TAINT_KEY" "$GPU_TAINT_VALUE" "$GPU_TAINT_EFFECT"
+    fi
+    printf 'status:\n  addresses:\n  - {type: InternalIP, address: 10.0.%d.%d}\n' "$((i / 200))" "$((i % 200 + 10))"
+    printf '  - {type: Hostname, address: %s}\n  allocatable:\n' "$name"
+    shape_allocatable "$type" | sed 's/^\([^=]*\)=\(.*\)$/    \1: "\2"/'
+    printf '  capacity:\n'
+    shape_capacity "$type" | sed 's/^\([^=]*\)=\(.*\)$/    \1: "\2"/'
+    i=$((i + 1))
+  done < <(fleet_nodes)
+}
+
+# Creates the fleet's nodes that are missing; existing ones are left as they are, so a
+# second `up` costs one list call.
+ensure_nodes() {
+  local have missing
+  have="$(kctl get nodes -o name)"
+  missing=0
+  while read -r name _; do
+    grep -qx "node/$name" <<<"$have" || missing=1
+  done < <(fleet_nodes)
+  if [ "$missing" = 1 ]; then
+    log "creating fake nodes"
+    node_manifests | kctl create -f - 2>&1 | grep -v 'AlreadyExists' >&2 || true
+  fi
+  kctl wait --for=condition=Ready node --all --timeout="$READY_TIMEOUT" >/dev/null
+}
+
+up() {
+  local start=$SECONDS
+  bash "$here/build-control-plane.sh" all
+  mkdir -p "$KWOK_WORKDIR"
+  exec 9>"$KWOK_WORKDIR/.lock-$CLUSTER_NAME"
+  flock 9
+  ensure_running
+  ensure_nodes
+  flock -u 9
+  log "ready in $((SECONDS - start))s: $(kctl get nodes --no-headers | wc -l) nodes"
+  echo "export KUBECONFIG=$KUBECONFIG_PATH"
+}
+
+down() {
+  if [ -d "$CLUSTER_DIR" ]; then
+    kwokctl delete cluster >&2
+  else
+    log "no cluster '$CLUSTER_NAME' in $KWOK_WORKDIR"
+  fi
+}
+
+fail_pod() {
+  local ns="$1" pod="$2" code="${3:-1}" now status
+  now="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  status="$(kctl get pod -n "$ns" "$pod" -o jsonpath='{range .spec.containers[*]}{.name}{" "}{.image}{"\n"}{end}' |
+    awk -v now="$now" -v code="$code" 'BEGIN { printf "{\"status\":{\"phase\":\"Failed\",\"containerStatuses\":[" }
+      { printf "%s{\"name\":\"%s\",\"image\":\"%s\",\"ready\":false,\"restartCount\":0,\"state\":{\"terminated\":{\"exitCode\":%d,\"reason\":\"Error\",\"startedAt\":\"%s\",\"finishedAt\":\"%s\"}}}", (NR > 1 ? "," : ""), $1, $2, code, now, now }
+      END { printf "],\"conditions\":[{\"type\":\"Ready\",\"status\":\"False\",\"reason\":\"PodFailed\",\"lastTransitionTime\":\"%s\"}]}}", now }')"
+  kctl patch pod -n "$ns" "$pod" --subresource=status --type=strategic -p "$status" >&2
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  kubeconfig) echo "$KUBECONFIG_PATH" ;;
+  fail-pod) [ $# -ge 3 ] || { echo "usage: $0 fail-pod NAMESPACE POD [EXIT_CODE]" >&2; exit 2; }; fail_pod "$2" "$3" "${4:-1}" ;;
+  *) echo "usage: $0 up|down|kubeconfig|fail-pod NAMESPACE POD [EXIT_CODE]" >&2; exit 2 ;;
+esac
