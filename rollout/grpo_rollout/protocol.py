@@ -1,0 +1,234 @@
+"""Wire protocol of the rollout servers: the only shapes that cross the trainer/rollout boundary.
+
+The rollout server (`grpo_rollout.server`) parses requests with these models and answers with
+them; the trainer imports this module (and `grpo_rollout.client`) and nothing else of the rollout
+package. Every payload carries `protocol_version`, so a trainer and a server built from different
+releases fail with a clear message instead of misreading each other. Models import only pydantic.
+
+Endpoints (all JSON except the weight body):
+  POST /generate  GenerateRequest -> GenerateResponse        (bearer token)
+  POST /weights   one safetensors bucket, WeightBucket headers -> WeightUpdateResponse (bearer token)
+  GET  /health    -> HealthResponse (200 ready, 503 loading/draining; no token, for probes)
+  GET  /metrics   Prometheus text (no token)
+Every error is an ErrorResponse with a machine-readable `code`.
+"""
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PROTOCOL_VERSION = 1
+
+# Bounds a server enforces (413 for bodies, 422 for counts) and a client respects when it splits work.
+MAX_PROMPTS_PER_REQUEST = 1024
+MAX_SEQUENCES_PER_REQUEST = 16384  # prompts * n
+MAX_GROUP_SIZE = 1024
+MAX_PROMPT_CHARS = 65536
+MAX_NEW_TOKENS = 131072
+MAX_GENERATE_BODY_BYTES = 16 * 1024 * 1024
+MAX_WEIGHT_BUCKET_BYTES = 2 * 1024 * 1024 * 1024
+MAX_WEIGHT_BUCKETS = 4096
+DEFAULT_WEIGHT_BUCKET_BYTES = 256 * 1024 * 1024
+
+AUTH_HEADER = "Authorization"
+WEIGHTS_CONTENT_TYPE = "application/vnd.safetensors"
+
+FinishReason = Literal["stop", "length"]
+ServerState = Literal["loading", "ready", "draining"]
+
+
+class WireModel(BaseModel):
+    """Base of every payload: snake_case on the wire, unknown fields rejected so typos fail loudly."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Versioned(WireModel):
+    protocol_version: Literal[1] = Field(
+        default=PROTOCOL_VERSION, description="protocol_version: must equal the server's PROTOCOL_VERSION."
+    )
+
+
+class Sampling(WireModel):
+    """How completions are drawn; mirrors the GRPOJob's algorithm fields of the same names."""
+
+    temperature: float = Field(default=1.0, gt=0, le=10, description="temperature: logits are divided by it.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="top_p: nucleus mass kept, (0, 1].")
+    max_new_tokens: int = Field(
+        default=256, ge=1, le=MAX_NEW_TOKENS, description="max_new_tokens: length cap."
+    )
+    seed: int | None = Field(
+        default=None,
+        ge=0,
+        description="seed: optional. Same seed, prompts and weights give the same samples.",
+    )
+
+
+class Prompt(WireModel):
+    id: str = Field(min_length=1, max_length=256, description="id: caller's key; echoed back as prompt_id.")
+    text: str = Field(
+        max_length=MAX_PROMPT_CHARS,
+        description="text: the prompt, tokenized as is (no chat template applied).",
+    )
+    columns: dict[str, Any] = Field(
+        default_factory=dict,
+        description="columns: the dataset row's other columns (e.g. answer), passed to reward functions.",
+    )
+
+
+class GenerateRequest(Versioned):
+    request_id: str = Field(min_length=1, max_length=256, description="request_id: echoed back, for logs.")
+    prompts: list[Prompt] = Field(min_length=1, max_length=MAX_PROMPTS_PER_REQUEST)
+    n: int = Field(ge=1, le=MAX_GROUP_SIZE, description="n: completions per prompt (the GRPO group size).")
+    sampling: Sampling = Field(default_factory=Sampling)
+    min_weight_version: int | None = Field(
+        default=None,
+        ge=0,
+        description="min_weight_version: optional. A server with older weights answers 409 weight_too_old.",
+    )
+
+    @model_validator(mode="after")
+    def _bounded(self) -> "GenerateRequest":
+        total = len(self.prompts) * self.n
+        if total > MAX_SEQUENCES_PER_REQUEST:
+            raise ValueError(
+                f"prompts * n = {total} exceeds {MAX_SEQUENCES_PER_REQUEST} sequences per request"
+            )
+        ids = [p.id for p in self.prompts]
+        if len(set(ids)) != len(ids):
+            raise ValueError("prompt ids must be unique within a request")
+        return self
+
+
+class RewardDetail(WireModel):
+    """One reward function's share of a completion's reward; `error` says why it scored 0."""
+
+    name: str = Field(description="name: builtin name or 'module:function'.")
+    weight: float
+    score: float = Field(description="score: unweighted value (0 when error is set).")
+    error: str | None = Field(default=None, description="error: why this function failed for this sample.")
+
+
+class Completion(WireModel):
+    text: str = Field(description="text: decoded completion, special tokens skipped.")
+    token_ids: list[int] = Field(
+        description="token_ids: sampled tokens, including the EOS token if one ended it."
+    )
+    logprobs: list[float] = Field(
+        description="logprobs: per token of token_ids, log-prob under the sampling policy: "
+        "log_softmax(logits / temperature) restricted to the top_p nucleus and renormalised "
+        "(with top_p = 1 that is plain log_softmax(logits / temperature))."
+    )
+    finish_reason: FinishReason = Field(description="finish_reason: stop (EOS) or length (max_new_tokens).")
+    reward: float = Field(description="reward: weighted sum of the reward functions' scores.")
+    reward_details: list[RewardDetail] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _aligned(self) -> "Completion":
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(f"{len(self.token_ids)} token_ids but {len(self.logprobs)} logprobs")
+        return self
+
+
+class PromptResult(WireModel):
+    prompt_id: str
+    prompt_token_ids: list[int] = Field(
+        description="prompt_token_ids: the prompt as the server tokenized it."
+    )
+    completions: list[Completion] = Field(description="completions: exactly n of them.")
+
+
+class GenerateResponse(Versioned):
+    request_id: str
+    server_id: str = Field(description="server_id: which server answered (pod name or host:port).")
+    weight_version: int = Field(
+        ge=0, description="weight_version: the weights every completion was sampled with."
+    )
+    results: list[PromptResult] = Field(description="results: in request order, minus unfinished prompts.")
+    unfinished_prompt_ids: list[str] = Field(
+        default_factory=list,
+        description="unfinished_prompt_ids: prompts handed back (server draining); re-send them elsewhere.",
+    )
+    generation_seconds: float = Field(default=0.0, ge=0)
+    reward_seconds: float = Field(default=0.0, ge=0)
+
+
+class WeightBucket(Versioned):
+    """Describes one bucket of a weight version; travels as HTTP headers next to a safetensors body.
+
+    A version is split into `count` buckets (each a safetensors file of HF parameter names, any
+    subset of the model's parameters); the server stages them and swaps all of them in at once when
+    the last one arrives, so a generate never sees a half-updated model. Re-sending a bucket is
+    harmless; a bucket of a newer version discards an unfinished older one.
+    """
+
+    version: int = Field(ge=1, description="version: the new weight version (must exceed the live one).")
+    index: int = Field(ge=0, description="index: this bucket's position, 0 <= index < count.")
+    count: int = Field(ge=1, le=MAX_WEIGHT_BUCKETS, description="count: buckets in this version.")
+
+    @model_validator(mode="after")
+    def _index_in_range(self) -> "WeightBucket":
+        if self.index >= self.count:
+            raise ValueError(f"bucket index {self.index} out of range for {self.count} buckets")
+        return self
+
+    HEADERS: ClassVar[dict[str, str]] = {
+        "protocol_version": "X-Grpo-Protocol-Version",
+        "version": "X-Grpo-Weight-Version",
+        "index": "X-Grpo-Bucket-Index",
+        "count": "X-Grpo-Bucket-Count",
+    }
+
+    def to_headers(self) -> dict[str, str]:
+        return {header: str(getattr(self, field)) for field, header in self.HEADERS.items()}
+
+    @classmethod
+    def from_headers(cls, headers: Any) -> "WeightBucket":
+        """Parse from a case-insensitive header mapping; missing headers fail validation by name."""
+        values = {field: headers.get(header) for field, header in cls.HEADERS.items()}
+        return cls.model_validate({k: _header_int(v) for k, v in values.items() if v is not None})
+
+
+def _header_int(value: str) -> int | str:
+    """Header values are text; integers are converted so int fields validate (bad text still fails)."""
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
+class WeightUpdateResponse(Versioned):
+    server_id: str
+    live_version: int = Field(ge=0, description="live_version: the weights generate uses now.")
+    staged_version: int | None = Field(default=None, description="staged_version: version being assembled.")
+    buckets_received: int = Field(default=0, ge=0, description="buckets_received: of staged_version.")
+    applied: bool = Field(description="applied: this bucket completed its version and it is live now.")
+    parameters_updated: int = Field(default=0, ge=0, description="parameters_updated: tensors swapped in.")
+
+
+class HealthResponse(Versioned):
+    server_id: str
+    state: ServerState
+    weight_version: int = Field(ge=0)
+    engine: str
+    model: str
+    in_flight: int = Field(ge=0, description="in_flight: generate requests being served or queued.")
+
+
+ErrorCode = Literal[
+    "unauthorized",
+    "bad_request",
+    "too_large",
+    "protocol_mismatch",
+    "draining",
+    "loading",
+    "weight_too_old",
+    "weight_version_conflict",
+    "internal",
+]
+
+
+class ErrorResponse(Versioned):
+    code: ErrorCode
+    message: str
+    server_id: str = ""
