@@ -1,0 +1,213 @@
+"""GRPO loss maths: policy losses, KL estimators, aggregations, and the one function composing them.
+
+Called by the training loop (`grpo_trainer.loop`) once per micro-batch. Every variant is a
+small function registered in exactly one dict (`POLICY_LOSSES`, `KL_ESTIMATORS`,
+`AGGREGATIONS`); `grpo_loss` looks them up by the names the GRPOJob spec uses, so adding a
+variant is one function, one dict entry and its test — never an if/elif chain.
+
+Shapes: B sequences (completions) per micro-batch, T completion tokens (right-padded);
+`mask` is 1.0 on real completion tokens. Log-probs are of the sampled tokens, [B, T].
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from grpo_operator.api.spec import AlgorithmSpec
+
+PolicyLossFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def clipped_token_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO/GRPO token loss -min(r A, clip(r, 1-lo, 1+hi) A) with r = π/π_old per token.
+
+    Separate low/high clips (DAPO's clip-higher) let rare good tokens grow faster than
+    common ones shrink. Returns (loss [B, T], clipped [B, T] as 0/1 for the clip fraction);
+    `mask` is part of the shared signature, unused here because each token stands alone.
+    """
+    del mask
+    ratio = torch.exp(logp - old_logp)  # [B, T]
+    a = adv.unsqueeze(-1)  # [B, 1]
+    unclipped = ratio * a
+    clipped = ratio.clamp(1 - clip_low, 1 + clip_high) * a
+    return -torch.minimum(unclipped, clipped), (clipped < unclipped).float()
+
+
+def gspo_token_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO (Qwen, 2025) in its token form: every token carries the sequence ratio
+    s_i = exp(mean_t log(π/π_old)), with gradient s_i ∇log π(y_t).
+
+    One ratio per sequence is what keeps MoE training stable: a routing change that moves
+    a single token's probability cannot clip or explode that token alone.
+    """
+    log_ratio = (logp - old_logp) * mask
+    seq_log_ratio = log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
+    # value s_i on every token, gradient through each token's own log-prob
+    ratio = torch.exp(logp - logp.detach() + seq_log_ratio.detach().unsqueeze(-1))  # [B, T]
+    a = adv.unsqueeze(-1)
+    unclipped = ratio * a
+    clipped = ratio.clamp(1 - clip_low, 1 + clip_high) * a
+    return -torch.minimum(unclipped, clipped), (clipped < unclipped).float()
+
+
+POLICY_LOSSES: dict[str, PolicyLossFn] = {"grpo": clipped_token_loss, "gspo": gspo_token_loss}
+
+
+def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k1 = log π - log π_ref: unbiased, high variance, can be negative per token."""
+    return logp - ref_logp
+
+
+def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k2 = ½ (log π_ref - log π)²: biased, low variance, never negative."""
+    return 0.5 * (ref_logp - logp) ** 2
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k3 = π_ref/π - 1 - log(π_ref/π): unbiased and non-negative (DeepSeekMath's choice)."""
+    d = ref_logp - logp
+    return torch.exp(d) - 1 - d
+
+
+KL_ESTIMATORS: dict[str, KLFn] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Normalisers of the whole optimizer step (all micro-batches on all data-parallel ranks).
+
+    Aggregating each micro-batch against the step's totals makes the summed gradients equal
+    to the gradient of one big batch, whatever the micro-batch size or rank count.
+    """
+
+    tokens: float  # completion tokens in the step
+    sequences: float  # completions in the step
+    norm_len: float  # token-sum-norm's constant (maxNewTokens)
+
+
+def agg_token_mean(loss: torch.Tensor, mask: torch.Tensor, totals: Totals) -> torch.Tensor:
+    """Every token weighs the same (DAPO): long completions count more."""
+    return (loss * mask).sum() / totals.tokens
+
+
+def agg_sequence_mean(loss: torch.Tensor, mask: torch.Tensor, totals: Totals) -> torch.Tensor:
+    """Every completion weighs the same (original GRPO): mean over tokens, then over sequences."""
+    per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_seq.sum() / totals.sequences
+
+
+def agg_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor, totals: Totals) -> torch.Tensor:
+    """Dr. GRPO: token sum over a constant (sequences x maxNewTokens), so no length bias."""
+    return (loss * mask).sum() / (totals.sequences * totals.norm_len)
+
+
+AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, Totals], torch.Tensor]] = {
+    "token-mean": agg_token_mean,
+    "sequence-mean": agg_sequence_mean,
+    "token-sum-norm": agg_token_sum_norm,
+}
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The loss-relevant part of AlgorithmSpec, validated against the registries."""
+
+    policy_loss: str = "grpo"  # key of POLICY_LOSSES
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    aggregation: str = "token-mean"  # key of AGGREGATIONS
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"  # key of KL_ESTIMATORS
+    entropy_coef: float = 0.0
+    is_cap: float | None = 2.0  # truncated importance sampling cap; None disables it
+
+    def __post_init__(self) -> None:
+        for name, table in (
+            (self.policy_loss, POLICY_LOSSES),
+            (self.aggregation, AGGREGATIONS),
+            (self.kl_estimator, KL_ESTIMATORS),
+        ):
+            if name not in table:
+                raise ValueError(f"unknown loss option {name!r}; known: {sorted(table)}")
+
+    @classmethod
+    def from_spec(cls, algo: AlgorithmSpec) -> "LossConfig":
+        return cls(
+            policy_loss=str(algo.policy_loss),
+            clip_low=algo.clip_low,
+            clip_high=algo.clip_high,
+            aggregation=str(algo.loss_aggregation),
+            kl_coef=algo.kl_coef,
+            kl_estimator=str(algo.kl_estimator),
+            entropy_coef=algo.entropy_coef,
+            is_cap=algo.importance_sampling_cap if str(algo.importance_sampling) == "truncated" else None,
+        )
+
+
+def truncated_is_weight(old_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """TIS (Yao et al. 2025): min(π_old/π_rollout, cap), no gradient.
+
+    The sampler (vLLM, bf16 kernels, maybe an older weight version) and the trainer disagree
+    on log-probs; weighting by their ratio corrects the off-policy bias, the cap bounds variance.
+    """
+    return torch.exp(old_logp - rollout_logp).clamp(max=cap).detach()
+
+
+def grpo_loss(
+    cfg: LossConfig,
+    *,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    totals: Totals,
+    rollout_logp: torch.Tensor | None = None,
+    ref_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token policy loss x IS weight + β KL - α entropy, aggregated; plus masked-mean metrics."""
+    fn = POLICY_LOSSES[cfg.policy_loss]
+    per_token, clipped = fn(logp, old_logp, advantages, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high)
+    n = mask.sum().clamp(min=1)
+    metrics = {"clip_frac": float((clipped * mask).sum() / n)}
+    if cfg.is_cap is not None and rollout_logp is not None:
+        w = truncated_is_weight(old_logp, rollout_logp, cfg.is_cap)
+        per_token = per_token * w
+        metrics["is_weight"] = float((w * mask).sum() / n)
+    if cfg.kl_coef > 0 and ref_logp is not None:
+        kl = KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp)
+        per_token = per_token + cfg.kl_coef * kl
+        metrics["kl"] = float((kl.detach() * mask).sum() / n)
+    if cfg.entropy_coef > 0 and entropy is not None:
+        per_token = per_token - cfg.entropy_coef * entropy
+    if entropy is not None:
+        metrics["entropy"] = float((entropy.detach() * mask).sum() / n)
+    return AGGREGATIONS[cfg.aggregation](per_token, mask, totals), metrics
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[target] without materialising the full log-softmax twice: [B, T, V] → [B, T]."""
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of each position's full distribution: [B, T, V] → [B, T]."""
+    logp = torch.log_softmax(logits, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
