@@ -37,7 +37,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 )
 GO
-  (cd "$work" && go mod tidy -e >/dev/null 2>&1 || true; go mod download)
+  (cd "$work" && { go mod tidy -e >/dev/null 2>&1 || true; } && go mod download)
   local ld="-s -w"
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld="$ld -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"

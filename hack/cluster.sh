@@ -65,7 +65,7 @@ ensure_running() {
 # Node manifests of the whole fleet. Status (allocatable, capacity) is set at creation;
 # kwok's node-initialize stage keeps it and adds conditions, addresses and heartbeats.
 node_manifests() {
-  local i=0 name type zone group l1 l2 l3 kv
+  local i=0 name type zone group l1 l2 l3
   while read -r name type zone group l1 l2 l3; do
     printf -- '---\napiVersion: v1\nkind: Node\nmetadata:\n  name: %s\n' "$name"
     printf '  annotations:\n    kwok.x-k8s.io/node: fake\n  labels:\n    type: kwok\n'

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034
 # The simulated EKS GPU fleet: node shapes (allocatable resources, labels, taints) and the
 # list of nodes. Sourced by hack/cluster.sh (kwok fake nodes) and hack/kind.sh (real kind
 # nodes patched to look the same), so both paths offer the scheduler the same cluster.

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034
 # Versions of the local control plane's components; sourced by the other hack/ scripts.
 # One place to bump them; the build cache is keyed by these values.
 K8S_VERSION="${K8S_VERSION:-v1.36.3}"
