@@ -1,0 +1,109 @@
+"""What a person watching `grpo-operator run` sees: a live progress panel and the final summary.
+
+Used by `grpo_operator.local.supervisor`. On a terminal the panel redraws in place (rich
+Live); elsewhere (CI logs, tests) each step is one plain line, so logs stay readable.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from grpo_operator.local.progress import StepRecord
+
+
+@dataclass
+class RunState:
+    """Counters the supervisor keeps and the panel shows besides the trainer's own numbers."""
+
+    phase: str = "Starting"
+    max_steps: int = 0
+    gang_restarts: int = 0
+    rollout_restarts: int = 0
+    elapsed_s: float = 0.0
+
+
+def _fmt(value: float | None, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+class ProgressView:
+    """Live panel on a terminal, one line per step elsewhere. Use as a context manager."""
+
+    def __init__(self, console: Console, title: str) -> None:
+        self.console = console
+        self.title = title
+        self._live: Live | None = None
+        self._last: StepRecord | None = None
+        self._state = RunState()
+
+    def __enter__(self) -> "ProgressView":
+        if self.console.is_terminal:
+            self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+            self._live.__exit__(None, None, None)
+            self._live = None
+
+    def note(self, message: str) -> None:
+        """A line above the panel: restarts, phase changes, failures."""
+        self.console.print(message)
+
+    def update(self, state: RunState, new: list[StepRecord]) -> None:
+        self._state = state
+        if new:
+            self._last = new[-1]
+        if self._live is not None:
+            self._live.update(self._render())
+            return
+        for rec in new:
+            self.console.print(
+                f"step {rec.step}/{state.max_steps}  reward {_fmt(rec.reward)}  "
+                f"tokens/s {_fmt(rec.tokens_per_s, '.0f')}  samples/s {_fmt(rec.samples_per_s, '.1f')}  "
+                f"staleness {_fmt(rec.staleness, '.0f')}  restarts {state.gang_restarts}",
+                highlight=False,
+            )
+
+    def _render(self) -> Table:
+        s, r = self._state, self._last
+        table = Table(title=f"{self.title} — {s.phase}", show_header=True, expand=False)
+        for col in ("step", "reward", "tokens/s", "samples/s", "staleness", "weights", "restarts", "elapsed"):
+            table.add_column(col, justify="right")
+        table.add_row(
+            f"{r.step if r else 0}/{s.max_steps}",
+            _fmt(r.reward if r else None),
+            _fmt(r.tokens_per_s if r else None, ".0f"),
+            _fmt(r.samples_per_s if r else None, ".1f"),
+            _fmt(r.staleness if r else None, ".0f"),
+            "-" if r is None or r.weight_version is None else str(r.weight_version),
+            f"{s.gang_restarts} gang / {s.rollout_restarts} rollout",
+            f"{s.elapsed_s:.0f}s",
+        )
+        return table
+
+
+def summary_table(title: str, summary: dict[str, Any], extras: dict[str, str]) -> Table:
+    """The end-of-run table: the summary numbers plus where the artefacts are."""
+    table = Table(title=title, show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for key, value in summary.items():
+        table.add_row(key, _fmt(value) if isinstance(value, float) else str(value))
+    for key, value in extras.items():
+        table.add_row(key, value)
+    return table
+
+
+def print_failure(console: Console, reason: str, tails: dict[str, tuple[Path, str]]) -> None:
+    """The reason, then each failing pod's log tail under a header naming the pod and its log file."""
+    for pod, (log_path, tail) in tails.items():
+        console.rule(f"{pod}: last lines of {log_path}")
+        console.print(tail, markup=False, highlight=False)
+    console.print(f"[bold red]failed:[/] {reason}", highlight=False)

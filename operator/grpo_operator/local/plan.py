@@ -1,0 +1,193 @@
+"""Turn a GRPOJob file into the local processes that stand in for its pods.
+
+Called by `grpo_operator.local.supervisor` (and so by `grpo-operator run`). The pods come
+from the operator's own renderer (`grpo_operator.render`): the same StatefulSets, the same
+container commands and env, the same run contract, with Service addresses replaced by
+loopback ports. What changes locally is only what a node would provide: `python` is this
+interpreter, the pod index comes from the StatefulSet ordinal, the token from a fresh
+secret, relative paths in the job are resolved against the YAML file's folder, and the
+contract is a file in the work directory instead of a mounted ConfigMap.
+"""
+
+import contextlib
+import os
+import secrets
+import socket
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from grpo_operator import render
+from grpo_operator.api.contract import CONTRACT_FILE, ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN, RunContract
+from grpo_operator.api.job import KIND, GRPOJob
+from grpo_operator.local.procs import PodCommand
+from grpo_operator.local.progress import ENV_PROGRESS_FILE
+from grpo_operator.render import names
+
+LOCAL_NAMESPACE = "local"
+# Cluster networking env that would misroute loopback traffic (interfaces, EFA/libfabric).
+_CLUSTER_ONLY_ENV_PREFIXES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "FI_", "NVSHMEM_")
+
+
+class PlanError(Exception):
+    """The job file cannot be run locally; the message names the file and the reason."""
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """Everything the supervisor needs: the job, its contract and each pod's command."""
+
+    job: GRPOJob
+    name: str
+    contract: RunContract
+    contract_path: Path
+    workdir: Path
+    progress_path: Path
+    rollout: list[PodCommand]
+    trainer: list[PodCommand]
+    health_path: str
+
+
+def load_job(path: Path) -> GRPOJob:
+    """Parse and validate a GRPOJob manifest, with errors that name the file and the field."""
+    try:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    except (OSError, yaml.YAMLError) as e:
+        raise PlanError(f"{path}: cannot read the GRPOJob: {e}") from e
+    jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
+    if len(jobs) != 1:
+        raise PlanError(f"{path}: expected exactly one document of kind {KIND}, found {len(jobs)}")
+    try:
+        return GRPOJob.model_validate(jobs[0])
+    except ValidationError as e:
+        lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
+        raise PlanError(f"{path}: invalid GRPOJob:\n" + "\n".join(lines)) from e
+
+
+def _local_path(value: str, base: Path) -> str:
+    """Resolve a relative local path against `base`; URIs (s3://, pvc://) are refused locally."""
+    if "://" in value:
+        raise PlanError(f"'{value}': the local runtime reads local paths only (no s3:// or pvc://)")
+    return str((base / value).resolve())
+
+
+def localize(job: GRPOJob, *, base: Path, workdir: Path) -> GRPOJob:
+    """The job with paths made absolute: relative to the YAML folder; checkpoints in the workdir if unset.
+
+    An unset checkpoint path would default to a shared /tmp folder, and a second demo run
+    would silently resume the first one's finished checkpoint; the work directory is private.
+    """
+    spec = job.spec.model_copy(deep=True)
+    spec.model.path = _local_path(spec.model.path, base)
+    if spec.model.reference_path:
+        spec.model.reference_path = _local_path(spec.model.reference_path, base)
+    spec.dataset.path = _local_path(spec.dataset.path, base)
+    if "path" in job.spec.checkpoint.model_fields_set:
+        spec.checkpoint.path = _local_path(spec.checkpoint.path, base)
+    else:
+        spec.checkpoint.path = str(workdir / "checkpoints")
+    return job.model_copy(update={"spec": spec})
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (the kernel's pick)."""
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _container_env(container: dict[str, Any], index: int, token: str) -> dict[str, str]:
+    """The rendered env with the values a kubelet would fill in (pod index, secret token)."""
+    env: dict[str, str] = {}
+    for item in container.get("env", []):
+        name = item["name"]
+        if name.startswith(_CLUSTER_ONLY_ENV_PREFIXES):
+            continue
+        if "value" in item:
+            env[name] = str(item["value"])
+        elif name == ENV_POD_INDEX:
+            env[name] = str(index)
+        elif name == ENV_TOKEN:
+            env[name] = token
+    return env
+
+
+def _argv(container: dict[str, Any]) -> list[str]:
+    argv = [*container.get("command", []), *container.get("args", [])]
+    if not argv:
+        raise PlanError(f"container {container.get('name')!r} has no command to run locally")
+    if argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    return argv
+
+
+def _role(obj: dict[str, Any]) -> str:
+    role = obj["metadata"].get("labels", {}).get(names.LABEL_ROLE)
+    if role not in (names.ROLE_ROLLOUT, names.ROLE_TRAINER):
+        raise PlanError(f"rendered StatefulSet {obj['metadata']['name']!r} has role {role!r}")
+    return str(role)
+
+
+def build_plan(job_file: Path, workdir: Path) -> LocalPlan:
+    """Render the job's pods with the operator's renderer and turn them into local commands."""
+    job_file = job_file.resolve()
+    job = load_job(job_file)
+    workdir.mkdir(parents=True, exist_ok=True)
+    job = localize(job, base=job_file.parent, workdir=workdir.resolve())
+    name = job.metadata.get("name") or job_file.stem
+    ports = render.LocalPorts(
+        trainer_master_port=free_port(),
+        rollout_ports=tuple(free_port() for _ in range(job.spec.rollout.replicas)),
+    )
+    try:
+        contract = render.contract(job, name=name, namespace=LOCAL_NAMESPACE, local_ports=ports)
+        children = render.children(job, name=name, namespace=LOCAL_NAMESPACE, uid=str(uuid.uuid4()))
+    except render.RenderError as e:
+        raise PlanError(f"{job_file}: {e}") from e
+    contract_path = workdir / CONTRACT_FILE
+    contract_path.write_text(contract.model_dump_json(by_alias=True, indent=2))
+    progress_path = workdir / "progress.jsonl"
+    progress_path.unlink(missing_ok=True)
+
+    token = secrets.token_hex(24)
+    base_env = dict(os.environ)
+    base_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(job_file.parent), os.environ.get("PYTHONPATH")) if p
+    )
+    base_env.setdefault("OMP_NUM_THREADS", "1")  # several ranks share the cores; one thread each
+    base_env["PYTHONUNBUFFERED"] = "1"
+    pods: dict[str, list[PodCommand]] = {"rollout": [], "trainer": []}
+    health_path = "/health"
+    for obj in children:
+        if obj.get("kind") != "StatefulSet":
+            continue
+        role = _role(obj)
+        pod_spec = obj["spec"]["template"]["spec"]
+        container = pod_spec["containers"][0]
+        probe = (container.get("readinessProbe") or {}).get("httpGet") or {}
+        if role == "rollout" and probe.get("path"):
+            health_path = probe["path"]
+        for index in range(int(obj["spec"].get("replicas", 1))):
+            env = {**base_env, **_container_env(container, index, token)}
+            env.update({ENV_CONTRACT: str(contract_path), ENV_POD_INDEX: str(index), ENV_TOKEN: token})
+            if role == "trainer":
+                env[ENV_PROGRESS_FILE] = str(progress_path)
+            pods[role].append(PodCommand(role, index, _argv(container), env, workdir))
+    if not pods["trainer"]:
+        raise PlanError(f"{job_file}: the rendered job has no trainer pods")
+    return LocalPlan(
+        job=job,
+        name=name,
+        contract=contract,
+        contract_path=contract_path,
+        workdir=workdir,
+        progress_path=progress_path,
+        rollout=pods["rollout"],
+        trainer=pods["trainer"],
+        health_path=health_path,
+    )

@@ -1,0 +1,159 @@
+"""Progress of a local run: trainer rank 0's JSON lines, their summary and the reward curve.
+
+The trainer's rank 0 appends one JSON object per optimizer step to the file named by
+`GRPO_PROGRESS_FILE`; `ProgressLog` follows that file for the supervisor and the live
+display, `summarize` turns it into the numbers `grpo-operator run --summary-json` writes,
+and `plot_rewards` draws the PNG. After a gang restart the trainer resumes from its last
+checkpoint and re-reports the steps after it: the newest record of a step wins.
+"""
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ENV_PROGRESS_FILE = "GRPO_PROGRESS_FILE"
+
+# Spellings of each field the runtime reads; the first present one wins.
+_KEYS: dict[str, tuple[str, ...]] = {
+    "reward": ("reward_mean", "reward", "rewardMean"),
+    "tokens_per_s": ("tokens_per_s", "tokens_per_second", "tokensPerSecond"),
+    "samples_per_s": ("samples_per_s", "samples_per_second", "samplesPerSecond"),
+    "staleness": ("staleness", "max_staleness", "staleness_max"),
+    "weight_version": ("weight_version", "weightVersion", "version"),
+    "samples": ("samples", "num_samples"),
+    "time": ("time", "ts", "timestamp", "wall_time"),
+}
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step as reported by trainer rank 0 (fields the runtime shows or sums)."""
+
+    step: int
+    reward: float | None
+    tokens_per_s: float | None
+    samples_per_s: float | None
+    staleness: float | None
+    weight_version: int | None
+    samples: int | None
+    time: float  # wall-clock seconds (the trainer's own stamp when it gives one)
+    raw: dict[str, Any]
+
+    @classmethod
+    def parse(cls, obj: dict[str, Any], seen_at: float) -> "StepRecord":
+        def pick(name: str) -> Any:
+            return next((obj[k] for k in _KEYS[name] if obj.get(k) is not None), None)
+
+        def num(name: str) -> float | None:
+            v = pick(name)
+            return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+        version, samples, stamp = num("weight_version"), num("samples"), num("time")
+        return cls(
+            step=int(obj["step"]),
+            reward=num("reward"),
+            tokens_per_s=num("tokens_per_s"),
+            samples_per_s=num("samples_per_s"),
+            staleness=num("staleness"),
+            weight_version=None if version is None else int(version),
+            samples=None if samples is None else int(samples),
+            time=seen_at if stamp is None else stamp,
+            raw=obj,
+        )
+
+
+class ProgressLog:
+    """Follows a JSON-lines progress file incrementally; keeps the newest record per step."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+        self.by_step: dict[int, StepRecord] = {}
+        self.latest: StepRecord | None = None
+
+    def poll(self) -> list[StepRecord]:
+        """Read what was appended since the last call; returns the new records in file order."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        now = time.time()
+        new = []
+        for line in lines:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue  # a torn or foreign line must not stop the run's bookkeeping
+            if isinstance(obj, dict) and isinstance(obj.get("step"), int):
+                rec = StepRecord.parse(obj, now)
+                self.by_step[rec.step] = rec
+                self.latest = rec
+                new.append(rec)
+        return new
+
+    def steps(self) -> list[StepRecord]:
+        return [self.by_step[s] for s in sorted(self.by_step)]
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize(
+    records: list[StepRecord], *, samples_per_step: int, wall_s: float, restarts: int
+) -> dict[str, float | int | None]:
+    """The run's summary: reward over the first/last 10% of steps, steady-state samples/s.
+
+    samples_per_s counts the samples of steps 2..N over the time between step 1's and step
+    N's reports: start-up (imports, model load, rendezvous) is left out, as throughput
+    figures usually do, so the number compares with any other trainer measured the same way.
+    """
+    rewarded = [r for r in records if r.reward is not None]
+    k = max(1, math.ceil(len(rewarded) * 0.1))
+    first = _mean([r.reward for r in rewarded[:k] if r.reward is not None])
+    last = _mean([r.reward for r in rewarded[-k:] if r.reward is not None])
+    samples_per_s = None
+    if len(records) >= 2 and records[-1].time > records[0].time:
+        samples = sum(r.samples or samples_per_step for r in records[1:])
+        samples_per_s = samples / (records[-1].time - records[0].time)
+    return {
+        "steps": records[-1].step if records else 0,
+        "reward_first": first,
+        "reward_last": last,
+        "samples_per_s": samples_per_s,
+        "wall_s": round(wall_s, 3),
+        "restarts": restarts,
+    }
+
+
+def plot_rewards(records: list[StepRecord], path: Path, title: str) -> Path | None:
+    """Draw reward per step to a PNG (matplotlib, Agg backend); None when nothing was rewarded."""
+    points = [(r.step, r.reward) for r in records if r.reward is not None]
+    if not points:
+        return None
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, linewidth=1.5)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,213 @@
+"""The local runtime's control loop: what the operator and the kubelet do, for local processes.
+
+Called by `grpo-operator run` (`grpo_operator.cli.run`). It starts the rollout servers,
+waits for their health endpoints, starts the trainer gang and follows rank 0's progress.
+Failure handling mirrors the cluster: a dead rollout server is replaced alone (the trainer
+re-sends its prompts elsewhere); a trainer process that dies takes the whole gang down and
+the gang restarts from its last checkpoint, up to `runPolicy.backoffLimit` times; exit
+code 3 from a trainer is a permanent error and is never retried. Ctrl-C or SIGTERM stops
+every process group before the runtime exits.
+"""
+
+import signal
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from grpo_operator.local.display import ProgressView, RunState, print_failure
+from grpo_operator.local.plan import LocalPlan
+from grpo_operator.local.procs import PodProcess, stop_all
+from grpo_operator.local.progress import ProgressLog, StepRecord, summarize
+
+EXIT_PERMANENT = 3  # the trainer's "configuration error, do not retry" exit code
+ROLLOUT_RESTART_LIMIT = 5  # per server; a server that keeps dying is a bug, not bad luck
+POLL_S = 0.2
+
+
+class RunFailed(Exception):
+    """The run ended without finishing; `reason` says which pod, which rank, and why."""
+
+    def __init__(self, reason: str, tails: dict[str, tuple[Path, str]] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.tails = tails or {}
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM reached the runtime; the run was stopped on request."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@dataclass
+class RunResult:
+    summary: dict[str, Any]
+    records: list[StepRecord]
+    state: RunState
+    failure: RunFailed | None = None
+    interrupted: Interrupted | None = None
+    extras: dict[str, str] = field(default_factory=dict)
+
+
+def _exit_text(code: int) -> str:
+    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+
+
+class Supervisor:
+    """Runs one `LocalPlan` to completion, failure or interruption."""
+
+    def __init__(self, plan: LocalPlan, console: Console, *, health_timeout_s: float = 300.0) -> None:
+        self.plan = plan
+        self.console = console
+        self.health_timeout_s = health_timeout_s
+        self.logs = plan.workdir / "logs"
+        self.progress = ProgressLog(plan.progress_path)
+        self.state = RunState(max_steps=plan.job.spec.algorithm.max_steps)
+        self.rollout: list[PodProcess] = []
+        self.trainer: list[PodProcess] = []
+        self._rollout_restarts = [0] * len(plan.rollout)
+        self._signal: int | None = None
+
+    def run(self) -> RunResult:
+        """Run the job; always returns with every process group stopped."""
+        start = time.monotonic()
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        failure: RunFailed | None = None
+        interrupted: Interrupted | None = None
+        view = ProgressView(self.console, self.plan.name)
+        try:
+            with view:
+                try:
+                    self._run(view, start)
+                except RunFailed as e:
+                    failure = e
+                except Interrupted as e:
+                    interrupted = e
+                finally:
+                    self.state.phase = "Stopping"
+                    stop_all(self.trainer + self.rollout)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        records = self.progress.steps()
+        summary = summarize(
+            records,
+            samples_per_step=self.plan.job.spec.algorithm.prompts_per_step
+            * self.plan.job.spec.algorithm.group_size,
+            wall_s=time.monotonic() - start,
+            restarts=self.state.gang_restarts,
+        )
+        if failure is not None:
+            print_failure(self.console, failure.reason, failure.tails)
+        return RunResult(summary, records, self.state, failure, interrupted)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signal = signum
+
+    def _check_signal(self) -> None:
+        if self._signal is not None:
+            raise Interrupted(self._signal)
+
+    def _run(self, view: ProgressView, start: float) -> None:
+        if not self.plan.rollout:
+            raise RunFailed("rollout.replicas is 0: no server would generate completions locally")
+        self.rollout = [PodProcess.start(c, self.logs, 0) for c in self.plan.rollout]
+        self.state.phase = "Starting rollout"
+        self._wait_healthy(view, start)
+        self.trainer = self._start_gang(attempt=0)
+        self.state.phase = "Running"
+        deadline = self.plan.job.spec.run_policy.active_deadline_seconds
+        while True:
+            self._check_signal()
+            self.state.elapsed_s = time.monotonic() - start
+            if deadline is not None and self.state.elapsed_s > deadline:
+                raise RunFailed(f"activeDeadlineSeconds ({deadline}) exceeded at step {self._step()}")
+            self._replace_dead_rollout(view)
+            view.update(self.state, self.progress.poll())
+            if self._gang_finished(view):
+                view.update(self.state, self.progress.poll())
+                self.state.phase = "Succeeded"
+                return
+            time.sleep(POLL_S)
+
+    def _step(self) -> int:
+        return self.progress.latest.step if self.progress.latest else 0
+
+    def _wait_healthy(self, view: ProgressView, start: float) -> None:
+        """Block until every rollout server answers its health probe with 200."""
+        endpoints = self.plan.contract.rollout.endpoints
+        pending = set(range(len(self.rollout)))
+        deadline = time.monotonic() + self.health_timeout_s
+        while pending:
+            self._check_signal()
+            self.state.elapsed_s = time.monotonic() - start
+            view.update(self.state, [])
+            for i in sorted(pending):
+                proc = self.rollout[i]
+                if (code := proc.poll()) is not None:
+                    name = proc.command.name
+                    what = f"{_exit_text(code)} before it became healthy: {proc.last_error_line()}"
+                    raise RunFailed(f"{name} {what}", {name: (proc.log_path, proc.log_tail())})
+                if self._healthy(endpoints[i]):
+                    pending.discard(i)
+            if time.monotonic() > deadline:
+                names = ", ".join(self.rollout[i].command.name for i in sorted(pending))
+                raise RunFailed(f"rollout servers not healthy after {self.health_timeout_s:.0f}s: {names}")
+            time.sleep(POLL_S)
+
+    def _healthy(self, endpoint: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"{endpoint}{self.plan.health_path}", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def _start_gang(self, attempt: int) -> list[PodProcess]:
+        return [PodProcess.start(c, self.logs, attempt) for c in self.plan.trainer]
+
+    def _replace_dead_rollout(self, view: ProgressView) -> None:
+        """A rollout server that died is replaced alone, as its StatefulSet would."""
+        for i, proc in enumerate(self.rollout):
+            code = proc.poll()
+            if code is None:
+                continue
+            name = proc.command.name
+            if self._rollout_restarts[i] >= ROLLOUT_RESTART_LIMIT:
+                what = f"{_exit_text(code)} after {ROLLOUT_RESTART_LIMIT} restarts: {proc.last_error_line()}"
+                raise RunFailed(f"{name} {what}", {name: (proc.log_path, proc.log_tail())})
+            stop_all([proc], grace_s=2.0)  # whatever it forked goes with it
+            self._rollout_restarts[i] += 1
+            self.state.rollout_restarts += 1
+            view.note(f"{name} {_exit_text(code)} at step {self._step()}; restarting it alone")
+            self.rollout[i] = PodProcess.start(proc.command, self.logs, self._rollout_restarts[i])
+
+    def _gang_finished(self, view: ProgressView) -> bool:
+        """True when every trainer pod exited 0; restarts the gang when one failed and retries remain."""
+        codes = [p.poll() for p in self.trainer]
+        failed = [(p, c) for p, c in zip(self.trainer, codes, strict=True) if c not in (None, 0)]
+        if not failed:
+            return all(c == 0 for c in codes)
+        proc, code = failed[0]
+        name = proc.command.name
+        what = f"{name} {_exit_text(code)} at step {self._step()}: {proc.last_error_line()}"
+        tails = {p.command.name: (p.log_path, p.log_tail()) for p, _ in failed}
+        if code == EXIT_PERMANENT:
+            raise RunFailed(f"permanent error, not retried: {what}", tails)
+        limit = self.plan.job.spec.run_policy.backoff_limit
+        if self.state.gang_restarts >= limit:
+            raise RunFailed(f"backoffLimit ({limit}) exceeded: {what}", tails)
+        self.state.phase = "Restarting"
+        stop_all(self.trainer)
+        self.state.gang_restarts += 1
+        n = self.state.gang_restarts
+        view.note(f"{what}\nrestarting the trainer gang from its last checkpoint ({n}/{limit})")
+        self.trainer = self._start_gang(attempt=self.state.gang_restarts)
+        self.state.phase = "Running"
+        return False
