@@ -46,7 +46,10 @@ class RunContract(ApiModel):
     spec: GRPOJobSpec = Field(description="spec: the validated spec, defaults filled in.")
     trainer: TrainerTopology = Field(description="trainer: resolved trainer topology.")
     rollout: RolloutTopology = Field(description="rollout: resolved rollout topology.")
-    checkpoint_dir: str = Field(description="checkpointDir: where this job's checkpoints live inside the pod.")
+    checkpoint_dir: str = Field(
+        description="checkpointDir: where this job's checkpoints live inside the pod."
+    )
     status_url: str | None = Field(
-        default=None, description="statusUrl: where rank 0 reports progress (a GRPOJob status endpoint or local)."
+        default=None,
+        description="statusUrl: where rank 0 reports progress (a GRPOJob status endpoint or local).",
     )

@@ -76,12 +76,19 @@ class Progress(ApiModel):
     weight_version: int | None = Field(default=None, description="weightVersion: policy version on rollout.")
     last_checkpoint: str | None = Field(default=None, description="lastCheckpoint: path of the newest one.")
     last_checkpoint_step: int | None = Field(default=None, description="lastCheckpointStep: its step.")
-    updated_at: str | None = Field(default=None, description="updatedAt: when rank 0 last reported (RFC 3339).")
+    updated_at: str | None = Field(
+        default=None, description="updatedAt: when rank 0 last reported (RFC 3339)."
+    )
 
 
 class GRPOJobStatus(ApiModel):
     phase: Phase | None = Field(default=None, description="phase: the job's lifecycle phase.")
-    conditions: list[Condition] = Field(default_factory=list, description="conditions: latest observations.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=32,
+        description="conditions: latest observations, one per type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
     observed_generation: int | None = Field(
         default=None, description="observedGeneration: the spec generation this status describes."
     )
