@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 import yaml
-from lupa import lua51
-
 from grpo_operator.api.status import GRPOJobStatus, Phase
+from lupa import lua51
 
 ROOT = Path(__file__).resolve().parents[2]
 LUA_FILE = ROOT / "deploy" / "argocd" / "grpojob-health.lua"
