@@ -26,8 +26,9 @@ def _nodes_of(api: client.ApiClient, instance_type: str) -> list[client.V1Node]:
 
 
 def _whole_node_pod_spec(efa: int) -> dict[str, Any]:
-    """A trainer-shaped pod: all GPUs and EFA devices of a node, hugepages for libfabric."""
-    limits = {GPU: "8", EFA: str(efa), "hugepages-2Mi": "5120Mi", "memory": "64Gi", "cpu": "16"}
+    """A trainer-shaped pod: all GPUs and EFA devices of a node. Small cpu and memory and no
+    hugepages, because on kind those stay the Docker host's real ones."""
+    limits = {GPU: "8", EFA: str(efa), "memory": "1Gi", "cpu": "1"}
     return {
         "tolerations": [GPU_TOLERATION],
         "terminationGracePeriodSeconds": 0,
