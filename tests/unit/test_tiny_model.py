@@ -1,0 +1,73 @@
+"""The tiny demo model: built offline through the operator CLI, reloadable by HF, a usable starting point."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from grpo_trainer.tiny_model import DATASET_FILE, build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_operator.cli", "tiny-model", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=True,
+    )
+    return out, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_tokenizer_covers_printable_ascii_one_token_per_char() -> None:
+    tok = build_tokenizer()
+    text = "".join(chr(i) for i in range(32, 127)) + "\n\t"
+    ids = tok(text).input_ids
+    assert len(ids) == len(text) and tok.unk_token_id not in ids
+    assert tok.decode(ids) == text
+
+
+def test_model_reloads_offline_as_qwen3_moe(built: tuple[Path, dict]) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, _ = built
+    model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    assert model.config.model_type == "qwen3_moe"
+    assert model.config.num_experts == 8 and model.config.num_experts_per_tok == 2
+    assert tok("7+1=").input_ids == build_tokenizer()("7+1=").input_ids
+    logits = model(torch.tensor([tok("7+1=").input_ids])).logits
+    assert logits.shape == (1, 4, len(tok))
+
+
+def test_dataset_is_single_digit_addition(built: tuple[Path, dict]) -> None:
+    out, _ = built
+    rows = [json.loads(line) for line in (out / DATASET_FILE).read_text().splitlines()]
+    assert len(rows) == 100
+    assert {"prompt": "3+4=", "answer": "7"} in rows
+    assert all(int(r["prompt"][0]) + int(r["prompt"][2]) == int(r["answer"]) for r in rows)
+
+
+def test_warm_up_leaves_signal_and_room(built: tuple[Path, dict]) -> None:
+    _, summary = built
+    assert 0.2 <= summary["sampled_accuracy"] <= 0.6
+    assert 0 < summary["warmup_steps"] <= 400
+
+
+@pytest.mark.slow
+def test_build_is_deterministic(built: tuple[Path, dict], tmp_path: Path) -> None:
+    out, _ = built
+    subprocess.run(
+        [sys.executable, "-m", "grpo_trainer.tiny_model", str(tmp_path)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    assert (tmp_path / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()

@@ -1,0 +1,159 @@
+"""Build the demo's tiny Qwen3-MoE model, char-level tokenizer and addition dataset, offline.
+
+Run as `python -m grpo_trainer.tiny_model DIR` (what `grpo-operator tiny-model DIR` spawns, so the
+operator package never imports torch). DIR becomes a Hugging Face model directory (config,
+safetensors, tokenizer) that both the trainer and the rollout servers load, plus
+`DIR/addition.jsonl`: single-digit sums, {"prompt": "3+4=", "answer": "7"}, which the rollout's
+built-in `exact_match` / `math` rewards score.
+
+A short supervised warm-up teaches the answer format and a little arithmetic, stopping once
+sampled accuracy at temperature 1 reaches `target_accuracy`: RL then starts with signal
+(reward clearly above 0) and plenty of room (far from 1). Everything is seeded: the same
+seed gives the same files on the same machine.
+"""
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+DATASET_FILE = "addition.jsonl"
+SPECIALS = ("<pad>", "<eos>", "<unk>")
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """Size of the tiny model and length of its warm-up."""
+
+    hidden: int = 64  # model width
+    layers: int = 2  # decoder layers, every one an MoE layer
+    experts: int = 8  # routed experts per layer
+    top_k: int = 2  # experts per token
+    expert_width: int = 64  # moe_intermediate_size
+    seed: int = 0  # seeds init, warm-up batches and the accuracy probe
+    max_warmup_steps: int = 400  # upper bound on supervised steps
+    target_accuracy: float = 0.3  # stop the warm-up at this sampled accuracy (temperature 1)
+    lr: float = 3e-3  # warm-up AdamW learning rate
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character of printable ASCII (plus newline and tab): no merges to learn, and
+    every digit is its own token, which keeps the arithmetic task legible to a tiny model."""
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    for c in [chr(i) for i in range(32, 127)] + ["\n", "\t"]:
+        vocab[c] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
+
+
+def build_model(cfg: TinyConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3MoeForCausalLM:
+    torch.manual_seed(cfg.seed)
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden,
+        intermediate_size=2 * cfg.hidden,
+        moe_intermediate_size=cfg.expert_width,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=cfg.hidden // 4,
+        num_experts=cfg.experts,
+        num_experts_per_tok=cfg.top_k,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    return Qwen3MoeForCausalLM(config)
+
+
+def addition_rows() -> list[dict[str, str]]:
+    return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
+
+
+def sampled_accuracy(
+    model: Qwen3MoeForCausalLM, tok: PreTrainedTokenizerFast, rows: list[dict], seed: int
+) -> float:
+    """Fraction of exact answers when sampling at temperature 1 (what RL starts from)."""
+    ids = torch.tensor([tok(r["prompt"]).input_ids for r in rows])  # [N, 4]: all prompts are 4 chars
+    gen = torch.Generator().manual_seed(seed)
+    model.eval()
+    with torch.no_grad():
+        for _ in range(3):  # answers are at most 2 digits + EOS
+            logits = model(ids).logits[:, -1]  # [N, V]
+            nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
+            ids = torch.cat([ids, nxt], dim=1)
+    model.train()
+    answers = tok.batch_decode(ids[:, 4:], skip_special_tokens=False)
+    good = sum(a.split(tok.eos_token)[0] == r["answer"] for a, r in zip(answers, rows, strict=True))
+    return good / len(rows)
+
+
+def warm_up(model: Qwen3MoeForCausalLM, tok: PreTrainedTokenizerFast, cfg: TinyConfig) -> tuple[int, float]:
+    """Supervised steps on prompt+answer+EOS (loss on answer tokens only) until the target accuracy."""
+    rows = addition_rows()
+    seqs = [[*tok(r["prompt"] + r["answer"]).input_ids, tok.eos_token_id] for r in rows]
+    width = max(len(s) for s in seqs)
+    ids = torch.tensor([s + [tok.pad_token_id] * (width - len(s)) for s in seqs])  # [100, 7]
+    labels = ids.clone()
+    labels[:, :4] = -100  # no loss on the prompt
+    labels[ids == tok.pad_token_id] = -100
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    acc = sampled_accuracy(model, tok, rows, cfg.seed)
+    step = 0
+    while step < cfg.max_warmup_steps and acc < cfg.target_accuracy:
+        batch = torch.randperm(len(rows), generator=gen)[:32]
+        loss = model(ids[batch], labels=labels[batch]).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        if step % 10 == 0:
+            acc = sampled_accuracy(model, tok, rows, cfg.seed + step)
+    return step, acc
+
+
+def build(out: Path, cfg: TinyConfig) -> dict[str, float | int | str]:
+    """Write model, tokenizer and dataset to `out`; return a summary for the console."""
+    torch.manual_seed(cfg.seed)
+    tok = build_tokenizer()
+    model = build_model(cfg, tok)
+    steps, acc = warm_up(model, tok, cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    with open(out / DATASET_FILE, "w") as f:
+        for row in addition_rows():
+            f.write(json.dumps(row) + "\n")
+    params = sum(p.numel() for p in model.parameters())
+    return {"dir": str(out), "parameters": params, "warmup_steps": steps, "sampled_accuracy": acc}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m grpo_trainer.tiny_model", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("dir", type=Path, help="output directory (created)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--experts", type=int, default=TinyConfig.experts)
+    parser.add_argument("--target-accuracy", type=float, default=TinyConfig.target_accuracy)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    cfg = TinyConfig(seed=args.seed, experts=args.experts, target_accuracy=args.target_accuracy)
+    print(json.dumps(build(args.dir, cfg)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
