@@ -1,0 +1,222 @@
+"""Every child object of a GRPOJob, rendered as plain dicts ready for server-side apply.
+
+Called by the controller on each reconcile and by `grpo-operator render`; the local runtime
+reads the StatefulSets' pod templates (commands, env) from the same output. Pure: the same
+inputs give the same manifests, which is what lets the controller skip unchanged children.
+"""
+
+from dataclasses import dataclass, field
+
+from grpo_operator.api.contract import CONTRACT_FILE, RunContract
+from grpo_operator.api.job import GROUP, PLURAL, GRPOJob
+from grpo_operator.instance_types import InstanceTable
+from grpo_operator.instance_types import load as load_instance_types
+from grpo_operator.render import names, pods
+from grpo_operator.render.contract import contract as render_contract
+
+POD_GROUP_API = {
+    "scheduler-plugins": "scheduling.x-k8s.io/v1alpha1",
+    "volcano": "scheduling.volcano.sh/v1beta1",
+}
+
+
+@dataclass
+class Rendered:
+    """The children, the contract they carry, and template conflicts to report."""
+
+    children: list[dict]
+    contract: RunContract
+    warnings: list[str] = field(default_factory=list)
+
+
+def render(
+    job: GRPOJob,
+    *,
+    name: str,
+    namespace: str,
+    uid: str,
+    generation: int = 1,
+    attempt: int = 0,
+    running: bool = True,
+    instance_types: InstanceTable | None = None,
+) -> Rendered:
+    """Render all children. `attempt` labels the trainer gang (bumped per gang restart);
+    `running=False` (suspended or finished) scales both StatefulSets to zero pods."""
+    table = instance_types or load_instance_types()
+    run = render_contract(job, name=name, namespace=namespace, generation=generation, instance_types=table)
+    trainer_tpl, w1 = pods.pod_template(job, name=name, role=names.ROLE_TRAINER, attempt=attempt, table=table)
+    rollout_tpl, w2 = pods.pod_template(job, name=name, role=names.ROLE_ROLLOUT, attempt=attempt, table=table)
+    trainer_n = job.spec.trainer.replicas if running else 0
+    rollout_n = job.spec.rollout.replicas if running else 0
+
+    def meta(obj_name: str) -> dict:
+        return {
+            "name": obj_name,
+            "namespace": namespace,
+            "labels": names.job_labels(name),
+            "ownerReferences": [names.owner_reference(name, uid)],
+        }
+
+    out = [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": meta(names.contract_configmap(name)),
+            "data": {CONTRACT_FILE: run.model_dump_json(by_alias=True, exclude_none=True, indent=2)},
+        },
+        *_rbac(job, name, meta),
+        _service(name, names.ROLE_TRAINER, names.TRAINER_PORT, "rendezvous", meta, publish_not_ready=True),
+        _service(name, names.ROLE_ROLLOUT, names.ROLLOUT_PORT, "http", meta, publish_not_ready=False),
+        _statefulset(name, names.ROLE_ROLLOUT, rollout_n, rollout_tpl, meta, on_delete=False),
+        _statefulset(name, names.ROLE_TRAINER, trainer_n, trainer_tpl, meta, on_delete=True),
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": meta(names.statefulset(name, names.ROLE_TRAINER)),
+            "spec": {
+                "minAvailable": job.spec.trainer.replicas,
+                "selector": {"matchLabels": names.selector(name, names.ROLE_TRAINER)},
+            },
+        },
+        _network_policy(name, meta),
+    ]
+    group = _pod_group(job, name, meta)
+    if group:
+        out.append(group)
+    return Rendered(children=out, contract=run, warnings=w1 + w2)
+
+
+def children(job: GRPOJob, *, name: str, namespace: str, uid: str, **kwargs) -> list[dict]:
+    """The children only (see `render` for the keyword arguments)."""
+    return render(job, name=name, namespace=namespace, uid=uid, **kwargs).children
+
+
+def token_secret(*, name: str, namespace: str, uid: str, token: str) -> dict:
+    """The per-job Secret whose `token` guards the rollout API (created once, never rendered
+    on reconcile, because its value is random)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": names.token_secret(name),
+            "namespace": namespace,
+            "labels": names.job_labels(name),
+            "ownerReferences": [names.owner_reference(name, uid)],
+        },
+        "type": "Opaque",
+        "stringData": {names.TOKEN_KEY: token},
+    }
+
+
+def _rbac(job: GRPOJob, name: str, meta) -> list[dict]:
+    """Two ServiceAccounts (IRSA annotations per role) and a Role for the trainer only,
+    limited by resourceNames to this job's status and contract."""
+    accounts = []
+    for role, spec in ((names.ROLE_TRAINER, job.spec.trainer), (names.ROLE_ROLLOUT, job.spec.rollout)):
+        sa = {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": meta(names.service_account(name, role)),
+        }
+        if spec.service_account_annotations:
+            sa["metadata"]["annotations"] = dict(spec.service_account_annotations)
+        accounts.append(sa)
+    rules = [
+        {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [name], "verbs": ["get"]},
+        {
+            "apiGroups": [GROUP],
+            "resources": [f"{PLURAL}/status"],
+            "resourceNames": [name],
+            "verbs": ["get", "patch"],
+        },
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [names.contract_configmap(name)],
+            "verbs": ["get"],
+        },
+    ]
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(names.role(name))}
+    role["rules"] = rules
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": meta(names.role(name)),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": names.role(name)},
+        "subjects": [
+            {
+                "kind": "ServiceAccount",
+                "name": names.service_account(name, names.ROLE_TRAINER),
+                "namespace": meta(name)["namespace"],
+            }
+        ],
+    }
+    return [*accounts, role, binding]
+
+
+def _service(name: str, role: str, port: int, port_name: str, meta, *, publish_not_ready: bool) -> dict:
+    """Headless Service: per-pod DNS for rendezvous (before readiness) or rollout discovery."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta(names.statefulset(name, role)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": publish_not_ready,
+            "selector": names.selector(name, role),
+            "ports": [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def _statefulset(name: str, role: str, replicas: int, template: dict, meta, *, on_delete: bool) -> dict:
+    """Parallel pod management; the trainer uses OnDelete so only the operator's gang
+    restart replaces its pods, never a rolling update one rank at a time."""
+    strategy = {"type": "OnDelete"} if on_delete else {"type": "RollingUpdate"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": meta(names.statefulset(name, role)),
+        "spec": {
+            "replicas": replicas,
+            "serviceName": names.statefulset(name, role),
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": strategy,
+            "selector": {"matchLabels": names.selector(name, role)},
+            "template": template,
+        },
+    }
+
+
+def _network_policy(name: str, meta) -> dict:
+    """Only this job's trainer pods may reach its rollout servers' API port."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta(names.statefulset(name, names.ROLE_ROLLOUT)),
+        "spec": {
+            "podSelector": {"matchLabels": names.selector(name, names.ROLE_ROLLOUT)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": names.selector(name, names.ROLE_TRAINER)}}],
+                    "ports": [{"protocol": "TCP", "port": names.ROLLOUT_PORT}],
+                }
+            ],
+        },
+    }
+
+
+def _pod_group(job: GRPOJob, name: str, meta) -> dict | None:
+    kind = job.spec.scheduling.pod_group
+    if kind not in POD_GROUP_API:
+        return None
+    spec: dict = {"minMember": job.spec.trainer.replicas}
+    if kind == "volcano" and job.spec.scheduling.queue:
+        spec["queue"] = job.spec.scheduling.queue
+    return {
+        "apiVersion": POD_GROUP_API[kind],
+        "kind": "PodGroup",
+        "metadata": meta(names.pod_group(name)),
+        "spec": spec,
+    }

@@ -1,0 +1,135 @@
+"""The run contract: a GRPOJob spec plus its resolved topology (api/contract.py models).
+
+Called by `render.children` (the ConfigMap's job.json) and by the local runtime with
+`LocalPorts`, so both run the same contract; only the addresses differ (Service DNS names
+in a cluster, 127.0.0.1 ports on one machine).
+"""
+
+from dataclasses import dataclass
+
+from grpo_operator.api.contract import RolloutTopology, RunContract, TrainerTopology
+from grpo_operator.api.job import API_VERSION, PLURAL, GRPOJob
+from grpo_operator.api.spec import GRPOJobSpec
+from grpo_operator.instance_types import InstanceTable, UnknownInstanceType
+from grpo_operator.instance_types import load as load_instance_types
+from grpo_operator.render import names, storage
+
+
+class RenderError(ValueError):
+    """The job cannot be rendered (bad instance type, EFA mismatch, name too long...).
+
+    The operator turns it into a Failed condition with this message; the CLI prints it.
+    """
+
+
+@dataclass(frozen=True)
+class LocalPorts:
+    """Loopback ports for the local runtime: rank 0's rendezvous and one per rollout server."""
+
+    trainer_master_port: int
+    rollout_ports: tuple[int, ...]
+
+
+def check_name(name: str) -> None:
+    if len(name) > names.MAX_JOB_NAME:
+        raise RenderError(
+            f"job name {name!r} has {len(name)} characters; at most {names.MAX_JOB_NAME} fit the "
+            "StatefulSet pod labels"
+        )
+
+
+def trainer_gpus(job: GRPOJob, table: InstanceTable) -> int:
+    """GPUs of one trainer node (0 for CPU pods); raises RenderError for unknown types."""
+    itype = job.spec.trainer.instance_type
+    if itype is None:
+        return 0
+    try:
+        return table.get(itype).gpus
+    except UnknownInstanceType as e:
+        raise RenderError(f"trainer.instanceType: {e}") from None
+
+
+def contract(
+    job: GRPOJob,
+    *,
+    name: str,
+    namespace: str,
+    generation: int = 1,
+    local_ports: LocalPorts | None = None,
+    instance_types: InstanceTable | None = None,
+) -> RunContract:
+    """Resolve `job` into the contract every pod reads. Pure; raises RenderError."""
+    check_name(name)
+    table = instance_types or load_instance_types()
+    spec = job.spec
+    trainer, rollout = spec.trainer, spec.rollout
+    world = trainer.replicas * trainer.processes_per_pod
+    if world % trainer.expert_parallel_size:
+        raise RenderError(
+            f"trainer.expertParallelSize {trainer.expert_parallel_size} must divide "
+            f"replicas * processesPerPod = {world}"
+        )
+    backend = "nccl" if trainer_gpus(job, table) > 0 else "gloo"
+    if local_ports is not None:
+        if len(local_ports.rollout_ports) != rollout.replicas:
+            raise RenderError(
+                f"local_ports has {len(local_ports.rollout_ports)} rollout ports for "
+                f"{rollout.replicas} rollout replicas"
+            )
+        master_addr, master_port = "127.0.0.1", local_ports.trainer_master_port
+        endpoints = [f"http://127.0.0.1:{p}" for p in local_ports.rollout_ports]
+        rollout_port = local_ports.rollout_ports[0] if local_ports.rollout_ports else names.ROLLOUT_PORT
+        resolved_spec, status_url = spec, None
+    else:
+        master_addr = names.pod_dns(name, names.ROLE_TRAINER, 0, namespace)
+        master_port, rollout_port = names.TRAINER_PORT, names.ROLLOUT_PORT
+        endpoints = [
+            f"http://{names.pod_dns(name, names.ROLE_ROLLOUT, i, namespace)}:{rollout_port}"
+            for i in range(rollout.replicas)
+        ]
+        resolved_spec = _resolve_paths(job)
+        status_url = (
+            f"https://kubernetes.default.svc/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
+        )
+    checkpoint_root = resolved_spec.checkpoint.path.rstrip("/")
+    return RunContract(
+        job_name=name,
+        namespace=namespace,
+        generation=generation,
+        spec=resolved_spec,
+        trainer=TrainerTopology(
+            service=names.service_dns(name, names.ROLE_TRAINER, namespace),
+            replicas=trainer.replicas,
+            processes_per_pod=trainer.processes_per_pod,
+            world_size=world,
+            expert_parallel_size=trainer.expert_parallel_size,
+            data_parallel_size=world // trainer.expert_parallel_size,
+            master_addr=master_addr,
+            master_port=master_port,
+            backend=backend,
+        ),
+        rollout=RolloutTopology(
+            service=names.service_dns(name, names.ROLE_ROLLOUT, namespace),
+            replicas=rollout.replicas,
+            port=rollout_port,
+            endpoints=endpoints,
+        ),
+        checkpoint_dir=f"{checkpoint_root}/{namespace}/{name}",
+        status_url=status_url,
+    )
+
+
+def _resolve_paths(job: GRPOJob) -> GRPOJobSpec:
+    """A copy of the spec with every `pvc://` URI replaced by its in-pod mount path."""
+    spec = job.spec
+    model = spec.model.model_copy(
+        update={
+            "path": storage.resolve(spec.model.path),
+            "reference_path": storage.resolve(spec.model.reference_path)
+            if spec.model.reference_path
+            else None,
+        }
+    )
+    dataset = spec.dataset.model_copy(update={"path": storage.resolve(spec.dataset.path)})
+    checkpoint = spec.checkpoint.model_copy(update={"path": storage.resolve(spec.checkpoint.path)})
+    return spec.model_copy(update={"model": model, "dataset": dataset, "checkpoint": checkpoint})

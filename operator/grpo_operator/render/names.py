@@ -1,0 +1,93 @@
+"""Names, labels and ports of a GRPOJob's children: the one place that spells them.
+
+Used by the renderer, the controller (to find children and pods) and tests. StatefulSet pod
+names and Service DNS names derive from these, so they are part of the run contract.
+"""
+
+from grpo_operator.api.job import API_VERSION, KIND
+
+LABEL_JOB = "grpo.dev/job"
+LABEL_ROLE = "grpo.dev/role"
+LABEL_ATTEMPT = "grpo.dev/attempt"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_POD_INDEX = "apps.kubernetes.io/pod-index"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+MANAGER = "grpo-operator"
+
+ROLE_TRAINER = "trainer"
+ROLE_ROLLOUT = "rollout"
+
+TRAINER_PORT = 29500
+ROLLOUT_PORT = 8000
+TOKEN_KEY = "token"
+PVC_MOUNT_ROOT = "/mnt/pvc"
+
+# A StatefulSet's pods carry `controller-revision-hash: <sts>-<10 chars>` (63 max), so the
+# StatefulSet name may have 52 characters; "-trainer" leaves 44 for the job name.
+MAX_JOB_NAME = 44
+
+
+def statefulset(job: str, role: str) -> str:
+    """Name of the role's StatefulSet, also its headless Service and its pods' prefix."""
+    return f"{job}-{role}"
+
+
+def pod(job: str, role: str, index: int) -> str:
+    return f"{statefulset(job, role)}-{index}"
+
+
+def contract_configmap(job: str) -> str:
+    return f"{job}-contract"
+
+
+def token_secret(job: str) -> str:
+    return f"{job}-token"
+
+
+def service_account(job: str, role: str) -> str:
+    return f"{job}-{role}"
+
+
+def role(job: str) -> str:
+    """Name of the Role (and RoleBinding) that lets the trainer report status."""
+    return f"{job}-trainer"
+
+
+def pod_group(job: str) -> str:
+    return f"{job}-trainer"
+
+
+def job_labels(job: str) -> dict[str, str]:
+    return {LABEL_MANAGED_BY: MANAGER, LABEL_JOB: job}
+
+
+def selector(job: str, role: str) -> dict[str, str]:
+    """Labels that select one role's pods of one job (StatefulSet selector; immutable)."""
+    return {LABEL_JOB: job, LABEL_ROLE: role}
+
+
+def label_selector(job: str, role: str | None = None) -> str:
+    """The same as a label selector string for list calls."""
+    sel = {LABEL_JOB: job} if role is None else selector(job, role)
+    return ",".join(f"{k}={v}" for k, v in sel.items())
+
+
+def owner_reference(job: str, uid: str) -> dict[str, object]:
+    """Owner reference to the GRPOJob: deleting the job garbage-collects the child."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def service_dns(job: str, role: str, namespace: str) -> str:
+    return f"{statefulset(job, role)}.{namespace}.svc"
+
+
+def pod_dns(job: str, role: str, index: int, namespace: str) -> str:
+    """Stable DNS name of one StatefulSet pod behind its headless Service."""
+    return f"{pod(job, role, index)}.{service_dns(job, role, namespace)}"

@@ -1,0 +1,250 @@
+"""EFA-aware pod templates for the trainer gang and the rollout servers.
+
+Called by `render.children`. Sizes each pod from the instance-type table (DESIGN.md §5):
+GPUs and EFA devices of the node, hugepages, IPC_LOCK, /dev/shm, EFA/NCCL/NVSHMEM env,
+node selector, GPU tolerations and, for the gang, one-zone and network-spine affinity.
+The user's template override is merged last; the operator's fields win (see overrides).
+"""
+
+from dataclasses import dataclass
+
+from grpo_operator.api.contract import CONTRACT_FILE, CONTRACT_MOUNT, ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN
+from grpo_operator.api.job import GRPOJob
+from grpo_operator.api.spec import EFAMode, RoleCommon
+from grpo_operator.instance_types import (
+    EFA_RESOURCE,
+    GPU_RESOURCE,
+    INSTANCE_TYPE_LABEL,
+    InstanceTable,
+    InstanceType,
+    UnknownInstanceType,
+)
+from grpo_operator.render import names, overrides, storage
+from grpo_operator.render.contract import RenderError
+
+COMMANDS = {
+    names.ROLE_TRAINER: ["python", "-m", "grpo_trainer", "train"],
+    names.ROLE_ROLLOUT: ["python", "-m", "grpo_rollout", "serve"],
+}
+ZONE_KEY = "topology.kubernetes.io/zone"
+NETWORK_LAYER_KEYS = tuple(f"topology.k8s.aws/network-node-layer-{n}" for n in (3, 2, 1))
+GRACE_SECONDS = {names.ROLE_TRAINER: 60, names.ROLE_ROLLOUT: 120}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What one pod of a role asks of its node."""
+
+    instance_type: InstanceType | None
+    gpus: int
+    efa: int
+
+
+def hardware(job: GRPOJob, role: str, table: InstanceTable) -> Hardware:
+    """GPUs and EFA devices per pod of `role`; RenderError when the spec cannot be met."""
+    spec = job.spec.trainer if role == names.ROLE_TRAINER else job.spec.rollout
+    mode = job.spec.network.efa
+    itype = None
+    if spec.instance_type is not None:
+        try:
+            itype = table.get(spec.instance_type)
+        except UnknownInstanceType as e:
+            raise RenderError(f"{role}.instanceType: {e}") from None
+    node_gpus, node_efa = (itype.gpus, itype.efa) if itype else (0, 0)
+    if role == names.ROLE_TRAINER:
+        if mode == EFAMode.REQUIRED and node_efa == 0:
+            what = (
+                f"instance type {itype.name!r} has no EFA devices"
+                if itype
+                else "trainer.instanceType is unset"
+            )
+            raise RenderError(f"network.efa is 'required' but {what}; use an EFA type (p4d, p5, p5en, p6...)")
+        gpus, efa = node_gpus, node_efa
+    else:
+        tp = job.spec.rollout.tensor_parallel_size
+        if itype and node_gpus and tp > node_gpus:
+            raise RenderError(f"rollout.tensorParallelSize {tp} exceeds the {node_gpus} GPUs of {itype.name}")
+        gpus = min(tp, node_gpus)
+        efa = node_efa if node_gpus and gpus == node_gpus else 0
+    return Hardware(itype, gpus, 0 if mode == EFAMode.DISABLED else efa)
+
+
+def pod_template(
+    job: GRPOJob, *, name: str, role: str, attempt: int, table: InstanceTable
+) -> tuple[dict, list[str]]:
+    """(pod template, override conflicts) for one role's StatefulSet."""
+    spec = job.spec.trainer if role == names.ROLE_TRAINER else job.spec.rollout
+    hw = hardware(job, role, table)
+    volumes, mounts = _volumes(job, name=name, role=role)
+    container = {
+        "name": role,
+        "image": spec.image,
+        "command": COMMANDS[role],
+        "env": _env(job, name=name, hw=hw),
+        "ports": _ports(role),
+        "resources": _resources(job, spec, hw),
+        "volumeMounts": mounts,
+    }
+    security = _security(job, hw)
+    if security:
+        container["securityContext"] = security
+    if role == names.ROLE_ROLLOUT:
+        container["readinessProbe"] = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5}
+    labels = {**names.job_labels(name), **names.selector(name, role)}
+    annotations: dict[str, str] = {}
+    pod_spec: dict = {
+        "serviceAccountName": names.service_account(name, role),
+        "automountServiceAccountToken": role == names.ROLE_TRAINER,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": GRACE_SECONDS[role],
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if role == names.ROLE_TRAINER:
+        labels[names.LABEL_ATTEMPT] = str(attempt)
+        pod_spec["affinity"] = _gang_affinity(name) if hw.instance_type else None
+        _gang_scheduling(job, name, labels, annotations, pod_spec)
+    _placement(spec, hw, pod_spec)
+    sched = job.spec.scheduling
+    if sched.priority_class_name:
+        pod_spec["priorityClassName"] = sched.priority_class_name
+    if sched.scheduler_name:
+        pod_spec["schedulerName"] = sched.scheduler_name
+    template = {"metadata": {"labels": labels}, "spec": {k: v for k, v in pod_spec.items() if v is not None}}
+    if annotations:
+        template["metadata"]["annotations"] = annotations
+    if spec.template is None:
+        return template, []
+    user = {"spec": spec.template.spec or {}}
+    if spec.template.metadata is not None:
+        user["metadata"] = {k: v for k, v in spec.template.metadata.wire().items() if v}
+    return overrides.merge(template, user, f"{role}.template")
+
+
+def _env(job: GRPOJob, *, name: str, hw: Hardware) -> list[dict]:
+    env = [
+        {"name": ENV_CONTRACT, "value": f"{CONTRACT_MOUNT}/{CONTRACT_FILE}"},
+        {
+            "name": ENV_POD_INDEX,
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{names.LABEL_POD_INDEX}']"}},
+        },
+        {
+            "name": ENV_TOKEN,
+            "valueFrom": {"secretKeyRef": {"name": names.token_secret(name), "key": names.TOKEN_KEY}},
+        },
+    ]
+    if hw.gpus or hw.efa:
+        env.append({"name": "NCCL_SOCKET_IFNAME", "value": job.spec.network.socket_ifname})
+    if hw.efa:
+        env += [
+            {"name": "FI_PROVIDER", "value": "efa"},
+            {"name": "FI_EFA_FORK_SAFE", "value": "1"},
+            {"name": "NVSHMEM_REMOTE_TRANSPORT", "value": "libfabric"},
+            {"name": "NVSHMEM_LIBFABRIC_PROVIDER", "value": "efa"},
+        ]
+        if hw.instance_type and hw.instance_type.rdma:
+            env.append({"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"})
+    return env
+
+
+def _ports(role: str) -> list[dict]:
+    if role == names.ROLE_TRAINER:
+        return [{"name": "rendezvous", "containerPort": names.TRAINER_PORT, "protocol": "TCP"}]
+    return [{"name": "http", "containerPort": names.ROLLOUT_PORT, "protocol": "TCP"}]
+
+
+def _resources(job: GRPOJob, spec: RoleCommon, hw: Hardware) -> dict:
+    """User requests/limits with the operator's device resources on top (limits == requests)."""
+    user = spec.resources
+    requests = {k: str(v) for k, v in (user.requests if user else {}).items()}
+    limits = {k: str(v) for k, v in (user.limits if user else {}).items()}
+    owned: dict[str, str] = {}
+    if hw.gpus:
+        owned[hw.instance_type.gpu_resource if hw.instance_type else GPU_RESOURCE] = str(hw.gpus)
+    if hw.efa:
+        owned[EFA_RESOURCE] = str(hw.efa)
+        owned["hugepages-2Mi"] = job.spec.network.hugepages
+        if "cpu" not in requests and "memory" not in requests:
+            requests["cpu"] = "1"  # the API server refuses hugepages without a cpu or memory request
+    requests.update(owned)
+    limits.update(owned)
+    out = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _security(job: GRPOJob, hw: Hardware) -> dict:
+    security: dict = {}
+    if hw.efa:
+        security["capabilities"] = {"add": ["IPC_LOCK"]}
+    if job.spec.network.privileged:
+        security["privileged"] = True
+    return security
+
+
+def _volumes(job: GRPOJob, *, name: str, role: str) -> tuple[list[dict], list[dict]]:
+    spec = job.spec
+    uris = [spec.model.path]
+    if role == names.ROLE_TRAINER:
+        uris += [spec.model.reference_path, spec.dataset.path, spec.checkpoint.path]
+    pvc_volumes, pvc_mounts = storage.volumes_and_mounts(uris)
+    volumes = [
+        {"name": "contract", "configMap": {"name": names.contract_configmap(name)}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        *pvc_volumes,
+    ]
+    mounts = [
+        {"name": "contract", "mountPath": CONTRACT_MOUNT, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        *pvc_mounts,
+    ]
+    return volumes, mounts
+
+
+def _placement(spec: RoleCommon, hw: Hardware, pod_spec: dict) -> None:
+    """Node selector (instance type first) and tolerations for the devices the pod asks for."""
+    selector = dict(spec.node_selector)
+    if hw.instance_type:
+        selector[INSTANCE_TYPE_LABEL] = hw.instance_type.name
+    tolerations = []
+    if hw.gpus:
+        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    if hw.efa:
+        tolerations.append({"key": EFA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    tolerations += [t.wire() for t in spec.tolerations]
+    if selector:
+        pod_spec["nodeSelector"] = selector
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+
+
+def _gang_affinity(name: str) -> dict:
+    """All ranks in one AZ (required) and under as few network spines as possible (preferred)."""
+
+    def gang() -> dict:
+        return {"matchLabels": names.selector(name, names.ROLE_TRAINER)}
+
+    return {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": gang(), "topologyKey": ZONE_KEY}
+            ],
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": weight, "podAffinityTerm": {"labelSelector": gang(), "topologyKey": key}}
+                for weight, key in zip((100, 50, 10), NETWORK_LAYER_KEYS, strict=True)
+            ],
+        }
+    }
+
+
+def _gang_scheduling(job: GRPOJob, name: str, labels: dict, annotations: dict, pod_spec: dict) -> None:
+    """Tie trainer pods to their PodGroup (scheduler-plugins label or Volcano annotation)."""
+    kind = job.spec.scheduling.pod_group
+    if kind == "scheduler-plugins":
+        labels["scheduling.x-k8s.io/pod-group"] = names.pod_group(name)
+    elif kind == "volcano":
+        annotations["scheduling.k8s.io/group-name"] = names.pod_group(name)
+        pod_spec["schedulerName"] = "volcano"

@@ -1,0 +1,233 @@
+"""Unit tests of grpo_operator.render: contract topology, children, EFA-aware pods."""
+
+import copy
+
+import pytest
+from grpo_operator import instance_types, render
+from grpo_operator.api.job import GRPOJob
+from grpo_operator.render import names
+
+BASE = {
+    "apiVersion": "grpo.dev/v1alpha1",
+    "kind": "GRPOJob",
+    "metadata": {"name": "moe", "namespace": "team"},
+    "spec": {
+        "model": {"path": "pvc://models/qwen3-moe"},
+        "dataset": {"path": "s3://bucket/gsm8k.jsonl"},
+        "reward": {"functions": [{"builtin": "math"}]},
+        "checkpoint": {"path": "pvc://ckpt/runs"},
+        "trainer": {"replicas": 2, "instanceType": "p5.48xlarge", "expertParallelSize": 16},
+        "rollout": {"replicas": 2, "instanceType": "p5.48xlarge", "tensorParallelSize": 8},
+    },
+}
+
+
+def job(**spec_updates) -> GRPOJob:
+    raw = copy.deepcopy(BASE)
+    for path, value in spec_updates.items():
+        node = raw["spec"]
+        *parents, leaf = path.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return GRPOJob.model_validate(raw)
+
+
+def rendered(j: GRPOJob | None = None, **kw) -> render.Rendered:
+    return render.render(j or job(), name="moe", namespace="team", uid="uid-1", **kw)
+
+
+def by_kind(r: render.Rendered, kind: str, name: str | None = None) -> dict:
+    found = [c for c in r.children if c["kind"] == kind and (name is None or c["metadata"]["name"] == name)]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} found"
+    return found[0]
+
+
+def container(r: render.Rendered, role: str) -> dict:
+    return by_kind(r, "StatefulSet", f"moe-{role}")["spec"]["template"]["spec"]["containers"][0]
+
+
+def env(c: dict) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+
+
+def test_contract_topology_uses_service_dns_and_ep_layout():
+    c = render.contract(job(), name="moe", namespace="team", generation=4)
+    assert c.generation == 4
+    assert (
+        c.trainer.world_size == 16
+        and c.trainer.expert_parallel_size == 16
+        and c.trainer.data_parallel_size == 1
+    )
+    assert c.trainer.master_addr == "moe-trainer-0.moe-trainer.team.svc"
+    assert c.trainer.backend == "nccl"
+    assert c.rollout.endpoints == [
+        "http://moe-rollout-0.moe-rollout.team.svc:8000",
+        "http://moe-rollout-1.moe-rollout.team.svc:8000",
+    ]
+    assert c.spec.model.path == "/mnt/pvc/models/qwen3-moe"
+    assert c.spec.dataset.path == "s3://bucket/gsm8k.jsonl"
+    assert c.checkpoint_dir == "/mnt/pvc/ckpt/runs/team/moe"
+    assert c.status_url.endswith("/namespaces/team/grpojobs/moe/status")
+
+
+def test_contract_with_local_ports_uses_loopback():
+    j = job(trainer={"replicas": 1, "processesPerPod": 2}, rollout={"replicas": 2})
+    c = render.contract(
+        j, name="tiny", namespace="default", local_ports=render.LocalPorts(29999, (8101, 8102))
+    )
+    assert (c.trainer.master_addr, c.trainer.master_port) == ("127.0.0.1", 29999)
+    assert c.rollout.endpoints == ["http://127.0.0.1:8101", "http://127.0.0.1:8102"]
+    assert c.trainer.backend == "gloo" and c.trainer.world_size == 2
+    assert c.spec.model.path == "pvc://models/qwen3-moe"  # nothing is mounted locally
+    with pytest.raises(render.RenderError, match="1 rollout ports for 2"):
+        render.contract(j, name="tiny", namespace="default", local_ports=render.LocalPorts(1, (2,)))
+
+
+def test_all_children_exist_with_owner_references():
+    r = rendered()
+    kinds = sorted((c["kind"], c["metadata"]["name"]) for c in r.children)
+    assert kinds == sorted(
+        [
+            ("ConfigMap", "moe-contract"),
+            ("ServiceAccount", "moe-trainer"),
+            ("ServiceAccount", "moe-rollout"),
+            ("Role", "moe-trainer"),
+            ("RoleBinding", "moe-trainer"),
+            ("Service", "moe-trainer"),
+            ("Service", "moe-rollout"),
+            ("StatefulSet", "moe-trainer"),
+            ("StatefulSet", "moe-rollout"),
+            ("PodDisruptionBudget", "moe-trainer"),
+            ("NetworkPolicy", "moe-rollout"),
+        ]
+    )
+    for c in r.children:
+        assert c["metadata"]["namespace"] == "team"
+        assert c["metadata"]["ownerReferences"] == [names.owner_reference("moe", "uid-1")]
+    assert (
+        render.contract(job(), name="moe", namespace="team").model_dump_json(
+            by_alias=True, exclude_none=True, indent=2
+        )
+        == by_kind(r, "ConfigMap")["data"]["job.json"]
+    )
+
+
+def test_role_is_scoped_by_resource_names():
+    rules = by_kind(rendered(), "Role")["rules"]
+    assert all(rule["resourceNames"] for rule in rules)
+    assert {"grpojobs/status"} <= {res for rule in rules for res in rule["resources"]}
+
+
+def test_trainer_statefulset_is_a_parallel_on_delete_gang():
+    sts = by_kind(rendered(attempt=3), "StatefulSet", "moe-trainer")
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert sts["spec"]["replicas"] == 2
+    assert sts["spec"]["template"]["metadata"]["labels"][names.LABEL_ATTEMPT] == "3"
+    assert by_kind(rendered(), "Service", "moe-trainer")["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_not_running_scales_both_statefulsets_to_zero():
+    r = rendered(running=False)
+    assert [c["spec"]["replicas"] for c in r.children if c["kind"] == "StatefulSet"] == [0, 0]
+
+
+def test_commands_and_per_pod_env():
+    r = rendered()
+    t, ro = container(r, "trainer"), container(r, "rollout")
+    assert t["command"] == ["python", "-m", "grpo_trainer", "train"]
+    assert ro["command"] == ["python", "-m", "grpo_rollout", "serve"]
+    e = env(t)
+    assert e["GRPO_CONTRACT"] == "/etc/grpo/job.json"
+    assert e["GRPO_POD_INDEX"] == {
+        "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}
+    }
+    assert e["GRPO_TOKEN"] == {"secretKeyRef": {"name": "moe-token", "key": "token"}}
+
+
+def test_p5_trainer_requests_whole_node_with_efa():
+    r = rendered()
+    t = container(r, "trainer")
+    assert t["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert t["resources"]["limits"]["vpc.amazonaws.com/efa"] == "32"
+    assert t["resources"]["requests"]["hugepages-2Mi"] == "5120Mi"
+    assert t["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    e = env(t)
+    assert e["FI_PROVIDER"] == "efa" and e["FI_EFA_USE_DEVICE_RDMA"] == "1" and e["FI_EFA_FORK_SAFE"] == "1"
+    assert e["NVSHMEM_REMOTE_TRANSPORT"] == "libfabric" and e["NVSHMEM_LIBFABRIC_PROVIDER"] == "efa"
+    pod = by_kind(r, "StatefulSet", "moe-trainer")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    aff = pod["affinity"]["podAffinity"]
+    assert (
+        aff["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"]
+        == "topology.kubernetes.io/zone"
+    )
+    keys = [
+        t["podAffinityTerm"]["topologyKey"] for t in aff["preferredDuringSchedulingIgnoredDuringExecution"]
+    ]
+    assert keys[0] == "topology.k8s.aws/network-node-layer-3"
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory"}
+    assert {"name": "pvc-ckpt", "persistentVolumeClaim": {"claimName": "ckpt"}} in pod["volumes"]
+
+
+def test_p5en_has_sixteen_efa_devices():
+    t = container(rendered(job(trainer__instanceType="p5en.48xlarge")), "trainer")
+    assert t["resources"]["limits"]["vpc.amazonaws.com/efa"] == "16"
+
+
+def test_efa_disabled_renders_plain_gpu_pods():
+    t = container(rendered(job(network={"efa": "disabled"})), "trainer")
+    assert t["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert "securityContext" not in t
+    assert "FI_PROVIDER" not in env(t)
+
+
+def test_efa_required_without_efa_is_a_clear_error():
+    j = job(trainer={"instanceType": "g5.xlarge", "processesPerPod": 1}, network={"efa": "required"})
+    with pytest.raises(render.RenderError, match=r"'g5\.xlarge' has no EFA devices"):
+        rendered(j)
+
+
+def test_unknown_instance_type_is_a_clear_error():
+    with pytest.raises(render.RenderError, match=r"trainer.instanceType: unknown instance type 'p9.bogus'"):
+        rendered(job(trainer__instanceType="p9.bogus"))
+
+
+def test_cpu_job_has_no_devices_and_no_gang_affinity():
+    j = job(trainer={"replicas": 1, "processesPerPod": 2}, rollout={"replicas": 1, "engine": "torch"})
+    r = rendered(j)
+    t = container(r, "trainer")
+    assert "resources" not in t or "nvidia.com/gpu" not in t["resources"].get("limits", {})
+    assert "affinity" not in by_kind(r, "StatefulSet", "moe-trainer")["spec"]["template"]["spec"]
+
+
+def test_instance_table_override_adds_a_type(tmp_path):
+    f = tmp_path / "types.yaml"
+    f.write_text("p7.future: {gpus: 8, efa: 64}\np5.48xlarge: {efa: 30}\n")
+    table = instance_types.load(f)
+    t = container(rendered(job(trainer__instanceType="p7.future"), instance_types=table), "trainer")
+    assert t["resources"]["limits"]["vpc.amazonaws.com/efa"] == "64"
+    assert table.get("p5.48xlarge").efa == 30 and table.get("p5.48xlarge").gpus == 8
+    with pytest.raises(ValueError, match="needs both"):
+        instance_types.BUILTIN.merged({"x1": {"gpus": 1}})
+
+
+def test_pod_group_for_volcano():
+    r = rendered(job(scheduling={"podGroup": "volcano", "queue": "gpu"}))
+    pg = by_kind(r, "PodGroup")
+    assert pg["spec"] == {"minMember": 2, "queue": "gpu"}
+    tpl = by_kind(r, "StatefulSet", "moe-trainer")["spec"]["template"]
+    assert tpl["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "moe-trainer"
+    assert tpl["spec"]["schedulerName"] == "volcano"
+
+
+def test_long_names_are_refused():
+    with pytest.raises(render.RenderError, match="at most 44"):
+        render.render(job(), name="x" * 45, namespace="team", uid="u")
+
+
+def test_render_is_deterministic():
+    assert rendered().children == rendered().children
