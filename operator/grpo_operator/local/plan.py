@@ -30,6 +30,7 @@ from grpo_operator.local.progress import ENV_PROGRESS_FILE
 from grpo_operator.render import names
 
 LOCAL_NAMESPACE = "local"
+MAX_LOCAL_GRACE_S = 20.0  # a pod's terminationGracePeriodSeconds, bounded so Ctrl-C stays prompt
 # Cluster networking env that would misroute loopback traffic (interfaces, EFA/libfabric).
 _CLUSTER_ONLY_ENV_PREFIXES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "FI_", "NVSHMEM_")
 
@@ -127,7 +128,7 @@ def _argv(container: dict[str, Any]) -> list[str]:
 
 
 def _role(obj: dict[str, Any]) -> str:
-    role = obj["metadata"].get("labels", {}).get(names.LABEL_ROLE)
+    role = obj["spec"]["selector"]["matchLabels"].get(names.LABEL_ROLE)
     if role not in (names.ROLE_ROLLOUT, names.ROLE_TRAINER):
         raise PlanError(f"rendered StatefulSet {obj['metadata']['name']!r} has role {role!r}")
     return str(role)
@@ -150,7 +151,7 @@ def build_plan(job_file: Path, workdir: Path) -> LocalPlan:
     except render.RenderError as e:
         raise PlanError(f"{job_file}: {e}") from e
     contract_path = workdir / CONTRACT_FILE
-    contract_path.write_text(contract.model_dump_json(by_alias=True, indent=2))
+    contract_path.write_text(contract.model_dump_json(by_alias=True, exclude_none=True, indent=2))
     progress_path = workdir / "progress.jsonl"
     progress_path.unlink(missing_ok=True)
 
@@ -177,7 +178,8 @@ def build_plan(job_file: Path, workdir: Path) -> LocalPlan:
             env.update({ENV_CONTRACT: str(contract_path), ENV_POD_INDEX: str(index), ENV_TOKEN: token})
             if role == "trainer":
                 env[ENV_PROGRESS_FILE] = str(progress_path)
-            pods[role].append(PodCommand(role, index, _argv(container), env, workdir))
+            grace = min(float(pod_spec.get("terminationGracePeriodSeconds", 30)), MAX_LOCAL_GRACE_S)
+            pods[role].append(PodCommand(role, index, _argv(container), env, workdir, grace))
     if not pods["trainer"]:
         raise PlanError(f"{job_file}: the rendered job has no trainer pods")
     return LocalPlan(

@@ -37,6 +37,7 @@ class PodCommand:
     argv: list[str]
     env: dict[str, str]
     cwd: Path
+    grace_s: float = 10.0  # the pod's terminationGracePeriodSeconds (bounded locally)
 
     @property
     def name(self) -> str:
@@ -117,11 +118,13 @@ class PodProcess:
         return tail[-1] if tail else ""
 
 
-def stop_all(procs: list[PodProcess], grace_s: float = 10.0) -> None:
-    """SIGTERM every pod's group, wait up to `grace_s` for them to drain, then SIGKILL what is left."""
+def stop_all(procs: list[PodProcess], grace_s: float | None = None) -> None:
+    """SIGTERM every pod's group, wait for them to drain (each pod's grace period, or `grace_s`),
+    then SIGKILL what is left, as a kubelet would."""
     for p in procs:
         p.signal_group(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
+    longest = max((p.command.grace_s for p in procs), default=0.0)
+    deadline = time.monotonic() + (longest if grace_s is None else grace_s)
     while time.monotonic() < deadline and any(p.group_alive() for p in procs):
         time.sleep(0.05)
     for p in procs:
