@@ -1,0 +1,38 @@
+"""`grpo-operator validate FILE... [--old OLDFILE]`: check GRPOJob manifests offline.
+
+Gives the API server's verdict without a cluster (see `grpo_operator.validation`): one
+line `FILE:LINE: field.path: message` per problem, `FILE: valid` otherwise, and a
+non-zero exit status when any file is invalid. Documents of other kinds are skipped.
+"""
+
+import argparse
+import sys
+
+from grpo_operator import validation
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE", help="YAML manifests; '-' reads standard input")
+    parser.add_argument(
+        "--old",
+        metavar="OLDFILE",
+        help="the jobs as they are now: check FILEs as updates of them, so changes to immutable fields fail",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    invalid = 0
+    for name in args.files:
+        try:
+            problems = validation.validate_file(name, old=args.old)
+        except OSError as err:
+            print(f"{name}: cannot read: {err.strerror or err}", file=sys.stderr)
+            invalid += 1
+            continue
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        if problems:
+            invalid += 1
+        else:
+            print(f"{name}: valid")
+    return 1 if invalid else 0
