@@ -1,0 +1,125 @@
+"""SwiGLU experts of one rank, run as a grouped GEMM over rows already sorted by expert.
+
+Called by `grpo_trainer.moe.layer.MoELayer` between dispatch and combine. Rows arrive grouped
+by local expert with a count per expert, so every expert is one contiguous segment and no
+per-expert gather, mask or padding is needed. On CUDA with bf16 the segments go to
+`torch._grouped_mm`, one kernel per projection. Elsewhere a hand-written autograd function
+calls one BLAS `mm` per non-empty segment into preallocated buffers and runs the elementwise
+SwiGLU once over all rows: autograd never sees the per-expert slices (whose backward would
+allocate a full-size zero tensor per expert), which is what makes fine-grained and skewed
+routing cheap on the CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+def _segments(counts: list[int]) -> list[tuple[int, int, int]]:
+    """(expert, start, stop) of every non-empty segment."""
+    out, start = [], 0
+    for e, c in enumerate(counts):
+        if c:
+            out.append((e, start, start + c))
+        start += c
+    return out
+
+
+class _SegmentSwiGLU(torch.autograd.Function):
+    """y[s] = down[e] · (silu(gate[e] · x[s]) * (up[e] · x[s])) for each expert segment s."""
+
+    @staticmethod
+    def forward(ctx, x, gate_up, down, counts):  # type: ignore[override]
+        segs = _segments(counts)
+        inter = down.shape[-1]
+        h = x.new_empty(x.shape[0], 2 * inter)  # (N, 2I): gate | up
+        for e, a, b in segs:
+            torch.mm(x[a:b], gate_up[e].t(), out=h[a:b])
+        act = F.silu(h[:, :inter]) * h[:, inter:]  # (N, I)
+        y = x.new_empty(x.shape[0], down.shape[1])  # (N, H)
+        for e, a, b in segs:
+            torch.mm(act[a:b], down[e].t(), out=y[a:b])
+        ctx.segs = segs
+        ctx.save_for_backward(x, gate_up, down, h)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, gate_up, down, h = ctx.saved_tensors
+        segs, inter = ctx.segs, down.shape[-1]
+        dy = dy.contiguous()
+        gate, up = h[:, :inter], h[:, inter:]
+        sig = torch.sigmoid(gate)
+        silu = gate * sig
+        act = silu * up
+        d_act = x.new_empty(x.shape[0], inter)
+        d_down = torch.zeros_like(down)
+        for e, a, b in segs:
+            torch.mm(dy[a:b], down[e], out=d_act[a:b])
+            torch.mm(dy[a:b].t(), act[a:b], out=d_down[e])
+        dh = torch.empty_like(h)
+        torch.mul(d_act * up, sig * (1 + gate * (1 - sig)), out=dh[:, :inter])
+        torch.mul(d_act, silu, out=dh[:, inter:])
+        dx = torch.empty_like(x)
+        d_gate_up = torch.zeros_like(gate_up)
+        for e, a, b in segs:
+            torch.mm(dh[a:b].t(), x[a:b], out=d_gate_up[e])
+            torch.mm(dh[a:b], gate_up[e], out=dx[a:b])
+        return dx, d_gate_up, d_down, None
+
+
+def _grouped_mm_swiglu(x, gate_up, down, counts: list[int]) -> torch.Tensor:
+    """The same computation with `torch._grouped_mm` (CUDA, bf16); autograd is built in."""
+    offs = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
+    h = torch._grouped_mm(x, gate_up.transpose(1, 2), offs=offs)
+    inter = down.shape[-1]
+    act = F.silu(h[:, :inter]) * h[:, inter:]
+    return torch._grouped_mm(act, down.transpose(1, 2), offs=offs)
+
+
+def grouped_swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, counts: list[int]):
+    """Rows x (N, H) grouped by expert (counts[e] rows each) → expert outputs (N, H).
+
+    gate_up (E, 2I, H) and down (E, H, I) have the Hugging Face fused-expert layout.
+    """
+    if sum(counts) != x.shape[0]:
+        raise ValueError(f"counts sum to {sum(counts)} but x has {x.shape[0]} rows")
+    if x.is_cuda and x.dtype == torch.bfloat16 and x.shape[0] > 0:
+        return _grouped_mm_swiglu(x, gate_up, down, counts)
+    return _SegmentSwiGLU.apply(x, gate_up, down, counts)
+
+
+class GroupedExperts(nn.Module):
+    """The local experts of one MoE block, with HF parameter names and layouts.
+
+    `gate_up_proj` (E_local, 2I, H) holds gate rows then up rows; `down_proj` (E_local, H, I).
+    `first_expert` is the global id of local expert 0 and `group` the EP group the experts are
+    sharded over (None for EP = 1); checkpoint loading and gathering use both.
+    """
+
+    def __init__(
+        self,
+        gate_up_proj: torch.Tensor,
+        down_proj: torch.Tensor,
+        num_experts: int,
+        first_expert: int = 0,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__()
+        if gate_up_proj.shape[0] != down_proj.shape[0] or gate_up_proj.shape[1] != 2 * down_proj.shape[2]:
+            raise ValueError(f"inconsistent expert shapes {gate_up_proj.shape} / {down_proj.shape}")
+        self.gate_up_proj = nn.Parameter(gate_up_proj)
+        self.down_proj = nn.Parameter(down_proj)
+        self.num_experts = num_experts
+        self.first_expert = first_expert
+        self.group = group
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.gate_up_proj.shape[0]
+
+    def forward(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        return grouped_swiglu(rows, self.gate_up_proj, self.down_proj, counts)
