@@ -54,7 +54,7 @@ class ProgressView:
 
     def note(self, message: str) -> None:
         """A line above the panel: restarts, phase changes, failures."""
-        self.console.print(message)
+        self.console.print(message, soft_wrap=True, markup=False)
 
     def update(self, state: RunState, new: list[StepRecord]) -> None:
         self._state = state
@@ -105,5 +105,6 @@ def print_failure(console: Console, reason: str, tails: dict[str, tuple[Path, st
     """The reason, then each failing pod's log tail under a header naming the pod and its log file."""
     for pod, (log_path, tail) in tails.items():
         console.rule(f"{pod}: last lines of {log_path}")
-        console.print(tail, markup=False, highlight=False)
-    console.print(f"[bold red]failed:[/] {reason}", highlight=False)
+        console.print(tail, markup=False, highlight=False, soft_wrap=True)
+    console.print("[bold red]failed:[/] ", end="")
+    console.print(reason, markup=False, highlight=False, soft_wrap=True)

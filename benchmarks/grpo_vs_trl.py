@@ -1,0 +1,210 @@
+"""GRPO throughput and final reward: our local runtime against TRL's GRPOTrainer, in one run.
+
+Run: `python benchmarks/grpo_vs_trl.py --json out/grpo_vs_trl.json` (builds the tiny model
+unless --model is given). Both sides train the same tiny Qwen3-MoE model on the same
+addition task with the same hyperparameters (group size, prompts per step, max new tokens,
+learning rate, clip range, steps, temperature, no KL), each in a child process of this one:
+ours as `grpo-operator run` (1 rollout server + 2 trainer ranks at EP 2, 1 thread each),
+TRL as `GRPOTrainer` (use_vllm=False, use_cpu=True, bf16=False) with torch using every core.
+
+Measured the same way on both sides:
+  wall_s         seconds from spawning the child to its exit (imports, model load included)
+  samples_per_s  completions of steps 2..N over the time between step 1's and step N's end
+  reward_last    mean reward over the last 10% of steps (reward_first: the first 10%)
+and `speedup` = ours.samples_per_s / trl.samples_per_s. Prints a table; writes JSON.
+"""
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def tenth_means(rewards: list[float]) -> tuple[float, float]:
+    """Mean reward over the first and the last 10% of steps (at least one step each)."""
+    k = max(1, math.ceil(len(rewards) * 0.1))
+    return sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+
+
+def job_manifest(model: Path, args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "apiVersion": "grpo.dev/v1alpha1",
+        "kind": "GRPOJob",
+        "metadata": {"name": "bench-ours"},
+        "spec": {
+            "model": {"path": str(model), "dtype": "float32"},
+            "dataset": {"path": str(model / "addition.jsonl")},
+            "reward": {"functions": [{"builtin": "exact_match"}]},
+            "algorithm": {
+                "groupSize": args.group_size,
+                "promptsPerStep": args.prompts_per_step,
+                "microBatchSize": args.prompts_per_step * args.group_size,
+                "maxSteps": args.steps,
+                "learningRate": args.lr,
+                "maxNewTokens": args.max_new_tokens,
+                "clipLow": 0.2,
+                "clipHigh": 0.28,
+                "klCoef": 0.0,
+                "temperature": 1.0,
+                "maxStaleness": args.max_staleness,
+                "seed": 0,
+            },
+            "trainer": {"replicas": 1, "processesPerPod": 2, "expertParallelSize": 2, "epBackend": "gloo"},
+            "rollout": {"replicas": 1, "engine": "torch"},
+            "checkpoint": {"everySteps": args.steps},
+        },
+    }
+
+
+def run_ours(model: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    job = work / "ours.yaml"
+    job.write_text(yaml.safe_dump(job_manifest(model, args)))
+    summary = work / "ours-summary.json"
+    cmd = [sys.executable, "-m", "grpo_operator.cli", "run", str(job), "--summary-json", str(summary)]
+    cmd += ["--workdir", str(work / "ours")]
+    start = time.monotonic()
+    with open(work / "ours.out", "wb") as out:
+        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT)
+    wall = time.monotonic() - start
+    if code != 0:
+        sys.exit(f"our run failed (exit {code}); its output is in {work / 'ours.out'}")
+    s = json.loads(summary.read_text())
+    return {"wall_s": wall, "samples_per_s": s["samples_per_s"], "reward_first": s["reward_first"],
+            "reward_last": s["reward_last"], "steps": s["steps"]}  # fmt: skip
+
+
+def run_trl(model: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--trl-worker", str(model), "--json", str(work / "trl.json")]
+    cmd += [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in HYPER]
+    start = time.monotonic()
+    with open(work / "trl.out", "wb") as out:
+        code = subprocess.call(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+        )
+    wall = time.monotonic() - start
+    if code != 0:
+        sys.exit(f"the TRL run failed (exit {code}); its output is in {work / 'trl.out'}")
+    return {"wall_s": wall, **json.loads((work / "trl.json").read_text())}
+
+
+def trl_worker(model: Path, args: argparse.Namespace) -> None:
+    """Child process: TRL GRPOTrainer on the tiny model; writes samples/s and rewards as JSON."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_rollout.rewards.exact_match import exact_match
+
+    torch.manual_seed(0)
+    rows = [json.loads(line) for line in (model / "addition.jsonl").read_text().splitlines() if line.strip()]
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.padding_side = "left"
+    policy = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    ends: list[float] = []
+    rewards: list[float] = []
+
+    class Record(TrainerCallback):
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            ends.append(time.time())
+
+        def on_log(self, *_: Any, logs: dict[str, float] | None = None, **__: Any) -> None:
+            if logs and "reward" in logs:
+                rewards.append(float(logs["reward"]))
+
+    batch = args.prompts_per_step * args.group_size
+    config = GRPOConfig(
+        output_dir=str(Path(args.json).parent / "trl-out"),
+        num_generations=args.group_size,
+        per_device_train_batch_size=batch,  # one optimizer step per generation batch, as ours
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        max_completion_length=args.max_new_tokens,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        max_steps=args.steps,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",  # token-level mean over the batch: our token-mean aggregation
+        temperature=1.0,
+        use_vllm=False,
+        use_cpu=True,
+        bf16=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=policy,
+        reward_funcs=exact_match,
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=[Record()],
+    )
+    trainer.train()
+    first, last = tenth_means(rewards)
+    samples_per_s = (len(ends) - 1) * batch / (ends[-1] - ends[0])
+    result = {"samples_per_s": samples_per_s, "reward_first": first, "reward_last": last, "steps": len(ends)}
+    Path(args.json).write_text(json.dumps(result))
+
+
+HYPER = ("steps", "prompts_per_step", "group_size", "max_new_tokens", "lr", "max_staleness")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", required=True, help="where to write the comparison")
+    parser.add_argument(
+        "--model", type=Path, help="tiny model dir (default: build one with grpo-operator tiny-model)"
+    )
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--prompts-per-step", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--max-staleness", type=int, default=1, help="ours only: rollout/train overlap")
+    parser.add_argument("--trl-worker", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.trl_worker:
+        trl_worker(args.trl_worker, args)
+        return
+    with tempfile.TemporaryDirectory(prefix="grpo-vs-trl-") as tmp:
+        work = Path(tmp)
+        model = args.model
+        if model is None:
+            model = work / "tiny"
+            subprocess.run([sys.executable, "-m", "grpo_operator.cli", "tiny-model", str(model)], check=True)
+        ours = run_ours(model.resolve(), args, work)
+        trl = run_trl(model.resolve(), args, work)
+    speedup = ours["samples_per_s"] / trl["samples_per_s"]
+    result = {
+        "ours": ours,
+        "trl": trl,
+        "speedup": speedup,
+        "hyperparameters": {k: getattr(args, k) for k in HYPER},
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{'':8}{'wall_s':>10}{'samples/s':>12}{'reward_first':>14}{'reward_last':>13}")
+    for name, r in (("ours", ours), ("trl", trl)):
+        row = (
+            f"{r['wall_s']:10.1f}{r['samples_per_s']:12.1f}{r['reward_first']:14.3f}{r['reward_last']:13.3f}"
+        )
+        print(f"{name:8}{row}")
+    print(f"speedup (samples/s, ours / TRL): {speedup:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""The local runtime end to end: `grpo-operator run` with real rollout servers and trainer ranks.
+
+Every test runs the real CLI in a subprocess against the tiny MoE model (built once per
+session by `grpo-operator tiny-model`), reading the run's summary JSON, progress file and
+logs afterwards. `run_job` and the fixtures here are shared with the failure tests in
+test_local_runtime_failures.py.
+"""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "tiny-local.yaml"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    subprocess.run(
+        [sys.executable, "-m", "grpo_operator.cli", "tiny-model", str(out)], check=True, timeout=600
+    )
+    return out
+
+
+def job_manifest(model: Path, **algorithm: Any) -> dict[str, Any]:
+    """A small GRPOJob: 1 rollout server, one trainer pod with 2 ranks at EP 2."""
+    algo = {"groupSize": 4, "promptsPerStep": 4, "microBatchSize": 16, "maxSteps": 4, "maxNewTokens": 4}
+    algo.update({"learningRate": 0.002, **algorithm})
+    return {
+        "apiVersion": "grpo.dev/v1alpha1",
+        "kind": "GRPOJob",
+        "metadata": {"name": "itest"},
+        "spec": {
+            "model": {"path": str(model), "dtype": "float32"},
+            "dataset": {"path": str(model / "addition.jsonl")},
+            "reward": {"functions": [{"builtin": "exact_match"}]},
+            "algorithm": algo,
+            "trainer": {"replicas": 1, "processesPerPod": 2, "expertParallelSize": 2, "epBackend": "gloo"},
+            "rollout": {"replicas": 1, "engine": "torch"},
+            "checkpoint": {"everySteps": 2},
+            "runPolicy": {"backoffLimit": 2},
+        },
+    }
+
+
+class Run:
+    """One `grpo-operator run` subprocess and the files it leaves in its work directory."""
+
+    def __init__(self, job_file: Path, workdir: Path) -> None:
+        self.workdir = workdir
+        self.summary_path = workdir.parent / "summary.json"
+        self.out_path = workdir.parent / "run.out"
+        cmd = [sys.executable, "-m", "grpo_operator.cli", "run", str(job_file)]
+        cmd += ["--summary-json", str(self.summary_path), "--workdir", str(workdir)]
+        with open(self.out_path, "wb") as out:
+            self.popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def steps(self) -> list[dict[str, Any]]:
+        path = self.workdir / "progress.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def wait_until(self, what: str, cond: Callable[[], bool], timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if self.popen.poll() is not None:
+                pytest.fail(
+                    f"run ended (code {self.popen.returncode}) while waiting for {what}:\n{self.output()}"
+                )
+            if time.monotonic() > deadline:
+                pytest.fail(f"gave up waiting for {what}:\n{self.output()}")
+            time.sleep(0.1)
+
+    def finish(self, timeout: float = 600) -> int:
+        return self.popen.wait(timeout=timeout)
+
+    def output(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def summary(self) -> dict[str, Any]:
+        return json.loads(self.summary_path.read_text())
+
+    def pod_pids(self) -> dict[str, list[int]]:
+        """Live processes started for this run, by the module they run (their env names the contract)."""
+        marker = f"GRPO_CONTRACT={self.workdir / 'job.json'}".encode()
+        found: dict[str, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if marker not in (entry / "environ").read_bytes().split(b"\0"):
+                    continue
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                state = next(
+                    ln for ln in (entry / "status").read_text().splitlines() if ln.startswith("State:")
+                )
+            except (OSError, StopIteration):
+                continue
+            if "zombie" in state:
+                continue
+            role = (
+                "trainer"
+                if "grpo_trainer" in cmdline
+                else "rollout"
+                if "grpo_rollout" in cmdline
+                else "other"
+            )
+            found.setdefault(role, []).append(int(entry.name))
+        return found
+
+
+def run_job(tmp_path: Path, manifest: dict[str, Any], files: dict[str, str] | None = None) -> Run:
+    """Write the manifest (and any files beside it, e.g. reward plugins) and start the run."""
+    for name, text in (files or {}).items():
+        (tmp_path / name).write_text(text)
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(manifest))
+    return Run(job_file, tmp_path / "work")
+
+
+def test_runs_to_completion_with_summary_plot_and_no_leftovers(tmp_path: Path, tiny_model: Path) -> None:
+    run = run_job(tmp_path, job_manifest(tiny_model))
+    assert run.finish() == 0, run.output()
+    summary = run.summary()
+    assert set(summary) == {"steps", "reward_first", "reward_last", "samples_per_s", "wall_s", "restarts"}
+    assert summary["steps"] == 4 and summary["restarts"] == 0
+    assert 0.0 <= summary["reward_first"] <= 1.0 and 0.0 <= summary["reward_last"] <= 1.0
+    assert summary["samples_per_s"] > 0
+    steps = run.steps()
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    versions = [s["weight_version"] for s in steps]
+    assert versions == sorted(versions) and versions[-1] > versions[0], versions
+    assert (run.workdir / "reward.png").read_bytes()[:4] == b"\x89PNG"
+    assert {p.name for p in (run.workdir / "logs").iterdir()} >= {"rollout-0.log", "trainer-0.log"}
+    assert run.pod_pids() == {}
+
+
+def test_ctrl_c_stops_every_process(tmp_path: Path, tiny_model: Path) -> None:
+    run = run_job(tmp_path, job_manifest(tiny_model, maxSteps=1000))
+    run.wait_until("the first step", lambda: len(run.steps()) >= 1)
+    assert run.pod_pids().get("trainer"), "the trainer should be running"
+    run.popen.send_signal(signal.SIGINT)
+    assert run.finish(timeout=120) == 128 + signal.SIGINT, run.output()
+    assert run.pod_pids() == {}
+    assert "stopped by SIGINT" in run.output()
+
+
+def test_reward_plugin_that_raises_scores_zero_and_the_job_goes_on(tmp_path: Path, tiny_model: Path) -> None:
+    plugin = (
+        "def explode(prompts, completions, **columns):\n    raise ValueError('plugin exploded on purpose')\n"
+    )
+    manifest = job_manifest(tiny_model, maxSteps=2)
+    manifest["spec"]["reward"]["functions"] = [{"function": "exploding_reward:explode"}]
+    run = run_job(tmp_path, manifest, files={"exploding_reward.py": plugin})
+    assert run.finish() == 0, run.output()
+    assert run.summary()["steps"] == 2
+    assert all(s["reward_mean"] == 0.0 for s in run.steps())
+    assert "plugin exploded on purpose" in (run.workdir / "logs" / "rollout-0.log").read_text()
+
+
+def test_malformed_dataset_row_fails_with_file_and_line(tmp_path: Path, tiny_model: Path) -> None:
+    rows = (tiny_model / "addition.jsonl").read_text().splitlines()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([*rows[:2], '{"prompt": "1+1=", "answer": ', *rows[2:]]) + "\n")
+    manifest = job_manifest(tiny_model)
+    manifest["spec"]["dataset"]["path"] = "bad.jsonl"  # relative: read from the job file's folder
+    run = run_job(tmp_path, manifest)
+    code = run.finish()
+    assert code != 0
+    assert f"{bad}:3" in run.output(), run.output()
+    assert run.pod_pids() == {}
+
+
+def test_example_job_learns(tmp_path: Path, tiny_model: Path) -> None:
+    """examples/tiny-local.yaml as shipped (the README's demo), on the session's tiny model."""
+    (tmp_path / ".tiny").symlink_to(tiny_model)
+    job_file = tmp_path / "tiny-local.yaml"
+    job_file.write_text(EXAMPLE.read_text())
+    run = Run(job_file, tmp_path / "work")
+    assert run.finish(timeout=900) == 0, run.output()
+    summary = run.summary()
+    assert summary["steps"] == yaml.safe_load(EXAMPLE.read_text())["spec"]["algorithm"]["maxSteps"]
+    assert summary["reward_last"] > summary["reward_first"] + 0.1, summary
