@@ -99,10 +99,9 @@ def trl_worker(model: Path, args: argparse.Namespace) -> None:
     """Child process: TRL GRPOTrainer on the tiny model; writes samples/s and rewards as JSON."""
     import torch
     from datasets import Dataset
+    from grpo_rollout.rewards.exact_match import exact_match
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-
-    from grpo_rollout.rewards.exact_match import exact_match
 
     torch.manual_seed(0)
     rows = [json.loads(line) for line in (model / "addition.jsonl").read_text().splitlines() if line.strip()]
