@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from grpo_operator.local.display import summary_table
 from grpo_operator.local.plan import PlanError, build_plan
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         plan = build_plan(args.file, workdir)
     except PlanError as e:
-        console.print(f"[bold red]error:[/] {e}")
+        console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2
     pods = f"{len(plan.rollout)} rollout server(s), {len(plan.trainer)} trainer pod(s)"
     console.print(f"{plan.name}: {pods}; logs in {workdir}")

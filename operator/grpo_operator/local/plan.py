@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from grpo_operator import render
+from grpo_operator import render, validation
 from grpo_operator.api.contract import CONTRACT_FILE, ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN, RunContract
 from grpo_operator.api.job import KIND, GRPOJob
 from grpo_operator.local.procs import PodCommand
@@ -55,11 +55,17 @@ class LocalPlan:
 
 
 def load_job(path: Path) -> GRPOJob:
-    """Parse and validate a GRPOJob manifest, with errors that name the file and the field."""
+    """Parse and validate a GRPOJob manifest as the API server would (schema, defaults, CEL rules).
+
+    Errors name the file, the line and the field, the same text `grpo-operator validate` prints.
+    """
     try:
+        problems = validation.validate_file(path)
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
-    except (OSError, yaml.YAMLError) as e:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise PlanError(f"{path}: cannot read the GRPOJob: {e}") from e
+    if problems:
+        raise PlanError("invalid GRPOJob:\n" + "\n".join(f"  {p}" for p in problems))
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
     if len(jobs) != 1:
         raise PlanError(f"{path}: expected exactly one document of kind {KIND}, found {len(jobs)}")
