@@ -1,0 +1,242 @@
+"""The Helm chart, rendered and linted by the real helm binary (hack/build-control-plane.sh).
+
+What the chart must keep true: the CRD is the generated one, byte for byte; the operator
+runs non-root on a read-only root filesystem with probes on /healthz; RBAC is cluster-wide
+by default and strictly namespaced when asked; values are schema-checked; metrics, alerts
+and the dashboard are wired to each other.
+"""
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kopf._cogs.structs import references
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "grpo-operator"
+NAMESPACE = "grpo-system"
+
+
+def _bin_dir() -> Path:
+    out = subprocess.run(
+        ["bash", str(ROOT / "hack" / "build-control-plane.sh"), "print-bin-dir"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return Path(out.stdout.strip())
+
+
+HELM = _bin_dir() / "helm"
+pytestmark = pytest.mark.skipif(not HELM.exists(), reason="helm not built yet (make control-plane)")
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=120, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def render(*sets: str) -> list[dict[str, Any]]:
+    args = ["template", "grpo", str(CHART), "--namespace", NAMESPACE]
+    for s in sets:
+        args += ["--set", s]
+    return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def kinds(docs: list[dict[str, Any]]) -> list[str]:
+    return sorted(d["kind"] for d in docs)
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+def arg_value(args: list[str], flag: str) -> list[str]:
+    return [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
+
+
+def test_chart_crd_is_the_generated_crd_byte_for_byte() -> None:
+    assert (CHART / "crds" / "grpojobs.grpo.dev.yaml").read_bytes() == (
+        ROOT / "crds" / "grpojobs.grpo.dev.yaml"
+    ).read_bytes()
+
+
+def test_peering_crds_are_the_ones_kopf_uses() -> None:
+    crds = {
+        d["spec"]["names"]["plural"]: d
+        for d in yaml.safe_load_all((CHART / "crds" / "kopf-peerings.yaml").read_text())
+    }
+    for selector, scope in (
+        (references.CLUSTER_PEERINGS_K, "Cluster"),
+        (references.NAMESPACED_PEERINGS_K, "Namespaced"),
+    ):
+        crd = crds[selector.any_name]
+        assert crd["spec"]["group"] == selector.group
+        assert [v["name"] for v in crd["spec"]["versions"]] == [selector.version]
+        assert crd["spec"]["scope"] == scope
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        (),
+        ("watch.scope=namespaces", "watch.namespaces={ml,research}"),
+        ("metrics.serviceMonitor.enabled=true", "metrics.prometheusRule.enabled=true", "replicaCount=1"),
+        ("peering.enabled=false", "dashboard.enabled=false", "metrics.service.enabled=false"),
+    ],
+    ids=["defaults", "namespaced", "monitoring", "minimal"],
+)
+def test_helm_lint_strict_is_clean(sets: tuple[str, ...]) -> None:
+    args = ["lint", str(CHART), "--strict", "--namespace", NAMESPACE]
+    for s in sets:
+        args += ["--set", s]
+    proc = helm(*args)
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+
+
+def test_operator_pod_is_hardened_and_probed() -> None:
+    docs = render()
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    c = container(docs)
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert {"cpu", "memory"} <= set(c["resources"]["requests"])
+    assert {m["mountPath"] for m in c["volumeMounts"]} == {"/tmp"}, "only /tmp is writable"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert arg_value(c["args"], "--liveness") == [f"http://0.0.0.0:{ports['health']}/healthz"]
+    assert arg_value(c["args"], "--metrics-port") == [str(ports["metrics"])]
+    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
+
+
+def test_cluster_scope_rbac_and_peering() -> None:
+    docs = render()
+    assert "Role" not in kinds(docs) and "RoleBinding" not in kinds(docs)
+    binding = one(docs, "ClusterRoleBinding")
+    sa = one(docs, "ServiceAccount")["metadata"]
+    assert binding["roleRef"]["name"] == one(docs, "ClusterRole")["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": NAMESPACE}]
+    args = container(docs)["args"]
+    assert args[0] == "operator" and "--all-namespaces" in args and not arg_value(args, "--namespace")
+    peering = one(docs, "ClusterKopfPeering")
+    assert arg_value(args, "--peering") == [peering["metadata"]["name"]]
+
+
+def test_namespace_scope_has_no_cluster_wide_permission() -> None:
+    docs = render("watch.scope=namespaces", "watch.namespaces={ml,research}")
+    assert not {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"} & set(kinds(docs))
+    roles = {d["metadata"]["namespace"] for d in docs if d["kind"] == "Role"}
+    bindings = {d["metadata"]["namespace"] for d in docs if d["kind"] == "RoleBinding"}
+    peerings = {d["metadata"]["namespace"] for d in docs if d["kind"] == "KopfPeering"}
+    assert roles == bindings == peerings == {"ml", "research"}
+    args = container(docs)["args"]
+    assert arg_value(args, "--namespace") == ["ml", "research"] and "--all-namespaces" not in args
+    for role in (d for d in docs if d["kind"] == "Role"):
+        resources = {r for rule in role["rules"] for r in rule["resources"]}
+        assert "kopfpeerings" in resources and "clusterkopfpeerings" not in resources
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (("watch.scope=namespaces",), "minItems"),
+        (("watch.scope=everywhere",), "scope"),
+        (("replicaCount=0",), "replicaCount"),
+        (("logLevel=chatty",), "logLevel"),
+        (("metrics.port=70000",), "port"),
+        (("no.such.key=1",), "no"),
+    ],
+)
+def test_values_schema_rejects_bad_values(sets: tuple[str, ...], message: str) -> None:
+    args = ["template", "grpo", str(CHART)]
+    for s in sets:
+        args += ["--set", s]
+    proc = helm(*args, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+
+
+def test_rbac_has_no_wildcards_and_no_dangerous_verbs() -> None:
+    for docs in (render(), render("watch.scope=namespaces", "watch.namespaces={ml}")):
+        for role in (d for d in docs if d["kind"] in {"ClusterRole", "Role"}):
+            for rule in role["rules"]:
+                assert (
+                    "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+                )
+                assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+                assert "secrets" not in rule["resources"] and "nodes" not in rule["resources"]
+
+
+def test_metrics_service_and_service_monitor_select_the_operator() -> None:
+    docs = render("metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=kps")
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    service = one(docs, "Service")
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+
+
+def test_prometheus_rule_alerts_and_thresholds() -> None:
+    docs = render(
+        "metrics.prometheusRule.enabled=true",
+        "metrics.prometheusRule.noProgressMinutes=45",
+        "metrics.prometheusRule.restartingMinutes=7",
+    )
+    rules = {r["alert"]: r for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
+    assert {"GRPOJobFailed", "GRPOJobGangRestarting", "GRPOJobNoProgress"} <= set(rules)
+    assert "[45m]" in rules["GRPOJobNoProgress"]["expr"]
+    assert rules["GRPOJobGangRestarting"]["for"] == "7m"
+    for rule in rules.values():
+        assert (
+            "{{ $labels" in rule["annotations"]["summary"]
+            or "grpo-operator" in rule["annotations"]["summary"]
+        )
+    assert "PrometheusRule" not in kinds(render()), (
+        "optional: off by default (needs prometheus-operator CRDs)"
+    )
+
+
+def test_dashboard_configmap_carries_the_dashboard() -> None:
+    docs = render("dashboard.namespace=monitoring")
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(cm["data"]["grpo-operator.json"])
+    assert dashboard == json.loads((CHART / "dashboards" / "grpo-operator.json").read_text())
+    titles = " | ".join(p["title"].lower() for p in dashboard["panels"])
+    for topic in (
+        "phase",
+        "step",
+        "reward",
+        "tokens per second",
+        "restarts",
+        "rollout vs train",
+        "all-to-all",
+    ):
+        assert topic in titles, topic
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_pdb_only_with_several_replicas() -> None:
+    assert "PodDisruptionBudget" in kinds(render())
+    assert "PodDisruptionBudget" not in kinds(render("replicaCount=1"))
