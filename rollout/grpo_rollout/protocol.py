@@ -156,8 +156,10 @@ class GenerateResponse(Versioned):
 class WeightBucket(Versioned):
     """Describes one bucket of a weight version; travels as HTTP headers next to a safetensors body.
 
-    A version is split into `count` buckets (each a safetensors file of HF parameter names, any
-    subset of the model's parameters); the server stages them and swaps all of them in at once when
+    A version is split into `count` buckets, each a safetensors file of tensors named as in the
+    transformers model's `state_dict()` (in-memory names: transformers >= 5 fuses MoE experts into
+    `mlp.experts.gate_up_proj`/`down_proj`; engines that need checkpoint names convert), any subset of
+    the model's parameters. The server stages them and swaps all of them in at once when
     the last one arrives, so a generate never sees a half-updated model. Re-sending a bucket is
     harmless; a bucket of a newer version discards an unfinished older one.
     """

@@ -1,0 +1,92 @@
+"""`python -m grpo_rollout serve`: the rollout pod's command (rendered by the operator, run locally too).
+
+Reads the run contract from $GRPO_CONTRACT, this pod's index from $GRPO_POD_INDEX and the per-job
+token from $GRPO_TOKEN; listens on this pod's endpoint port from the contract (--host/--port
+override it for tests). Exits 0 after a drain (SIGTERM), non-zero with a clear message otherwise.
+"""
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+from grpo_operator.api.contract import ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN, RunContract
+
+from grpo_rollout.engines.base import EngineConfig
+from grpo_rollout.server import serve
+from grpo_rollout.service import RolloutService, ServiceConfig
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m grpo_rollout", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run a rollout server for the job in $GRPO_CONTRACT")
+    s.add_argument(
+        "--contract", default=os.environ.get(ENV_CONTRACT), help=f"job.json (default ${ENV_CONTRACT})"
+    )
+    s.add_argument("--pod-index", type=int, default=int(os.environ.get(ENV_POD_INDEX, "0")))
+    s.add_argument("--host", default="0.0.0.0")
+    s.add_argument("--port", type=int, default=None, help="default: this pod's endpoint port in the contract")
+    s.add_argument("--drain-seconds", type=float, default=float(os.environ.get("GRPO_DRAIN_SECONDS", "25")))
+    s.add_argument("--device", default="auto", help="torch engine device: auto, cpu, cuda, cuda:N")
+    s.add_argument("--dtype", default=None, help="override spec.model.dtype (e.g. float32 on CPU)")
+    s.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
+    s.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def service_config(contract: RunContract, args: argparse.Namespace) -> tuple[ServiceConfig, int]:
+    spec = contract.spec
+    model_path = spec.model.path
+    if model_path.startswith(("s3://", "pvc://")):
+        raise SystemExit(f"rollout: model path {model_path!r} must be a local directory inside the pod")
+    if not Path(model_path).is_dir():
+        raise SystemExit(f"rollout: model directory {model_path!r} does not exist")
+    endpoints = contract.rollout.endpoints
+    endpoint_port = urlparse(endpoints[args.pod_index]).port if args.pod_index < len(endpoints) else None
+    port = args.port or endpoint_port or contract.rollout.port
+    engine = EngineConfig(
+        model_path=model_path,
+        dtype=args.dtype or str(spec.model.dtype),
+        device=args.device,
+        max_batch_size=spec.rollout.max_batch_size,
+        tensor_parallel_size=spec.rollout.tensor_parallel_size,
+        seed=spec.algorithm.seed + args.pod_index,
+    )
+    config = ServiceConfig(
+        server_id=f"{contract.job_name}-rollout-{args.pod_index}",
+        engine=str(spec.rollout.engine),
+        engine_config=engine,
+        reward=spec.reward,
+        drain_seconds=args.drain_seconds,
+    )
+    return config, port
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.contract:
+        raise SystemExit(f"rollout: no run contract; set ${ENV_CONTRACT} or pass --contract")
+    token = os.environ.get(ENV_TOKEN)
+    if not token:
+        raise SystemExit(f"rollout: ${ENV_TOKEN} is not set; the per-job token guards /generate and /weights")
+    contract = RunContract.model_validate_json(Path(args.contract).read_text())
+    config, port = service_config(contract, args)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    asyncio.run(serve(RolloutService(config), token, args.host, port))
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # do not wait for an engine thread mid-step: the drain already answered every request

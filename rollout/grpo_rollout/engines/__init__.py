@@ -1,0 +1,1 @@
+"""Generation engines behind one small Protocol (`grpo_rollout.engines.base`), chosen by name."""

@@ -1,0 +1,168 @@
+"""The torch engine: an HF causal LM sampled with our own KV-cached decode loop (CPU or one GPU).
+
+Used by the rollout server when the job says `rollout.engine: torch` (the local runtime and CPU
+tests). HF `generate` is avoided on purpose: our loop owns temperature/top-p and records the exact
+log-prob of every sampled token under the sampling policy, which the trainer's importance
+correction relies on. Weight updates copy HF-named tensors into the live model in place.
+"""
+
+import inspect
+import logging
+import random
+from collections.abc import Callable, Sequence
+
+import torch
+
+from grpo_rollout.engines.base import EngineConfig, PromptSamples, Sample, Stopped
+from grpo_rollout.engines.sampling import sample_step
+from grpo_rollout.protocol import Sampling
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class TorchEngine:
+    name = "torch"
+
+    def __init__(self, config: EngineConfig):
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy; only when this engine is chosen
+
+        if config.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {config.dtype!r}; choose one of {sorted(DTYPES)}")
+        self.device = resolve_device(config.device)
+        self.max_batch_size = config.max_batch_size
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
+        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=DTYPES[config.dtype])
+        self.model = model.to(self.device).eval()
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        if self.tokenizer.eos_token_id is not None:
+            eos_ids.append(self.tokenizer.eos_token_id)
+        eos_ids = sorted(set(eos_ids))
+        self.eos_ids = torch.tensor(eos_ids, dtype=torch.long, device=self.device)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (eos_ids[0] if eos_ids else 0)
+        # HF names -> tensors sharing storage with the live model (tied names included).
+        self._targets = self.model.state_dict()
+        # transformers >= 5.2x renamed `past_key_values` to `cache`; we own the cache object either way.
+        self._cache_kw = (
+            "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        )
+        log.info(
+            "torch engine: %s on %s (%s), eos ids %s", config.model_path, self.device, config.dtype, eos_ids
+        )
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.tokenizer(text)["input_ids"]
+        if not ids:
+            raise ValueError("prompt tokenizes to no tokens; give at least one character")
+        return ids
+
+    def generate(
+        self, prompts: Sequence[str], n: int, sampling: Sampling, should_stop: Callable[[], bool]
+    ) -> list[PromptSamples | None]:
+        encoded = [self.encode(p) for p in prompts]
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(sampling.seed if sampling.seed is not None else random.getrandbits(63))
+        per_chunk = max(1, self.max_batch_size // n)  # whole prompts per decode batch
+        out: list[PromptSamples | None] = [None] * len(prompts)
+        for start in range(0, len(prompts), per_chunk):
+            chunk = encoded[start : start + per_chunk]
+            rows = [ids for ids in chunk for _ in range(n)]  # prompt-major: n rows per prompt
+            try:
+                samples = self._decode(rows, sampling, generator, should_stop)
+            except Stopped:
+                break  # this chunk and the rest stay None: handed back
+            for i, ids in enumerate(chunk):
+                out[start + i] = PromptSamples(prompt_token_ids=ids, samples=samples[i * n : (i + 1) * n])
+        return out
+
+    @torch.inference_mode()
+    def _decode(
+        self,
+        rows: list[list[int]],
+        sampling: Sampling,
+        generator: torch.Generator,
+        should_stop: Callable[[], bool],
+    ) -> list[Sample]:
+        batch, longest = len(rows), max(len(r) for r in rows)
+        ids = torch.full((batch, longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((batch, longest), dtype=torch.long)
+        for i, r in enumerate(rows):  # left padding: every row's next token sits in the last column
+            ids[i, longest - len(r) :] = torch.tensor(r)
+            mask[i, longest - len(r) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, L] pads share position 0, masked anyway
+        from transformers import DynamicCache
+
+        cache = {self._cache_kw: DynamicCache(config=self.model.config)}  # filled in place by each forward
+        finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        step_tokens, step_logps, step_alive = [], [], []
+        for _ in range(sampling.max_new_tokens):
+            if should_stop():
+                raise Stopped()
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **cache,
+            )
+            tokens, logps = sample_step(out.logits[:, -1, :], sampling.temperature, sampling.top_p, generator)
+            step_alive.append(~finished)
+            tokens = torch.where(finished, torch.full_like(tokens, self.pad_id), tokens)
+            step_tokens.append(tokens)
+            step_logps.append(logps)
+            finished = finished | torch.isin(tokens, self.eos_ids)
+            if bool(finished.all()):
+                break
+            ids = tokens[:, None]  # [B, 1]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # [B, L + t]
+            positions = positions[:, -1:] + 1  # [B, 1]
+        tokens_bt = torch.stack(step_tokens, 1).cpu()  # [B, T]
+        logps_bt = torch.stack(step_logps, 1).cpu()  # [B, T]
+        alive_bt = torch.stack(step_alive, 1).cpu()  # [B, T]
+        finished = finished.cpu()
+        samples = []
+        for i in range(batch):
+            keep = alive_bt[i]
+            token_ids = tokens_bt[i][keep].tolist()
+            samples.append(
+                Sample(
+                    token_ids=token_ids,
+                    logprobs=logps_bt[i][keep].tolist(),
+                    finish_reason="stop" if bool(finished[i]) else "length",
+                    text=self.tokenizer.decode(token_ids, skip_special_tokens=True),
+                )
+            )
+        return samples
+
+    def load_weights(self, buckets: Sequence[bytes]) -> int:
+        """Validate every tensor of the version first, then copy them all: no half-applied version."""
+        from safetensors.torch import load
+
+        incoming: dict[str, torch.Tensor] = {}
+        for data in buckets:
+            incoming.update(load(data))
+        unknown = sorted(set(incoming) - set(self._targets))
+        if unknown:
+            raise ValueError(f"{len(unknown)} unknown parameter name(s), e.g. {unknown[:3]}")
+        wrong = [
+            f"{k}: got {tuple(v.shape)}, model has {tuple(self._targets[k].shape)}"
+            for k, v in incoming.items()
+            if v.shape != self._targets[k].shape
+        ]
+        if wrong:
+            raise ValueError(f"{len(wrong)} shape mismatch(es): {'; '.join(wrong[:3])}")
+        with torch.no_grad():
+            for name, tensor in incoming.items():
+                self._targets[name].copy_(tensor)
+        return len(incoming)

@@ -1,0 +1,129 @@
+"""Scores completions with the job's reward functions: a weighted sum that survives broken functions.
+
+The rollout server calls `RewardScorer.score` once per generate request. Built-ins run in-process;
+`module:function` plugins run in a `PluginWorker` child that is killed if it outlives
+`reward.timeoutSeconds`. A function that raises, hangs, returns the wrong number of scores or a
+NaN scores the affected samples 0 and says why in that sample's reward details; the server goes on.
+When a batch call raises, each sample is retried alone (within the same time budget) so one bad
+completion does not zero its whole batch.
+"""
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from grpo_operator.api.spec import RewardSpec
+
+from grpo_rollout.protocol import RewardDetail
+from grpo_rollout.rewards.base import BUILTINS, load_function
+from grpo_rollout.rewards.worker import PluginError, PluginTimeout, PluginWorker
+
+log = logging.getLogger(__name__)
+
+Scores = list[float | None]
+Caller = Callable[[list[str], list[str], dict[str, list[Any]], float], Scores]
+
+
+class BadScores(Exception):
+    """A reward function answered, but not with one number per completion."""
+
+
+class RewardScorer:
+    def __init__(self, spec: RewardSpec, worker: PluginWorker | None = None):
+        self.timeout = spec.timeout_seconds
+        self._worker = worker or PluginWorker()
+        self.functions: list[tuple[str, float, Caller]] = []
+        for entry in spec.functions:
+            name = entry.builtin or entry.function
+            assert name is not None  # the spec's CEL rule: exactly one of builtin/function
+            self.functions.append((name, entry.weight, self._caller(name)))
+
+    def _caller(self, name: str) -> Caller:
+        if name in BUILTINS:
+            fn = load_function(name)
+            return lambda p, c, cols, _timeout: list(fn(p, c, **cols))
+        self._worker.check(name)  # a missing module or function fails at start-up, by name
+        return lambda p, c, cols, timeout: self._worker.call(name, p, c, cols, timeout)
+
+    def close(self) -> None:
+        self._worker.kill()
+
+    def score(
+        self, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]
+    ) -> list[tuple[float, list[RewardDetail]]]:
+        """(reward, details) per completion; columns are lists aligned with completions."""
+        total = len(completions)
+        rewards = [0.0] * total
+        details: list[list[RewardDetail]] = [[] for _ in range(total)]
+        for name, weight, call in self.functions:
+            values, errors = self._run(name, call, prompts, completions, columns)
+            for i in range(total):
+                rewards[i] += weight * values[i]
+                details[i].append(RewardDetail(name=name, weight=weight, score=values[i], error=errors[i]))
+        return list(zip(rewards, details, strict=True))
+
+    def _run(
+        self,
+        name: str,
+        call: Caller,
+        prompts: list[str],
+        completions: list[str],
+        columns: dict[str, list[Any]],
+    ) -> tuple[list[float], list[str | None]]:
+        total = len(completions)
+        deadline = time.monotonic() + self.timeout
+        try:
+            return self._check(call(prompts, completions, columns, self.timeout), total)
+        except (PluginTimeout, BadScores) as e:  # a retry would not help: zero the batch
+            return self._failed(name, total, str(e))
+        except Exception as e:  # PluginError or a built-in's own exception
+            batch_error = e if isinstance(e, PluginError) else f"{type(e).__name__}: {e}"
+        if total == 1:
+            return self._failed(name, 1, str(batch_error))
+        # Retry sample by sample, so only the completions that break the function score 0.
+        values: list[float] = [0.0] * total
+        errors: list[str | None] = [f"{batch_error} (batch call; not retried in time)"] * total
+        for i in range(total):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            one_cols = {k: [v[i]] for k, v in columns.items()}
+            try:
+                (values[i],), (errors[i],) = self._check(
+                    call([prompts[i]], [completions[i]], one_cols, left), 1
+                )
+            except PluginTimeout as e:
+                errors[i] = str(e)
+                break
+            except Exception as e:
+                errors[i] = str(e) if isinstance(e, PluginError) else f"{type(e).__name__}: {e}"
+        failed = sum(err is not None for err in errors)
+        if failed:
+            log.warning("reward %s failed for %d of %d samples: %s", name, failed, total, batch_error)
+        return values, errors
+
+    @staticmethod
+    def _check(scores: Any, total: int) -> tuple[list[float], list[str | None]]:
+        """Validate a function's answer: right length, numbers or None, finite."""
+        if not isinstance(scores, list | tuple) or len(scores) != total:
+            got = len(scores) if isinstance(scores, list | tuple) else type(scores).__name__
+            raise BadScores(f"returned {got} scores for {total} completions")
+        values: list[float] = []
+        errors: list[str | None] = []
+        for v in scores:
+            try:
+                x = 0.0 if v is None else float(v)
+            except (TypeError, ValueError):
+                values.append(0.0)
+                errors.append(f"returned a non-number: {v!r:.40}")
+                continue
+            finite = math.isfinite(x)
+            values.append(x if finite else 0.0)
+            errors.append(None if finite else f"returned {x}")
+        return values, errors
+
+    def _failed(self, name: str, total: int, reason: str) -> tuple[list[float], list[str | None]]:
+        log.warning("reward %s failed for all %d samples: %s", name, total, reason)
+        return [0.0] * total, [reason] * total

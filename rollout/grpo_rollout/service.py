@@ -1,0 +1,251 @@
+"""What a rollout server does, apart from HTTP: generate and score, stage and swap weights, drain.
+
+`grpo_rollout.server` wraps a `RolloutService` in aiohttp handlers. The engine runs on one worker
+thread (generations and weight swaps are serialized there, so every response is sampled with exactly
+one weight version) and rewards on another (scoring one request overlaps generating the next).
+Draining (SIGTERM, e.g. a Spot interruption): new work is refused, work that has not started is
+handed back at once, running work gets until the drain deadline and is then handed back unfinished.
+"""
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_operator.api.spec import RewardSpec
+
+from grpo_rollout.engines.base import Engine, EngineConfig, PromptSamples, create_engine
+from grpo_rollout.metrics import RolloutMetrics
+from grpo_rollout.protocol import (
+    Completion,
+    GenerateRequest,
+    GenerateResponse,
+    HealthResponse,
+    PromptResult,
+    ServerState,
+    WeightBucket,
+    WeightUpdateResponse,
+)
+from grpo_rollout.rewards.scorer import RewardScorer
+from grpo_rollout.weights import BadBucket, WeightConflict, WeightStager
+
+log = logging.getLogger(__name__)
+
+
+class ServiceError(Exception):
+    """A refusal with its HTTP status and protocol error code."""
+
+    def __init__(self, status: int, code: str, message: str, retry_after: int | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    server_id: str
+    engine: str
+    engine_config: EngineConfig
+    reward: RewardSpec
+    drain_seconds: float = 25.0  # under Kubernetes' default 30 s grace period
+
+
+class RolloutService:
+    def __init__(self, config: ServiceConfig, metrics: RolloutMetrics | None = None):
+        self.config = config
+        self.metrics = metrics or RolloutMetrics()
+        self.engine: Engine | None = None
+        self.scorer: RewardScorer | None = None
+        self.stager = WeightStager()
+        self.draining = False
+        self.hand_back = False  # set at the drain deadline: running generations stop and return their prompts
+        self.in_flight = 0
+        self._engine_pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
+        self._reward_pool = ThreadPoolExecutor(1, thread_name_prefix="rewards")
+        self._weights_lock = asyncio.Lock()
+
+    @property
+    def state(self) -> ServerState:
+        return "draining" if self.draining else ("ready" if self.engine is not None else "loading")
+
+    async def start(self) -> None:
+        """Load the engine and check reward plugins; failures propagate and stop the server."""
+        loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
+        self.scorer = await loop.run_in_executor(self._reward_pool, RewardScorer, self.config.reward)
+        engine = await loop.run_in_executor(
+            self._engine_pool, create_engine, self.config.engine, self.config.engine_config
+        )
+        self.engine = engine
+        self.metrics.weight_version.set(self.stager.live_version)
+        log.info("%s ready: engine %s in %.1fs", self.config.server_id, engine.name, time.monotonic() - t0)
+
+    def health(self) -> HealthResponse:
+        return HealthResponse(
+            server_id=self.config.server_id,
+            state=self.state,
+            weight_version=self.stager.live_version,
+            engine=self.config.engine,
+            model=self.config.engine_config.model_path,
+            in_flight=self.in_flight,
+        )
+
+    def refuse_if_not_ready(self) -> None:
+        if self.draining:
+            raise ServiceError(
+                503, "draining", "server is draining (shutting down); send elsewhere", retry_after=5
+            )
+        if self.engine is None:
+            raise ServiceError(503, "loading", "server is still loading its model", retry_after=5)
+
+    async def generate(self, req: GenerateRequest) -> GenerateResponse:
+        self.refuse_if_not_ready()
+        live = self.stager.live_version
+        if req.min_weight_version is not None and live < req.min_weight_version:
+            raise ServiceError(
+                409,
+                "weight_too_old",
+                f"server has weight version {live}, request needs >= {req.min_weight_version}",
+            )
+        loop = asyncio.get_running_loop()
+        self.in_flight += 1
+        self.metrics.in_flight.inc()
+        t0 = time.monotonic()
+        try:
+            version, samples = await loop.run_in_executor(self._engine_pool, self._generate_now, req)
+            t1 = time.monotonic()
+            results = await loop.run_in_executor(self._reward_pool, self._score, req, samples)
+        finally:
+            self.in_flight -= 1
+            self.metrics.in_flight.dec()
+        unfinished = [p.id for p, s in zip(req.prompts, samples, strict=True) if s is None]
+        self.metrics.latency.observe(time.monotonic() - t0)
+        self.metrics.handed_back.inc(len(unfinished))
+        return GenerateResponse(
+            request_id=req.request_id,
+            server_id=self.config.server_id,
+            weight_version=version,
+            results=results,
+            unfinished_prompt_ids=unfinished,
+            generation_seconds=t1 - t0,
+            reward_seconds=time.monotonic() - t1,
+        )
+
+    def _generate_now(self, req: GenerateRequest) -> tuple[int, list[PromptSamples | None]]:
+        """On the engine thread; work that only starts once draining began is handed back whole."""
+        assert self.engine is not None
+        version = self.stager.live_version  # weight swaps run on this same thread: stable until we return
+        if self.draining:
+            return version, [None] * len(req.prompts)
+        try:
+            out = self.engine.generate(
+                [p.text for p in req.prompts], req.n, req.sampling, lambda: self.hand_back
+            )
+        except ValueError as e:
+            raise ServiceError(422, "bad_request", str(e)) from None
+        return version, out
+
+    def _score(self, req: GenerateRequest, samples: list[PromptSamples | None]) -> list[PromptResult]:
+        """On the reward thread: flatten finished prompts' completions, score them, rebuild per prompt."""
+        assert self.scorer is not None
+        done = [(p, s) for p, s in zip(req.prompts, samples, strict=True) if s is not None]
+        prompts, completions, rows = [], [], []
+        for prompt, ps in done:
+            for sample in ps.samples:
+                prompts.append(prompt.text)
+                completions.append(sample.text)
+                rows.append(prompt.columns)
+        names = sorted({k for row in rows for k in row} - {"prompts", "completions"})
+        columns: dict[str, list[Any]] = {k: [row.get(k) for row in rows] for k in names}
+        scored = self.scorer.score(prompts, completions, columns) if completions else []
+        results, k = [], 0
+        for prompt, ps in done:
+            completions_out = []
+            for sample in ps.samples:
+                reward, details = scored[k]
+                k += 1
+                for d in details:
+                    if d.error is not None:
+                        self.metrics.reward_failures.labels(d.name).inc()
+                completions_out.append(
+                    Completion(
+                        text=sample.text,
+                        token_ids=sample.token_ids,
+                        logprobs=sample.logprobs,
+                        finish_reason=sample.finish_reason,
+                        reward=reward,
+                        reward_details=details,
+                    )
+                )
+                self.metrics.tokens.inc(len(sample.token_ids))
+            self.metrics.sequences.inc(len(ps.samples))
+            self.metrics.prompt_tokens.inc(len(ps.prompt_token_ids))
+            results.append(
+                PromptResult(
+                    prompt_id=prompt.id, prompt_token_ids=ps.prompt_token_ids, completions=completions_out
+                )
+            )
+        return results
+
+    async def add_weights(self, meta: WeightBucket, data: bytes) -> WeightUpdateResponse:
+        self.refuse_if_not_ready()
+        assert self.engine is not None
+        async with self._weights_lock:
+            try:
+                complete = self.stager.add(meta, data)
+            except WeightConflict as e:
+                raise ServiceError(409, "weight_version_conflict", str(e)) from None
+            except BadBucket as e:
+                raise ServiceError(422, "bad_request", str(e)) from None
+            updated = 0
+            if complete is not None:
+                loop = asyncio.get_running_loop()
+                t0 = time.monotonic()
+                try:
+                    updated = await loop.run_in_executor(
+                        self._engine_pool, self.engine.load_weights, complete
+                    )
+                except ValueError as e:
+                    self.stager.discard()
+                    raise ServiceError(
+                        422, "bad_request", f"weight version {meta.version} rejected: {e}"
+                    ) from None
+                self.stager.applied(meta.version)
+                self.metrics.weight_version.set(meta.version)
+                self.metrics.weight_loads.inc()
+                log.info(
+                    "weight version %d live (%d tensors, %.2fs)", meta.version, updated, time.monotonic() - t0
+                )
+            return WeightUpdateResponse(
+                server_id=self.config.server_id,
+                live_version=self.stager.live_version,
+                staged_version=self.stager.staged_version,
+                buckets_received=len(self.stager.buckets),
+                applied=complete is not None,
+                parameters_updated=updated,
+            )
+
+    async def drain(self) -> None:
+        """Refuse new work, give running work until the deadline, then hand back what is left."""
+        self.draining = True
+        self.metrics.draining.set(1)
+        deadline = time.monotonic() + self.config.drain_seconds
+        log.info(
+            "draining: %d request(s) in flight, %.0fs to finish them",
+            self.in_flight,
+            self.config.drain_seconds,
+        )
+        while self.in_flight and time.monotonic() < deadline - 2.0:
+            await asyncio.sleep(0.05)
+        if self.in_flight:
+            log.warning("drain deadline near: handing back the prompts of %d request(s)", self.in_flight)
+            self.hand_back = True
+            while self.in_flight and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+
+    def close(self) -> None:
+        if self.scorer is not None:
+            self.scorer.close()
+        self._engine_pool.shutdown(wait=False, cancel_futures=True)
+        self._reward_pool.shutdown(wait=False, cancel_futures=True)

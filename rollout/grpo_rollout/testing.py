@@ -1,0 +1,120 @@
+"""Tiny random HF models with a character-level tokenizer, built offline, for the rollout tests.
+
+The rollout tests (and anyone who needs a model directory without a download) call
+`build_tiny_model(dir)`; nothing here is used at serving time. Random weights are enough: the
+tests check mechanics (batched sampling, log-probs, weight swaps), not quality.
+"""
+
+import string
+from pathlib import Path
+
+CHARS = [c for c in string.printable if c not in "\x0b\x0c\r"]
+SPECIALS = ["<pad>", "<eos>", "<unk>"]
+
+
+def build_char_tokenizer():
+    """A PreTrainedTokenizerFast with one token per printable ASCII character, <pad>/<eos>/<unk>."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+def build_tiny_model(directory: str | Path, *, arch: str = "qwen3_moe", seed: int = 0) -> Path:
+    """Save a tiny random `qwen3_moe` (4 experts, top-2) or `qwen2` causal LM and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config, Qwen3MoeConfig
+
+    tokenizer = build_char_tokenizer()
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    if arch == "qwen3_moe":
+        config = Qwen3MoeConfig(
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            head_dim=16,
+            **common,
+        )
+    elif arch == "qwen2":
+        config = Qwen2Config(intermediate_size=128, **common)
+    else:
+        raise ValueError(f"unknown tiny arch {arch!r}; choose qwen3_moe or qwen2")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    out = Path(directory)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def write_contract(
+    path: str | Path,
+    model_dir: str | Path,
+    *,
+    ports: list[int],
+    rewards: list[dict] | None = None,
+    reward_timeout: float = 10.0,
+    max_batch_size: int = 64,
+) -> Path:
+    """A run contract (job.json) for rollout servers on loopback `ports` serving `model_dir`."""
+    from grpo_operator.api.contract import RolloutTopology, RunContract, TrainerTopology
+    from grpo_operator.api.spec import GRPOJobSpec
+
+    spec = GRPOJobSpec.model_validate(
+        {
+            "model": {"path": str(model_dir), "dtype": "float32"},
+            "dataset": {"path": "/dev/null"},
+            "reward": {
+                "functions": rewards or [{"builtin": "exact_match"}],
+                "timeoutSeconds": reward_timeout,
+            },
+            "rollout": {"engine": "torch", "replicas": len(ports), "maxBatchSize": max_batch_size},
+        }
+    )
+    contract = RunContract(
+        job_name="test",
+        namespace="default",
+        spec=spec,
+        trainer=TrainerTopology(
+            service="test-trainer",
+            replicas=1,
+            processes_per_pod=1,
+            world_size=1,
+            expert_parallel_size=1,
+            data_parallel_size=1,
+            master_addr="127.0.0.1",
+            master_port=29500,
+            backend="gloo",
+        ),
+        rollout=RolloutTopology(
+            service="test-rollout",
+            replicas=len(ports),
+            port=ports[0],
+            endpoints=[f"http://127.0.0.1:{p}" for p in ports],
+        ),
+        checkpoint_dir="/tmp/unused",
+    )
+    out = Path(path)
+    out.write_text(contract.model_dump_json(by_alias=True))
+    return out
