@@ -169,7 +169,7 @@ def _schema_problems(obj: dict[str, Any]) -> tuple[list[tuple[Path_, str]], bool
             elif e["type"] == "missing":
                 head, text = "Required value", ""
             else:
-                head, text = f"Invalid value: {json.dumps(e['input'])}", e["msg"][0].lower() + e["msg"][1:]
+                head, text = f"Invalid value: {_short(e['input'])}", e["msg"][0].lower() + e["msg"][1:]
             texts = found.setdefault(path, (head, []))[1]
             if text and text not in texts:
                 texts.append(text)
@@ -177,6 +177,12 @@ def _schema_problems(obj: dict[str, Any]) -> tuple[list[tuple[Path_, str]], bool
             (p, ": ".join([head, " or ".join(t)]) if t else head) for p, (head, t) in found.items()
         ], blocking
     return [], False
+
+
+def _short(value: Any) -> str:
+    """A value as JSON, cut short: a 17-item list need not be printed whole to say it has too many."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def _loc_path(loc: tuple[str | int, ...], data: Any) -> Path_:

@@ -1,0 +1,152 @@
+"""The generated GRPOJob CRD: in sync with crds/, structural, defaulted, documented, and its CEL compiles."""
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import celpy
+import pytest
+import yaml
+from grpo_operator import crd, validation
+from grpo_operator.api import job
+from grpo_operator.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECKED_IN = ROOT / "crds" / "grpojobs.grpo.dev.yaml"
+STRUCTURAL_KEYS = {
+    "description", "type", "format", "enum", "default", "minimum", "maximum", "exclusiveMinimum",
+    "exclusiveMaximum", "minLength", "maxLength", "pattern", "minItems", "maxItems", "minProperties",
+    "maxProperties", "properties", "required", "additionalProperties", "items",
+}  # fmt: skip
+
+
+def _nodes(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, node
+    for name, sub in node.get("properties", {}).items():
+        yield from _nodes(sub, f"{path}.{name}")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _nodes(node["additionalProperties"], f"{path}{{}}")
+    if "items" in node:
+        yield from _nodes(node["items"], f"{path}[]")
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    return crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_checked_in_crd_is_the_generator_output() -> None:
+    assert CHECKED_IN.read_text() == crd.crd_yaml(), (
+        "crds/grpojobs.grpo.dev.yaml is stale: run `grpo-operator crd -o crds/grpojobs.grpo.dev.yaml`"
+    )
+
+
+def test_cli_prints_the_crd(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["crd"]) == 0
+    assert capsys.readouterr().out == crd.crd_yaml()
+    assert main(["crd", "-o", str(tmp_path / "crd.yaml")]) == 0
+    assert yaml.safe_load((tmp_path / "crd.yaml").read_text())["metadata"]["name"] == "grpojobs.grpo.dev"
+
+
+def test_names_subresources_and_printer_columns() -> None:
+    spec = crd.build_crd()["spec"]
+    assert spec["names"]["shortNames"] == ["grpo"] and spec["names"]["categories"] == ["all", "ml"]
+    assert spec["scope"] == "Namespaced"
+    version = spec["versions"][0]
+    assert version["subresources"]["status"] == {}
+    assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.rollout.replicas"
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert list(columns)[:6] == ["Phase", "Step", "Reward", "Trainers", "Rollouts", "Age"]
+    assert columns["Trainers"]["jsonPath"] == ".status.trainer.readyText"
+    assert columns["Rollouts"]["jsonPath"] == ".status.rollout.readyText"
+    assert {n for n, c in columns.items() if c.get("priority") == 1} == {"Restarts", "Tokens/s", "Model"}
+
+
+def test_schema_is_structural_and_documented(schema: dict[str, Any]) -> None:
+    assert schema["properties"]["metadata"] == {"type": "object"}
+    for path, node in _nodes(schema):
+        extra = set(node) - STRUCTURAL_KEYS
+        assert all(k.startswith("x-kubernetes-") for k in extra), f"{path}: {extra}"
+        typed = "type" in node or node.get("x-kubernetes-int-or-string")
+        assert typed, f"{path} has no type"
+        if path.count(".") and not path.endswith(("[]", "{}")) and path != ".metadata":
+            assert node.get("description"), f"{path} has no description"
+
+
+def test_optional_unions_and_exclusive_bounds(schema: dict[str, Any]) -> None:
+    spec = schema["properties"]["spec"]["properties"]
+    assert "default" not in spec["trainer"]["properties"]["instanceType"]
+    assert spec["trainer"]["properties"]["instanceType"]["type"] == "string"
+    requests = spec["trainer"]["properties"]["resources"]["properties"]["requests"]
+    assert requests["additionalProperties"]["x-kubernetes-int-or-string"] is True
+    lr = spec["algorithm"]["properties"]["learningRate"]
+    assert (lr["minimum"], lr["exclusiveMinimum"], lr["maximum"]) == (0, True, 1)
+    assert spec["trainer"]["properties"]["template"]["properties"]["spec"][
+        "x-kubernetes-preserve-unknown-fields"
+    ]
+
+
+def test_server_side_defaults_cover_every_default_the_pods_read(schema: dict[str, Any]) -> None:
+    """The operator never writes spec: what the API server stores must already hold each default."""
+    stored = {"apiVersion": job.API_VERSION, "kind": job.KIND, "metadata": {"name": "x"}}
+    stored["spec"] = {
+        "model": {"path": "/m"},
+        "dataset": {"path": "/d.jsonl"},
+        "reward": {"functions": [{"builtin": "math"}]},
+    }
+    validation.apply_defaults(stored, schema)
+    resolved = job.GRPOJob.model_validate(stored).wire()
+
+    def scalars(value: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                yield from scalars(v, (*path, k))
+        elif not isinstance(value, list):
+            yield path, value
+
+    for path, value in scalars(resolved["spec"]):
+        node: Any = stored["spec"]
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        assert node == value, f"spec.{'.'.join(path)}: stored {node!r}, model default {value!r}"
+
+
+def test_every_rule_compiles_and_field_paths_resolve(schema: dict[str, Any]) -> None:
+    env = celpy.Environment()
+    rules = 0
+    for path, node in _nodes(schema):
+        for rule in node.get("x-kubernetes-validations", []):
+            rules += 1
+            env.compile(rule["rule"])
+            assert rule["message"], f"{path}: rule without message"
+            target = node
+            for part in re.findall(r"\.([^.\[]+)", rule.get("fieldPath", "")):
+                assert part in target.get("properties", {}), f"{path}: fieldPath {rule['fieldPath']}"
+                target = target["properties"][part]
+            if "oldSelf" in rule["rule"]:
+                assert rule["rule"] == "self == oldSelf" and "immutable" in node["description"], path
+    assert rules >= 10
+
+
+def test_immutable_fields_are_exactly_the_topology_and_model(schema: dict[str, Any]) -> None:
+    immutable = {
+        path
+        for path, node in _nodes(schema)
+        if any("oldSelf" in r["rule"] for r in node.get("x-kubernetes-validations", []))
+    }
+    assert immutable == {
+        ".spec.model.path",
+        ".spec.trainer.replicas",
+        ".spec.trainer.processesPerPod",
+        ".spec.trainer.expertParallelSize",
+    }
+
+
+def test_lists_and_maps_under_rules_are_bounded(schema: dict[str, Any]) -> None:
+    """Unbounded lists and maps inflate the API server's CEL cost estimate; bound them in spec."""
+    for path, node in _nodes(schema["properties"]["spec"], ".spec"):
+        if node.get("type") == "array":
+            assert "maxItems" in node, f"{path} needs maxItems"
+        if isinstance(node.get("additionalProperties"), dict):
+            assert "maxProperties" in node, f"{path} needs maxProperties"

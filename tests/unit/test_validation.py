@@ -1,0 +1,173 @@
+"""Offline validation: the invalid-manifest corpus, forbidden updates, examples, lines and the CLI."""
+
+from pathlib import Path
+
+import pytest
+from grpo_operator import validation
+from grpo_operator.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+INVALID = sorted((ROOT / "tests" / "fixtures" / "invalid").glob("*.yaml"))
+UPDATES = sorted((ROOT / "tests" / "fixtures" / "updates").glob("*.new.yaml"))
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+JOB = """\
+apiVersion: grpo.dev/v1alpha1
+kind: GRPOJob
+metadata:
+  name: tiny
+spec:
+  model:
+    path: /models/tiny
+  dataset:
+    path: /data/prompts.jsonl
+  reward:
+    functions:
+      - builtin: exact_match
+  trainer:
+    replicas: 2
+    processesPerPod: 2
+  rollout:
+    replicas: 2
+"""
+TRAINER = "  trainer:\n    replicas: 2"
+ROLLOUT = "  rollout:\n    replicas: 2"
+
+
+def expected(path: Path) -> str:
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# expect: "), (
+        f"{path.name}: first line must be '# expect: <field path fragment>'"
+    )
+    return first.removeprefix("# expect: ").strip()
+
+
+def test_corpus_is_large_and_distinct() -> None:
+    assert len(INVALID) >= 25
+    bodies = {p.read_text().split("\n", 2)[2] for p in INVALID}
+    assert len(bodies) == len(INVALID), "two fixtures hold the same manifest"
+    assert len(UPDATES) >= 4
+
+
+@pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
+def test_invalid_manifest_is_rejected_naming_the_field(path: Path) -> None:
+    problems = validation.validate_file(path)
+    assert problems, f"{path.name} was accepted"
+    fragment = expected(path)
+    assert any(fragment in str(p) for p in problems), f"{fragment!r} not in {[str(p) for p in problems]}"
+
+
+@pytest.mark.parametrize("new", UPDATES, ids=lambda p: p.name.removesuffix(".new.yaml"))
+def test_forbidden_update_is_rejected_only_as_an_update(new: Path) -> None:
+    old = new.with_name(new.name.replace(".new.", ".old."))
+    assert validation.validate_file(old) == []
+    assert validation.validate_file(new) == [], "the new object alone must be valid: only the change is wrong"
+    problems = validation.validate_file(new, old=old)
+    fragment = expected(new)
+    assert [p.path for p in problems] == [fragment], [str(p) for p in problems]
+    assert "immutable" in problems[0].message
+
+
+def test_mutable_fields_may_change() -> None:
+    changed = JOB.replace(ROLLOUT, "  rollout:\n    replicas: 5").replace("exact_match", "math")
+    assert validation.validate_text(changed, "new.yaml", old_text=JOB) == []
+
+
+def test_update_of_another_job_is_a_create() -> None:
+    other = JOB.replace("name: tiny", "name: other").replace(TRAINER, "  trainer:\n    replicas: 4")
+    assert validation.validate_text(other, "new.yaml", old_text=JOB) == []
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_valid(path: Path) -> None:
+    assert validation.validate_file(path) == [] or not any(
+        validation.is_grpojob(d.data) for d in validation.load_documents(path.read_text(), str(path))[0]
+    )
+
+
+def test_problem_names_file_line_and_path() -> None:
+    text = JOB.replace("    processesPerPod: 2\n", "    processesPerPod: 2\n    expertParallelSize: 3\n")
+    (problem,) = validation.validate_text(text, "job.yaml")
+    assert str(problem).startswith("job.yaml:16: spec.trainer.expertParallelSize: ")
+    assert text.splitlines()[15].strip() == "expertParallelSize: 3"
+
+
+def test_absent_field_reports_at_its_parent_line() -> None:
+    (problem,) = validation.validate_text(JOB.replace("path: /models/tiny", "dtype: float32"), "job.yaml")
+    assert (problem.line, problem.path, problem.message) == (6, "spec.model.path", "Required value")
+
+
+def test_bad_yaml_names_its_line() -> None:
+    (problem,) = validation.validate_text(JOB + "  oops: [1, 2\n", "broken.yaml")
+    assert problem.path == "<yaml>" and problem.line >= 18 and "invalid YAML" in problem.message
+
+
+def test_other_kinds_are_skipped_but_a_file_needs_a_job() -> None:
+    config_map = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  a: b\n"
+    assert validation.validate_text(f"{config_map}---\n{JOB}", "both.yaml") == []
+    (problem,) = validation.validate_text(config_map, "cm.yaml")
+    assert "no GRPOJob" in problem.message
+
+
+def test_wrong_api_version_is_rejected() -> None:
+    (problem,) = validation.validate_text(JOB.replace("grpo.dev/v1alpha1", "grpo.dev/v1"), "v1.yaml")
+    assert "grpo.dev/v1alpha1" in problem.message
+
+
+def test_yaml_floats_with_integer_values_are_integers_as_kubectl_sends_them() -> None:
+    assert validation.validate_text(JOB.replace(ROLLOUT, "  rollout:\n    replicas: 2.0")) == []
+    (problem,) = validation.validate_text(JOB.replace(ROLLOUT, "  rollout:\n    replicas: 2.5"))
+    assert problem.path == "spec.rollout.replicas"
+
+
+def test_rules_come_from_the_schema_given() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "xs": {"type": "array", "items": {"type": "number"}}},
+        "x-kubernetes-validations": [
+            {"rule": "self.a > 1", "message": "a must exceed 1", "fieldPath": ".a"},
+            {"rule": "self.xs.all(x, x < 2.5)", "message": "xs below 2.5"},
+        ],
+    }
+    assert validation.cel_problems({"a": 2, "xs": [1, 2]}, schema) == []
+    assert validation.cel_problems({"a": 1, "xs": [3]}, schema) == [
+        (("a",), "a must exceed 1"),
+        ((), "xs below 2.5"),
+    ]
+
+
+def test_transition_rules_correlate_map_list_items_by_key() -> None:
+    item = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "size": {"type": "integer"}},
+        "x-kubernetes-validations": [{"rule": "self.size == oldSelf.size", "message": "size is immutable"}],
+    }
+    schema = {
+        "type": "array",
+        "items": item,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["name"],
+    }
+    old = [{"name": "a", "size": 1}, {"name": "b", "size": 2}]
+    new = [{"name": "b", "size": 2}, {"name": "a", "size": 5}, {"name": "c", "size": 9}]
+    assert validation.cel_problems(new, schema, ("xs",), old, True) == [(("xs", 1), "size is immutable")]
+
+
+def test_cli_exit_codes_and_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(JOB)
+    assert main(["validate", str(good)]) == 0
+    assert capsys.readouterr().out == f"{good}: valid\n"
+    bad = INVALID[0]
+    assert main(["validate", str(good), str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{bad}:") and expected(bad) in err
+    assert main(["validate", str(tmp_path / "missing.yaml")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_cli_old_flag_checks_updates(capsys: pytest.CaptureFixture[str]) -> None:
+    new = UPDATES[0]
+    assert main(["validate", str(new)]) == 0
+    assert main(["validate", str(new), "--old", str(new.with_name(new.name.replace(".new.", ".old.")))]) == 1
+    assert "immutable" in capsys.readouterr().err
