@@ -118,3 +118,56 @@ def write_contract(
     out = Path(path)
     out.write_text(contract.model_dump_json(by_alias=True))
     return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(
+    contract: str | Path,
+    port: int,
+    token: str,
+    *,
+    drain_seconds: float = 10.0,
+    extra_pythonpath: str | None = None,
+    log_path: str | Path | None = None,
+):
+    """Start `python -m grpo_rollout serve` as a real child process on 127.0.0.1:port."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(
+        os.environ, GRPO_CONTRACT=str(contract), GRPO_TOKEN=token, HF_HUB_OFFLINE="1", GRPO_POD_INDEX="0"
+    )
+    if extra_pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_pythonpath, env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "grpo_rollout", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--threads", "1", "--drain-seconds", str(drain_seconds)]
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 (owned by the child)
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_ready(url: str, proc, timeout: float = 120.0) -> None:
+    """Poll GET /health until 200; fail early, with the exit code, if the server process died."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"rollout server {url} exited with code {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"rollout server {url} not ready after {timeout}s")

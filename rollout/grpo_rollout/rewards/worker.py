@@ -49,12 +49,11 @@ class PluginWorker:
         self._proc: multiprocessing.process.BaseProcess | None = None
         self._conn: multiprocessing.connection.Connection | None = None
         self._lock = threading.Lock()
-        self.restarts = 0
+        self.killed = 0  # workers killed after a timeout or death; the next call starts a fresh one
 
     def _ensure(self) -> multiprocessing.connection.Connection:
         if self._proc is None or not self._proc.is_alive():
-            if self._proc is not None:
-                self.restarts += 1
+            self.kill()
             parent, child = self._ctx.Pipe()
             self._proc = self._ctx.Process(
                 target=_serve, args=(child,), name="grpo-reward-plugins", daemon=True
@@ -66,7 +65,8 @@ class PluginWorker:
         return self._conn
 
     def kill(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
+        if self._proc is not None:
+            self.killed += 1
             self._proc.kill()
             self._proc.join(timeout=5)
         if self._conn is not None:

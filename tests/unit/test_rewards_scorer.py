@@ -1,0 +1,143 @@
+"""Reward scoring with broken plugins: raise, hang, wrong length, NaN, crash (grpo_rollout.rewards.scorer).
+
+Plugins run in a real child process (the PluginWorker); the hang test really hangs it and checks
+the worker is killed and replaced.
+"""
+
+import sys
+import textwrap
+import time
+
+import pytest
+from grpo_operator.api.spec import RewardSpec
+from grpo_rollout.protocol import RewardDetail
+from grpo_rollout.rewards.scorer import RewardScorer
+
+PLUGINS = """
+import math, os, time
+
+def length(prompts, completions, **columns):
+    return [float(len(c)) for c in completions]
+
+def raises(prompts, completions, **columns):
+    raise RuntimeError("boom")
+
+def picky(prompts, completions, **columns):
+    out = []
+    for c in completions:
+        if c == "bad":
+            raise ValueError("cannot parse 'bad'")
+        out.append(1.0)
+    return out
+
+def hangs(prompts, completions, **columns):
+    time.sleep(3600)
+
+def short(prompts, completions, **columns):
+    return [1.0]
+
+def nan_for_x(prompts, completions, **columns):
+    return [math.nan if c == "x" else None if c == "skip" else 1.0 for c in completions]
+
+def crash(prompts, completions, **columns):
+    os._exit(3)
+
+def uses_columns(prompts, completions, answer, **columns):
+    return [float(c == a) for c, a in zip(completions, answer)]
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def plugin_module(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plugins")
+    (root / "grpo_test_plugins.py").write_text(textwrap.dedent(PLUGINS))
+    sys.path.insert(0, str(root))  # the spawned worker inherits sys.path
+    yield
+    sys.path.remove(str(root))
+
+
+def scorer(*functions: tuple[str, float], timeout: float = 10.0) -> RewardScorer:
+    entries = [
+        {"builtin": name} if ":" not in name else {"function": name, "weight": weight}
+        for name, weight in functions
+    ]
+    for entry, (_, weight) in zip(entries, functions, strict=True):
+        entry["weight"] = weight
+    return RewardScorer(RewardSpec.model_validate({"functions": entries, "timeoutSeconds": timeout}))
+
+
+def run(s: RewardScorer, completions: list[str], **columns) -> list[tuple[float, list[RewardDetail]]]:
+    try:
+        return s.score(["p"] * len(completions), completions, columns)
+    finally:
+        s.close()
+
+
+def test_weighted_sum_of_builtin_and_plugin_with_columns():
+    s = scorer(
+        ("exact_match", 2.0), ("grpo_test_plugins:length", 0.5), ("grpo_test_plugins:uses_columns", 1.0)
+    )
+    out = run(s, ["12", "123"], answer=["12", "12"])
+    assert [r for r, _ in out] == [2.0 + 1.0 + 1.0, 0.0 + 1.5 + 0.0]
+    assert [d.name for d in out[0][1]] == [
+        "exact_match",
+        "grpo_test_plugins:length",
+        "grpo_test_plugins:uses_columns",
+    ]
+    assert all(d.error is None for _, details in out for d in details)
+
+
+def test_raising_plugin_scores_zero_with_reason_and_others_count():
+    out = run(scorer(("grpo_test_plugins:raises", 1.0), ("grpo_test_plugins:length", 1.0)), ["ab", "c"])
+    assert [r for r, _ in out] == [2.0, 1.0]
+    failed = [details[0] for _, details in out]
+    assert all(d.score == 0.0 and "RuntimeError: boom" in d.error for d in failed)
+
+
+def test_one_bad_completion_does_not_zero_its_batch():
+    out = run(scorer(("grpo_test_plugins:picky", 1.0)), ["ok", "bad", "ok"])
+    assert [r for r, _ in out] == [1.0, 0.0, 1.0]
+    assert [d.error for _, (d,) in out] == [None, "ValueError: cannot parse 'bad'", None]
+
+
+def test_hanging_plugin_times_out_and_its_worker_is_replaced():
+    s = scorer(("grpo_test_plugins:hangs", 1.0), ("grpo_test_plugins:length", 1.0), timeout=1.0)
+    try:
+        t0 = time.monotonic()
+        out = s.score(["p", "p"], ["ab", "c"], {})
+        assert time.monotonic() - t0 < 5.0
+        assert [r for r, _ in out] == [2.0, 1.0]  # the hang scored 0; the next plugin ran on a fresh worker
+        assert all("timed out after 1s" in details[0].error for _, details in out)
+        assert s._worker.killed == 1
+    finally:
+        s.close()
+
+
+def test_wrong_length_zeroes_the_batch_with_reason():
+    out = run(scorer(("grpo_test_plugins:short", 1.0)), ["a", "b", "c"])
+    assert [r for r, _ in out] == [0.0, 0.0, 0.0]
+    assert all(d.error == "returned 1 scores for 3 completions" for _, (d,) in out)
+
+
+def test_nan_zeroes_only_that_sample_and_none_means_not_applicable():
+    out = run(scorer(("grpo_test_plugins:nan_for_x", 3.0)), ["x", "y", "skip"])
+    assert [r for r, _ in out] == [0.0, 3.0, 0.0]
+    assert [d.error for _, (d,) in out] == ["returned nan", None, None]
+
+
+def test_plugin_that_kills_its_process_is_reported_and_scoring_goes_on():
+    s = scorer(("grpo_test_plugins:crash", 1.0), ("grpo_test_plugins:length", 1.0))
+    try:
+        out = s.score(["p"], ["abc"], {})
+        assert out[0][0] == 3.0
+        assert "worker died" in out[0][1][0].error
+        assert s._worker.killed == 1
+    finally:
+        s.close()
+
+
+def test_unknown_plugin_fails_at_start_with_its_name():
+    with pytest.raises(Exception, match="cannot import module 'no_such_module_xyz'"):
+        scorer(("no_such_module_xyz:fn", 1.0))
+    with pytest.raises(Exception, match="has no callable 'nope'"):
+        scorer(("grpo_test_plugins:nope", 1.0))
