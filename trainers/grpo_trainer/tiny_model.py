@@ -69,7 +69,7 @@ def build_model(cfg: TinyConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3Moe
         num_experts=cfg.experts,
         num_experts_per_tok=cfg.top_k,
         max_position_embeddings=256,
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,  # separate lm_head: weight sync and EP need no tie handling
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,

@@ -1,0 +1,86 @@
+"""From rollout results to advantages, shards and padded micro-batches."""
+
+import pytest
+import torch
+from grpo_operator.api.spec import AlgorithmSpec
+from grpo_rollout.protocol import Completion, PromptResult
+from grpo_trainer.batch import Rollouts, collate, micro_batches, score, shard
+
+
+def completion(tokens: list[int], reward: float) -> Completion:
+    return Completion(
+        text="", token_ids=tokens, logprobs=[-0.5 * (i + 1) for i in range(len(tokens))],
+        finish_reason="stop", reward=reward,
+    )  # fmt: skip
+
+
+def rollouts() -> Rollouts:
+    results = [
+        PromptResult(
+            prompt_id="0",
+            prompt_token_ids=[5, 6],
+            completions=[completion([7], 1.0), completion([8, 9, 1], 0.0)],
+        ),
+        PromptResult(
+            prompt_id="1", prompt_token_ids=[4], completions=[completion([2, 1], 1.0), completion([3], 1.0)]
+        ),
+    ]
+    return Rollouts.from_results(results, group_size=2, weight_version=3)
+
+
+def test_from_results_is_prompt_major() -> None:
+    r = rollouts()
+    assert len(r) == 4 and r.weight_version == 3
+    assert r.prompt_tokens == [[5, 6], [5, 6], [4], [4]]
+    assert r.rewards == [1.0, 0.0, 1.0, 1.0]
+    assert r.completion_tokens_total() == 7
+
+
+def test_from_results_rejects_a_wrong_group_size() -> None:
+    bad = PromptResult(prompt_id="0", prompt_token_ids=[1], completions=[completion([2], 0.0)])
+    with pytest.raises(ValueError, match="1 completions, expected 2"):
+        Rollouts.from_results([bad], group_size=2, weight_version=0)
+
+
+def test_score_drops_zero_variance_groups() -> None:
+    adv, kept = score(rollouts(), AlgorithmSpec(groupSize=2, advantageNormalization="group-mean"))
+    assert kept == [0, 1]  # prompt 1's group (1, 1) carries no signal
+    assert torch.allclose(adv, torch.tensor([0.5, -0.5, 0.0, 0.0]))
+    _, kept_all = score(rollouts(), AlgorithmSpec(groupSize=2, filterZeroVarianceGroups=False))
+    assert kept_all == [0, 1, 2, 3]
+
+
+def test_score_applies_the_overlong_penalty_before_advantages() -> None:
+    # maxNewTokens 3, buffer 2: lengths 1 -> 0, 3 -> -1 (full penalty), 2 -> -0.5, 1 -> 0
+    algo = AlgorithmSpec(
+        groupSize=2, maxNewTokens=3, overlongPenalty={"bufferTokens": 2}, advantageNormalization="group-mean"
+    )
+    adv, kept = score(rollouts(), algo)
+    # shaped rewards [1, -1] and [0.5, 1]: both groups now have variance
+    assert kept == [0, 1, 2, 3]
+    assert torch.allclose(adv, torch.tensor([1.0, -1.0, -0.25, 0.25]))
+
+
+def test_shard_is_round_robin() -> None:
+    assert shard([0, 1, 2, 3, 4], rank=1, world=2) == [1, 3]
+    assert shard([0], rank=1, world=2) == []
+
+
+def test_collate_aligns_mask_and_logprobs_with_completion_tokens() -> None:
+    r = rollouts()
+    mb = collate(r, [1, 2], torch.tensor([0.1, 0.2, 0.3, 0.4]), pad_id=0)
+    # seq 1: [5, 6 | 8, 9, 1]; seq 2: [4 | 2, 1] padded to 5
+    assert mb.input_ids.tolist() == [[5, 6, 8, 9, 1], [4, 2, 1, 0, 0]]
+    # logits at t predict token t+1: completion of seq 1 starts at t = 1, of seq 2 at t = 0
+    assert mb.mask.tolist() == [[0, 1, 1, 1], [1, 1, 0, 0]]
+    assert mb.rollout_logp.tolist() == [[0, -0.5, -1.0, -1.5], [-0.5, -1.0, 0, 0]]
+    assert mb.advantages.tolist() == pytest.approx([0.2, 0.3])
+
+
+def test_micro_batches_pad_with_masked_dummies_to_the_same_count() -> None:
+    r = rollouts()
+    adv = torch.zeros(4)
+    batches = micro_batches(r, [3], adv, size=1, count=3, pad_id=0)
+    assert len(batches) == 3
+    assert batches[0].mask.sum() == 1
+    assert all(b.mask.sum() == 0 and b.input_ids.shape == (1, 2) for b in batches[1:])

@@ -1,0 +1,71 @@
+"""Dataset reader (errors as FILE:LINE) and the deterministic, resumable prompt order."""
+
+from pathlib import Path
+
+import pytest
+from grpo_trainer.config import ConfigError
+from grpo_trainer.data import PromptOrder, load_rows
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "data.jsonl"
+    path.write_text(text)
+    return path
+
+
+def test_rows_keep_other_columns_and_line_numbers(tmp_path: Path) -> None:
+    path = write(tmp_path, '{"prompt": "1+1=", "answer": "2"}\n\n{"prompt": "2+2=", "answer": "4"}\n')
+    rows = load_rows(path)
+    assert [(r.prompt, r.columns, r.line) for r in rows] == [
+        ("1+1=", {"answer": "2"}, 1),
+        ("2+2=", {"answer": "4"}, 3),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ('{"prompt": "1+1=", ', "not valid JSON"),
+        ('["1+1="]', "expected a JSON object, got list"),
+        ('{"question": "1+1="}', "field 'prompt' missing"),
+        ('{"prompt": 7}', "field 'prompt' missing or not a non-empty string"),
+    ],
+)
+def test_bad_row_is_reported_by_file_and_line(tmp_path: Path, line: str, reason: str) -> None:
+    path = write(tmp_path, '{"prompt": "a"}\n{"prompt": "b"}\n' + line + "\n")
+    with pytest.raises(ConfigError, match=f"^{path}:3: {reason}"):
+        load_rows(path)
+
+
+def test_custom_prompt_field(tmp_path: Path) -> None:
+    rows = load_rows(write(tmp_path, '{"question": "q", "prompt": "kept as a column"}\n'), "question")
+    assert rows[0].prompt == "q" and rows[0].columns == {"prompt": "kept as a column"}
+
+
+def test_missing_and_empty_files_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_rows(tmp_path / "nope.jsonl")
+    with pytest.raises(ConfigError, match="no rows"):
+        load_rows(write(tmp_path, "\n"))
+
+
+def rows(n: int, tmp_path: Path) -> list:
+    return load_rows(write(tmp_path, "".join(f'{{"prompt": "p{i}"}}\n' for i in range(n))))
+
+
+def test_each_epoch_is_a_permutation_and_epochs_differ(tmp_path: Path) -> None:
+    order = PromptOrder(rows(10, tmp_path), seed=3)
+    epoch0 = [order.at(p).prompt for p in range(10)]
+    epoch1 = [order.at(p).prompt for p in range(10, 20)]
+    assert sorted(epoch0) == sorted(epoch1) == sorted(f"p{i}" for i in range(10))
+    assert epoch0 != epoch1
+
+
+def test_order_is_a_pure_function_of_position(tmp_path: Path) -> None:
+    data = rows(7, tmp_path)
+    straight = [r.prompt for _, r in PromptOrder(data, seed=1).take(0, 20)]
+    # a resumed run starting at position 13 sees exactly the continuation: nothing skipped or repeated
+    resumed = PromptOrder(data, seed=1)
+    assert [r.prompt for _, r in resumed.take(0, 13)] + [r.prompt for _, r in resumed.take(13, 7)] == straight
+    assert [p for p, _ in resumed.take(13, 3)] == [13, 14, 15]
+    assert [r.prompt for _, r in PromptOrder(data, seed=2).take(0, 20)] != straight

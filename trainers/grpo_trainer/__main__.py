@@ -1,0 +1,40 @@
+"""`python -m grpo_trainer {train,rank}`: the trainer container's entry points.
+
+`train` is the per-pod launcher (`grpo_trainer.launcher`); `rank` is one rank process it
+spawns (`grpo_trainer.loop.train`), with RANK/WORLD_SIZE in its env. A `ConfigError` exits
+with `EXIT_CONFIG` so the gang is not restarted for a mistake a restart cannot fix.
+"""
+
+import logging
+import sys
+
+from grpo_trainer.config import EXIT_CONFIG, ConfigError, RankInfo, load_contract
+
+
+def rank_main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s rank-%(process)d %(name)s: %(message)s")
+    try:
+        contract = load_contract()
+        info = RankInfo.from_env(contract)
+        from grpo_trainer.loop import train  # torch and transformers load only for real work
+
+        train(contract, info)
+    except ConfigError as e:
+        print(f"grpo-trainer: configuration error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["train"]:
+        from grpo_trainer.launcher import main as launch
+
+        return launch()
+    if argv[:1] == ["rank"]:
+        return rank_main()
+    print("usage: python -m grpo_trainer {train|rank}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,111 @@
+"""A step's rollouts: from the rollout servers' answers to advantages and padded micro-batches.
+
+Rank 0 turns the `grpo_rollout.client` results into a `Rollouts` (plain lists, cheap to
+broadcast); every rank then calls `score` (rewards → advantages, which groups to keep),
+takes its share with `shard`, and iterates `micro_batches`. Shapes: S sequences in the step,
+b per micro-batch, L = longest prompt+completion in the micro-batch.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from grpo_operator.api.spec import AlgorithmSpec
+from grpo_rollout.protocol import PromptResult
+
+from grpo_trainer.advantages import ADVANTAGES, overlong_penalty, zero_variance_mask
+
+
+@dataclass
+class Rollouts:
+    """One step's sequences, prompt-major: sequence i belongs to prompt i // group_size."""
+
+    group_size: int
+    prompt_tokens: list[list[int]]  # [S][prompt length]
+    completion_tokens: list[list[int]]  # [S][completion length], EOS included when it ended
+    rollout_logprobs: list[list[float]]  # [S][completion length], under the sampling policy
+    rewards: list[float]  # [S], weighted sum of the reward functions
+    weight_version: int  # oldest weight version any of these were sampled with
+
+    @classmethod
+    def from_results(cls, results: list[PromptResult], group_size: int, weight_version: int) -> "Rollouts":
+        out = cls(group_size, [], [], [], [], weight_version)
+        for r in results:
+            if len(r.completions) != group_size:
+                raise ValueError(
+                    f"prompt {r.prompt_id}: {len(r.completions)} completions, expected {group_size}"
+                )
+            for c in r.completions:
+                out.prompt_tokens.append(r.prompt_token_ids)
+                out.completion_tokens.append(c.token_ids)
+                out.rollout_logprobs.append(c.logprobs)
+                out.rewards.append(c.reward)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.rewards)
+
+    def completion_tokens_total(self) -> int:
+        return sum(len(c) for c in self.completion_tokens)
+
+
+def score(rollouts: Rollouts, algo: AlgorithmSpec) -> tuple[torch.Tensor, list[int]]:
+    """Advantages [S] and the indices of the sequences to train on (zero-variance groups dropped)."""
+    rewards = torch.tensor(rollouts.rewards, dtype=torch.float64).view(-1, rollouts.group_size)  # [P, G]
+    if algo.overlong_penalty is not None:
+        lengths = torch.tensor([len(c) for c in rollouts.completion_tokens]).view_as(rewards)
+        rewards = overlong_penalty(
+            rewards,
+            lengths,
+            max_new_tokens=algo.max_new_tokens,
+            buffer_tokens=algo.overlong_penalty.buffer_tokens,
+            penalty=algo.overlong_penalty.penalty,
+        )
+    adv = ADVANTAGES[str(algo.advantage_normalization)](rewards)  # [P, G]
+    keep = torch.ones(rewards.shape[0], dtype=torch.bool)
+    if algo.filter_zero_variance_groups:
+        keep = zero_variance_mask(rewards)
+    kept = keep.repeat_interleave(rollouts.group_size).nonzero().flatten().tolist()
+    return adv.flatten().float(), kept
+
+
+def shard(indices: list[int], rank: int, world: int) -> list[int]:
+    """This rank's sequences: round-robin, so long and short completions spread evenly."""
+    return indices[rank::world]
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # [b, L] prompt+completion, right-padded
+    mask: torch.Tensor  # [b, L-1] 1.0 where position t predicts a completion token
+    rollout_logp: torch.Tensor  # [b, L-1] sampling log-probs at those positions, 0 elsewhere
+    advantages: torch.Tensor  # [b]
+
+    def to(self, device: torch.device) -> "MicroBatch":
+        return MicroBatch(
+            *(t.to(device) for t in (self.input_ids, self.mask, self.rollout_logp, self.advantages))
+        )
+
+
+def collate(rollouts: Rollouts, indices: list[int], advantages: torch.Tensor, pad_id: int) -> MicroBatch:
+    """Pad sequences to one length. An empty `indices` gives one all-masked dummy row: a rank with
+    no sequences left still runs the forward/backward its EP peers' all-to-alls wait for."""
+    if not indices:
+        return MicroBatch(torch.full((1, 2), pad_id), torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))
+    seqs = [rollouts.prompt_tokens[i] + rollouts.completion_tokens[i] for i in indices]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width - 1)
+    logp = torch.zeros(len(seqs), width - 1)
+    for row, (i, s) in enumerate(zip(indices, seqs, strict=True)):
+        ids[row, : len(s)] = torch.tensor(s)
+        p, c = len(rollouts.prompt_tokens[i]), len(rollouts.completion_tokens[i])
+        mask[row, p - 1 : p - 1 + c] = 1.0  # logits at t predict token t+1
+        logp[row, p - 1 : p - 1 + c] = torch.tensor(rollouts.rollout_logprobs[i])
+    return MicroBatch(ids, mask, logp, advantages[indices])
+
+
+def micro_batches(
+    rollouts: Rollouts, mine: list[int], advantages: torch.Tensor, *, size: int, count: int, pad_id: int
+) -> list[MicroBatch]:
+    """Exactly `count` micro-batches of at most `size` sequences (the same count on every rank)."""
+    return [collate(rollouts, mine[k * size : (k + 1) * size], advantages, pad_id) for k in range(count)]

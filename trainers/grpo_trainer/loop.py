@@ -1,0 +1,255 @@
+"""The GRPO training loop one rank runs: one readable loop in a fixed order, nanoGPT style.
+
+Started by `python -m grpo_trainer rank` (one process per rank, spawned by the per-pod
+launcher `grpo_trainer.launcher`). Per step, in this order:
+  1. rollouts  rank 0 takes the step's prompts (prefetched while the previous step trained,
+               when maxStaleness > 0) from the rollout servers and broadcasts them
+  2. scoring   rewards → advantages; zero-variance groups dropped (every rank, same result)
+  3. micro-steps  each rank forwards/backwards its share, loss normalised by the step's totals
+  4. update    gradient sync (dense over the world, experts over expert-DP), clip, AdamW step
+  5. weights   rank 0's EP group gathers the full state dict, rank 0 pushes version v+1
+  6. log / checkpoint
+"""
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from grpo_operator.api.contract import RunContract
+from torch import nn
+
+from grpo_trainer import checkpoint, moe
+from grpo_trainer.batch import Rollouts, micro_batches, score, shard
+from grpo_trainer.config import ENV_PROGRESS_FILE, MAX_GRAD_NORM, RankInfo, job_token
+from grpo_trainer.data import PromptOrder, load_rows
+from grpo_trainer.generation import Generator
+from grpo_trainer.losses import LossConfig, Totals, grpo_loss, token_entropy, token_logprobs
+from grpo_trainer.parallel import (
+    Groups,
+    clip_gradients,
+    init_distributed,
+    load_policy,
+    make_groups,
+    sync_gradients,
+)
+from grpo_trainer.progress import ProgressReporter
+
+
+@dataclass
+class Run:
+    """Everything the loop works with, built once by `setup`."""
+
+    contract: RunContract
+    info: RankInfo
+    groups: Groups
+    device: torch.device
+    model: nn.Module
+    ref: nn.Module | None
+    optimizer: torch.optim.Optimizer
+    loss_cfg: LossConfig
+    order: PromptOrder
+    pad_id: int
+    state: checkpoint.TrainState
+    generator: Generator | None  # rank 0 only
+    reporter: ProgressReporter | None  # rank 0 only
+
+
+def setup(contract: RunContract, info: RankInfo) -> Run:
+    spec, algo = contract.spec, contract.spec.algorithm
+    order = PromptOrder(load_rows(spec.dataset.path, spec.dataset.prompt_field), spec.dataset.shuffle_seed)
+    token = job_token() if info.is_main else ""
+    torch.manual_seed(algo.seed)
+    device = init_distributed(info, contract)
+    groups = make_groups(info)
+    backend = str(spec.trainer.ep_backend)
+    model = load_policy(spec.model.path, groups, backend, device)
+    ref = None
+    if algo.kl_coef > 0:
+        ref = load_policy(spec.model.reference_path or spec.model.path, groups, backend, device)
+        ref.eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=algo.learning_rate, weight_decay=0.0)
+    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    state, cfg = checkpoint.TrainState(), LossConfig.from_spec(algo)
+    run = Run(contract, info, groups, device, model, ref, optimizer, cfg, order, pad_id, state, None, None)
+    found = [checkpoint.latest(contract.checkpoint_dir) if info.is_main else None]
+    dist.broadcast_object_list(found, src=0)  # one decision for the gang, even without shared storage
+    if found[0] is not None:
+        run.state = checkpoint.load(found[0], model, optimizer, info)
+    if info.is_main:
+        run.generator = Generator(contract.rollout.endpoints, token, algo)
+        run.reporter = ProgressReporter.from_env(contract, ENV_PROGRESS_FILE)
+    sync_at_start(run, resumed=found[0] is not None)
+    return run
+
+
+def push_weights(run: Run, version: int) -> None:
+    """Collective over rank 0's EP group: gather the unsharded weights; rank 0 sends them."""
+    if run.info.rank >= run.info.ep_size:
+        return  # other EP groups hold the same weights; rank 0's group speaks for them
+    dtype = getattr(torch, str(run.contract.spec.model.dtype))
+    state = moe.full_state_dict(run.model) if run.groups.ep is not None else run.model.state_dict()
+    if run.generator is None:
+        return
+    seen: set[int] = set()
+    out = {}
+    for name, t in state.items():  # tied tensors share storage, which safetensors refuses
+        t = t.detach().to("cpu", dtype)
+        out[name] = t.clone() if t.data_ptr() in seen else t
+        seen.add(t.data_ptr())
+    run.generator.push(out, version)
+
+
+def sync_at_start(run: Run, *, resumed: bool) -> None:
+    """Rollout servers start from the model on disk at version 0. After a resume, or when they
+    already run newer versions (the gang restarted before its first save), push this policy
+    under a version above all of theirs."""
+    decision = [None]
+    if run.generator is not None:
+        live = run.generator.live_versions()
+        newest = max(live.values(), default=0)
+        if resumed or newest > 0:
+            decision = [max(run.state.version, newest) + 1]
+        else:
+            run.generator.version = run.state.version
+    dist.broadcast_object_list(decision, src=0)
+    if decision[0] is not None:
+        run.state.version = decision[0]
+        push_weights(run, decision[0])
+
+
+def forward_logp(
+    model: nn.Module, ids: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of each next token under `model` at the sampling temperature: [b, L] → ([b, L-1], logits)."""
+    logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float() / temperature  # [b, L-1, V]
+    return token_logprobs(logits, ids[:, 1:]), logits
+
+
+def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
+    """Micro-batched loss/backward over this rank's share, gradient sync, clip, optimizer step."""
+    algo, info = run.contract.spec.algorithm, run.info
+    advantages, kept = score(rollouts, algo)
+    if not kept:  # every group had equal rewards: nothing to learn, keep Adam's moments untouched
+        return {"kept": 0.0}
+    totals = Totals(
+        tokens=float(sum(len(rollouts.completion_tokens[i]) for i in kept)),
+        sequences=float(len(kept)),
+        norm_len=float(algo.max_new_tokens),
+    )
+    mine = shard(kept, info.rank, info.world_size)
+    count = math.ceil(math.ceil(len(kept) / info.world_size) / algo.micro_batch_size)
+    batches = micro_batches(
+        rollouts, mine, advantages, size=algo.micro_batch_size, count=count, pad_id=run.pad_id
+    )
+    run.optimizer.zero_grad(set_to_none=True)
+    loss_sum, metrics = torch.zeros((), device=run.device), {}
+    for mb in batches:
+        mb = mb.to(run.device)
+        logp, logits = forward_logp(run.model, mb.input_ids, algo.temperature)
+        ref_logp = None
+        if run.ref is not None:
+            with torch.no_grad():
+                ref_logp, _ = forward_logp(run.ref, mb.input_ids, algo.temperature)
+        entropy = token_entropy(logits) if run.loss_cfg.entropy_coef > 0 else None
+        loss, metrics = grpo_loss(
+            run.loss_cfg,
+            logp=logp,
+            old_logp=logp.detach(),  # one update per batch: π_old is the policy before this step
+            advantages=mb.advantages,
+            mask=mb.mask,
+            totals=totals,
+            rollout_logp=mb.rollout_logp,
+            ref_logp=ref_logp,
+            entropy=entropy,
+        )
+        loss.backward()
+        loss_sum += loss.detach()
+    sync_gradients(run.model, run.groups)
+    grad_norm = clip_gradients(run.model, run.groups, MAX_GRAD_NORM)
+    run.optimizer.step()
+    dist.all_reduce(loss_sum)
+    return {"loss": float(loss_sum), "grad_norm": grad_norm, "kept": len(kept) / len(rollouts), **metrics}
+
+
+def next_rollouts(run: Run, pending: Any) -> tuple[Rollouts, Any]:
+    """Rank 0: this step's rollouts (prefetched or fresh) and the prefetch of the next step."""
+    algo, state, gen = run.contract.spec.algorithm, run.state, run.generator
+    assert gen is not None
+    n, lag = algo.prompts_per_step, algo.max_staleness
+    current = pending or gen.submit(
+        run.order.take(state.position, n), step=state.step, min_version=state.version - lag
+    )
+    rollouts = current.result()
+    nxt = None
+    if lag > 0 and state.step + 1 < algo.max_steps:  # sampled with v, trained at v+1
+        rows = run.order.take(state.position + n, n)
+        nxt = gen.submit(rows, step=state.step + 1, min_version=state.version + 1 - lag)
+    return rollouts, nxt
+
+
+def train(contract: RunContract, info: RankInfo) -> None:
+    run = setup(contract, info)
+    try:
+        loop(run)
+    finally:
+        if run.generator is not None:
+            run.generator.close()
+        if run.reporter is not None:
+            run.reporter.close()
+    dist.barrier()  # before destroy: avoids gloo aborting peers still in flight
+    dist.destroy_process_group()
+
+
+def loop(run: Run) -> None:
+    contract, info = run.contract, run.info
+    algo, ckpt = contract.spec.algorithm, contract.spec.checkpoint
+    pending = None
+    last_save: tuple[str, int] | None = None
+    while run.state.step < algo.max_steps:
+        t0 = time.time()
+        box = [None]
+        if info.is_main:
+            box[0], pending = next_rollouts(run, pending)
+        dist.broadcast_object_list(box, src=0)
+        rollouts: Rollouts = box[0]
+        t_gen = time.time()
+        stats = train_step(run, rollouts)
+        staleness = run.state.version - rollouts.weight_version
+        run.state = checkpoint.TrainState(
+            step=run.state.step + 1,
+            version=run.state.version + 1,
+            position=run.state.position + algo.prompts_per_step,
+        )
+        push_weights(run, run.state.version)
+        if run.state.step % ckpt.every_steps == 0 or run.state.step == algo.max_steps:
+            path = checkpoint.save(
+                contract.checkpoint_dir,
+                run.state,
+                run.model,
+                run.optimizer,
+                info,
+                keep_last=ckpt.keep_last,
+                spec=contract.spec.wire(),
+            )
+            last_save = (str(path), run.state.step)
+        if run.reporter is not None:
+            wall = time.time() - t0
+            tokens = sum(map(len, rollouts.prompt_tokens)) + rollouts.completion_tokens_total()
+            record = {
+                "step": run.state.step,
+                "reward_mean": sum(rollouts.rewards) / len(rollouts),
+                "tokens_per_s": tokens / wall,
+                "samples_per_s": len(rollouts) / wall,
+                "samples": len(rollouts),
+                "staleness": staleness,
+                "weight_version": run.state.version,
+                "position": run.state.position,
+                "gen_wait_s": t_gen - t0,
+                "step_s": wall,
+                "time": time.time(),
+                **stats,
+            }
+            run.reporter.report(record, checkpoint=last_save)

@@ -1,0 +1,140 @@
+"""torch.distributed plumbing of the trainer: process groups, the policy model, gradient sync.
+
+Called by the training loop on every rank. Layout: world = data-parallel x expert-parallel;
+EP groups are consecutive ranks (so an EP group stays inside a pod's NVLink island when
+processesPerPod >= expertParallelSize). Every rank trains on its own sequences, so dense
+parameters are averaged over the world; expert parameters, sharded over an EP group by
+`grpo_trainer.moe.expert_parallel`, already hold the gradient of every token routed to them
+within the EP group and are summed over the "expert data-parallel" group (same EP rank,
+other EP groups). Gradients are summed, not averaged: the loss is normalised by the step's
+global token/sequence totals (`grpo_trainer.losses.Totals`).
+"""
+
+import datetime
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from grpo_operator.api.contract import RunContract
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from transformers import AutoModelForCausalLM
+
+from grpo_trainer import moe
+from grpo_trainer.config import RankInfo
+
+PG_TIMEOUT = datetime.timedelta(minutes=30)  # a dead peer fails collectives instead of hanging forever
+# GRPOJob `epBackend` → `grpo_trainer.moe` dispatch backend (gloo and NCCL share all_to_all_single).
+EP_BACKENDS = {"auto": "auto", "deepep": "deepep", "nccl": "alltoall", "gloo": "alltoall"}
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The process groups this rank belongs to (None: the group would be just this rank)."""
+
+    ep: dist.ProcessGroup | None
+    expert_dp: dist.ProcessGroup | None
+
+
+def init_distributed(info: RankInfo, contract: RunContract) -> torch.device:
+    """Join the gang's default group (gloo on CPU, NCCL on GPU); return this rank's device."""
+    backend = contract.trainer.backend
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", info.local_rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{contract.trainer.master_addr}:{contract.trainer.master_port}",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=PG_TIMEOUT,
+    )
+    return device
+
+
+def make_groups(info: RankInfo) -> Groups:
+    """EP groups of consecutive ranks and their transposes. Every rank creates every group, in
+    the same order, as torch.distributed requires."""
+    ep, dp = info.ep_size, info.world_size // info.ep_size
+    ep_group = expert_dp_group = None
+    for k in range(dp):
+        g = dist.new_group(list(range(k * ep, (k + 1) * ep)))
+        if info.rank // ep == k:
+            ep_group = g
+    for j in range(ep):
+        g = dist.new_group(list(range(j, info.world_size, ep)))
+        if info.ep_rank == j:
+            expert_dp_group = g
+    return Groups(ep=ep_group if ep > 1 else None, expert_dp=expert_dp_group if dp > 1 else None)
+
+
+def load_policy(path: str, groups: Groups, backend: str, device: torch.device) -> nn.Module:
+    """The HF model in float32 (optimizer master weights), expert-parallel when the EP group is
+    larger than one rank. Reads a local directory only: no hub access from the gang."""
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    if groups.ep is not None:
+        moe.expert_parallel(model, group=groups.ep, backend=EP_BACKENDS[backend])
+    return model.to(device)
+
+
+def expert_parameters(model: nn.Module) -> set[int]:
+    """ids of the parameters sharded over the EP group."""
+    return {
+        id(p)
+        for layer in moe.moe_layers(model)
+        if layer.experts.group is not None
+        for p in layer.experts.parameters()
+    }
+
+
+def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(dense, expert) trainable parameters, each in a fixed order (identical on every rank)."""
+    experts = expert_parameters(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [p for p in params if id(p) not in experts], [p for p in params if id(p) in experts]
+
+
+def _all_reduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup | None) -> None:
+    """Sum gradients over `group` as one flat buffer (one collective instead of one per tensor)."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    if not grads:
+        return
+    flat = _flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    for p, g in zip(params, _unflatten_dense_tensors(flat, grads), strict=True):
+        p.grad = g
+
+
+def sync_gradients(model: nn.Module, groups: Groups) -> None:
+    dense, experts = split_parameters(model)
+    if dist.get_world_size() > 1:
+        _all_reduce_grads(dense, None)
+    if groups.expert_dp is not None:
+        _all_reduce_grads(experts, groups.expert_dp)
+
+
+def clip_gradients(model: nn.Module, groups: Groups, max_norm: float) -> float:
+    """Clip by the global norm of the whole (unsharded) gradient; return that norm.
+
+    Dense gradients are identical on every rank after sync; expert shards differ across the EP
+    group, so their squared norms are summed over it before the square root.
+    """
+    dense, experts = split_parameters(model)
+    sq = torch.zeros((), device=dense[0].device)
+    expert_sq = torch.zeros((), device=dense[0].device)
+    for p in dense:
+        if p.grad is not None:
+            sq += p.grad.float().pow(2).sum()
+    for p in experts:
+        if p.grad is not None:
+            expert_sq += p.grad.float().pow(2).sum()
+    if groups.ep is not None:
+        dist.all_reduce(expert_sq, group=groups.ep)
+    norm = float((sq + expert_sq).sqrt())
+    if norm > max_norm:
+        scale = max_norm / (norm + 1e-6)
+        for p in dense + experts:
+            if p.grad is not None:
+                p.grad.mul_(scale)
+    return norm
