@@ -1,0 +1,135 @@
+"""kopf registrations: one worker per GRPOJob, woken by job, pod and node watch events.
+
+Imported (for its decorators) by `grpo-operator operator`. Each handler is a thin shell:
+watch events only record what they saw and wake the job's worker; the worker runs
+`Reconciler.reconcile` in a thread, one pass at a time per job, so passes never race.
+kopf's daemons stop when the job is deleted or when this replica loses leadership (peering).
+"""
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+import kopf
+
+from grpo_operator.api.job import GROUP, PLURAL, VERSION
+from grpo_operator.controller import metrics, observe
+from grpo_operator.controller.reconcile import JobMemory, Reconciler
+from grpo_operator.render import names
+
+DEBOUNCE_SECONDS = 0.2
+ERROR_BACKOFF_SECONDS = 5.0
+
+
+@dataclass
+class Jobs:
+    """Per-job memory and wake-up events, touched only from the operator's event loop."""
+
+    memories: dict[tuple[str, str], JobMemory] = field(default_factory=dict)
+    wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+
+    def memory(self, namespace: str, name: str) -> JobMemory:
+        return self.memories.setdefault((namespace, name), JobMemory())
+
+    def waker(self, namespace: str, name: str) -> asyncio.Event:
+        return self.wakers.setdefault((namespace, name), asyncio.Event())
+
+    def wake(self, namespace: str, name: str) -> None:
+        event = self.wakers.get((namespace, name))
+        if event is not None:
+            event.set()
+
+    def wake_all(self) -> None:
+        for event in self.wakers.values():
+            event.set()
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.memories.pop((namespace, name), None)
+        self.wakers.pop((namespace, name), None)
+        metrics.set_phase(f"{namespace}/{name}", None)
+
+
+@dataclass
+class Runtime:
+    """What the handlers share, passed to kopf as `memo` by the CLI."""
+
+    reconciler: Reconciler
+    jobs: Jobs = field(default_factory=Jobs)
+    resync_seconds: float = 60.0
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_backoff=None)
+async def job_worker(namespace: str, name: str, memo: kopf.Memo, logger: kopf.Logger, **_) -> None:
+    """Reconcile this job whenever woken, and at least every resync period."""
+    rt: Runtime = memo.runtime
+    memory, waker = rt.jobs.memory(namespace, name), rt.jobs.waker(namespace, name)
+    try:
+        while True:
+            waker.clear()
+            try:
+                delay = await asyncio.to_thread(rt.reconciler.reconcile, namespace, name, memory)
+            except Exception as e:  # a transient API error must not kill the worker
+                logger.warning(f"reconcile failed, retrying in {ERROR_BACKOFF_SECONDS:g}s: {e!r}")
+                delay = ERROR_BACKOFF_SECONDS
+            timeout = rt.resync_seconds if delay is None else min(delay, rt.resync_seconds)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waker.wait(), timeout=max(timeout, DEBOUNCE_SECONDS))
+            await asyncio.sleep(DEBOUNCE_SECONDS)
+    finally:
+        rt.jobs.forget(namespace, name)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def job_changed(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
+    """Spec edits (live rollout replicas, suspend) and rank 0's progress wake the worker."""
+    memo.runtime.jobs.wake(namespace, name)
+
+
+@kopf.on.event(
+    "", "v1", "pods", labels={names.LABEL_JOB: kopf.PRESENT, names.LABEL_MANAGED_BY: names.MANAGER}
+)
+async def pod_changed(
+    body: kopf.Body, type: str | None, namespace: str, labels, memo: kopf.Memo, **_
+) -> None:
+    """Remember trainer failures before the StatefulSet replaces the pod, then wake the job."""
+    rt: Runtime = memo.runtime
+    job = labels[names.LABEL_JOB]
+    pod = dict(body)
+    verdict = observe.verdict(pod, rt.reconciler.lost_nodes)
+    if verdict is None and type == "DELETED":
+        verdict = observe.Verdict(
+            "deleted",
+            pod=body.metadata.name,
+            role=labels.get(names.LABEL_ROLE, ""),
+            attempt=observe.pod_attempt(pod),
+        )
+    if verdict is not None and verdict.role == names.ROLE_TRAINER:
+        rt.jobs.memory(namespace, job).verdicts.append(verdict)
+    rt.jobs.wake(namespace, job)
+
+
+@kopf.on.event("", "v1", "nodes")
+async def node_changed(name: str, body: kopf.Body, type: str | None, memo: kopf.Memo, **_) -> None:
+    """A node that is deleted or not Ready takes its trainer pods' gang down with it."""
+    rt: Runtime = memo.runtime
+    conditions = body.get("status", {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    lost = type == "DELETED" or not ready
+    known = name in rt.reconciler.lost_nodes
+    if lost and not known:
+        rt.reconciler.lost_nodes.add(name)
+        rt.jobs.wake_all()
+    elif known and not lost:
+        rt.reconciler.lost_nodes.discard(name)
+
+
+@kopf.on.startup()
+async def heartbeat(**_) -> None:
+    """Beat /healthz from the event loop itself: a blocked loop stops the beats."""
+
+    async def beat() -> None:
+        while True:
+            metrics.HEARTBEAT.beat()
+            await asyncio.sleep(5)
+
+    asyncio.get_running_loop().create_task(beat(), name="grpo-heartbeat")

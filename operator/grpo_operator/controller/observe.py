@@ -1,0 +1,138 @@
+"""What the pods of one GRPOJob say: per-pod verdicts and a per-role summary. Pure.
+
+Called by the pod watch handler (to remember failures the StatefulSet controller may erase
+within milliseconds by replacing the pod) and by each reconcile (over a fresh pod list).
+"""
+
+from dataclasses import dataclass, field
+
+from grpo_operator.render import names
+
+# Exit codes a trainer uses for errors a restart cannot fix (sysexits EX_USAGE, EX_DATAERR,
+# EX_CONFIG): the job fails at once instead of burning its backoff limit.
+PERMANENT_EXIT_CODES = frozenset({64, 65, 78})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Something that happened to one pod: succeeded, failed, deleted or node-lost."""
+
+    kind: str
+    pod: str
+    role: str
+    attempt: int
+    exit_code: int | None = None
+    reason: str = ""
+
+    @property
+    def permanent(self) -> bool:
+        return self.kind == "failed" and self.exit_code in PERMANENT_EXIT_CODES
+
+    def describe(self) -> str:
+        """Which pod, which ranks, and why: what an on-call engineer reads first."""
+        what = {
+            "failed": "failed",
+            "deleted": "was deleted",
+            "node-lost": "lost its node",
+            "succeeded": "exited 0",
+        }
+        text = f"{self.role} pod {self.pod} {what.get(self.kind, self.kind)}"
+        if self.exit_code is not None and self.kind == "failed":
+            text += f" with exit code {self.exit_code}"
+        return f"{text} ({self.reason})" if self.reason else text
+
+
+def pod_index(pod: dict) -> int:
+    meta = pod.get("metadata", {})
+    label = (meta.get("labels") or {}).get(names.LABEL_POD_INDEX)
+    if label is not None and label.isdigit():
+        return int(label)
+    return int(meta.get("name", "-0").rsplit("-", 1)[-1])
+
+
+def pod_attempt(pod: dict) -> int:
+    value = (pod.get("metadata", {}).get("labels") or {}).get(names.LABEL_ATTEMPT, "0")
+    return int(value) if value.isdigit() else 0
+
+
+def _terminated(pod: dict) -> dict | None:
+    """The newest termination record of the pod's containers, if any."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        for key in ("state", "lastState"):
+            term = (cs.get(key) or {}).get("terminated")
+            if term:
+                return term
+    return None
+
+
+def verdict(pod: dict, lost_nodes: frozenset[str] | set[str] = frozenset()) -> Verdict | None:
+    """The verdict on one pod, or None while it is fine (pending, starting or running)."""
+    meta, status = pod.get("metadata", {}), pod.get("status") or {}
+    role = (meta.get("labels") or {}).get(names.LABEL_ROLE, "")
+    base = {"pod": meta.get("name", "?"), "role": role, "attempt": pod_attempt(pod)}
+    term = _terminated(pod)
+    phase = status.get("phase")
+    if (term is not None and term.get("exitCode") == 0) or phase == "Succeeded":
+        if role == names.ROLE_TRAINER and pod_index(pod) == 0:
+            return Verdict("succeeded", **base, exit_code=0)
+    elif term is not None:
+        reason = term.get("reason") or ""
+        message = term.get("message") or ""
+        return Verdict("failed", **base, exit_code=term.get("exitCode"), reason=f"{reason} {message}".strip())
+    if phase == "Failed":
+        return Verdict("failed", **base, reason=status.get("reason") or status.get("message") or "")
+    if meta.get("deletionTimestamp"):
+        return Verdict("deleted", **base, reason=status.get("reason") or "")
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node and node in lost_nodes:
+        return Verdict("node-lost", **base, reason=f"node {node} is gone or NotReady")
+    return None
+
+
+@dataclass
+class RoleSummary:
+    """Pods of one role in the current attempt."""
+
+    existing: int = 0
+    scheduled: int = 0
+    ready: int = 0
+
+
+@dataclass
+class Observation:
+    trainer: RoleSummary = field(default_factory=RoleSummary)
+    rollout: RoleSummary = field(default_factory=RoleSummary)
+    verdicts: list[Verdict] = field(default_factory=list)
+    stale_trainer_pods: list[str] = field(default_factory=list)
+    failed_rollout_pods: list[str] = field(default_factory=list)
+
+
+def _is_ready(pod: dict) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def summarize(
+    pods: list[dict], *, attempt: int, lost_nodes: frozenset[str] | set[str] = frozenset()
+) -> Observation:
+    """Count the current attempt's pods and collect verdicts; older trainer pods are stale."""
+    obs = Observation()
+    for pod in pods:
+        meta = pod.get("metadata", {})
+        role = (meta.get("labels") or {}).get(names.LABEL_ROLE)
+        if role == names.ROLE_TRAINER and pod_attempt(pod) != attempt:
+            if not meta.get("deletionTimestamp"):
+                obs.stale_trainer_pods.append(meta["name"])
+            continue
+        summary = obs.trainer if role == names.ROLE_TRAINER else obs.rollout
+        v = verdict(pod, lost_nodes)
+        if v is not None:
+            obs.verdicts.append(v)
+            if role == names.ROLE_ROLLOUT and v.kind == "failed" and not meta.get("deletionTimestamp"):
+                obs.failed_rollout_pods.append(meta["name"])
+        if meta.get("deletionTimestamp"):
+            continue
+        summary.existing += 1
+        summary.scheduled += bool((pod.get("spec") or {}).get("nodeName"))
+        summary.ready += _is_ready(pod) and (v is None or v.kind == "succeeded")
+    return obs

@@ -1,0 +1,79 @@
+"""The kopf peering CRDs that leader election among operator replicas needs.
+
+Called by `grpo-operator operator --peering NAME` at start: with several replicas, kopf
+keeps the one with the highest priority active and pauses the others; that needs the
+KopfPeering (namespaced) and ClusterKopfPeering resources, which we create if missing.
+"""
+
+import time
+
+from kubernetes import client
+
+_SCHEMA = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
+def crd(kind: str, scope: str) -> dict:
+    plural = kind.lower() + "s"
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.kopf.dev"},
+        "spec": {
+            "group": "kopf.dev",
+            "scope": scope,
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": _SCHEMA},
+                }
+            ],
+        },
+    }
+
+
+def ensure(api: client.ApiClient, *, clusterwide: bool, namespaces: list[str], name: str) -> None:
+    """Create the peering CRD and the peering object for `name` when they are missing."""
+    ext = client.ApiextensionsV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    for kind, scope in (("KopfPeering", "Namespaced"), ("ClusterKopfPeering", "Cluster")):
+        try:
+            ext.create_custom_resource_definition(crd(kind, scope))
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+    _wait_established(ext, ["kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"])
+    peer = {"metadata": {"name": name}, "apiVersion": "kopf.dev/v1"}
+    creates = (
+        [
+            lambda: custom.create_cluster_custom_object(
+                "kopf.dev", "v1", "clusterkopfpeerings", peer | {"kind": "ClusterKopfPeering"}
+            )
+        ]
+        if clusterwide
+        else []
+    )
+    for ns in namespaces:
+        creates.append(
+            lambda ns=ns: custom.create_namespaced_custom_object(
+                "kopf.dev", "v1", ns, "kopfpeerings", peer | {"kind": "KopfPeering"}
+            )
+        )
+    for create in creates:
+        try:
+            create()
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+
+
+def _wait_established(ext: client.ApiextensionsV1Api, names: list[str], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    for n in names:
+        while time.monotonic() < deadline:
+            conds = ext.read_custom_resource_definition(n).status.conditions or []
+            if any(c.type == "Established" and c.status == "True" for c in conds):
+                break
+            time.sleep(0.2)

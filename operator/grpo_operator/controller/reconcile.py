@@ -1,0 +1,224 @@
+"""One reconcile pass of one GRPOJob: read, render, observe, decide, then write only diffs.
+
+Called by the per-job kopf daemon in `controller.handlers` (in an executor thread). Order
+matters for restart safety: a gang restart is recorded in status (restarts = attempt)
+before any pod is deleted, and stale-attempt trainer pods are deleted on every pass, so an
+operator killed at any point converges on the next pass without duplicates.
+"""
+
+import hashlib
+import json
+import logging
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from pydantic import ValidationError
+
+from grpo_operator import render
+from grpo_operator.api.job import API_VERSION, KIND, GRPOJob
+from grpo_operator.api.status import GRPOJobStatus
+from grpo_operator.controller import metrics, observe, status
+from grpo_operator.controller.kube import Kube
+from grpo_operator.instance_types import InstanceTable
+from grpo_operator.render import names
+
+HASH_ANNOTATION = "grpo.dev/applied-hash"
+OPERATOR_STATUS_FIELDS = (
+    "phase",
+    "conditions",
+    "observedGeneration",
+    "restarts",
+    "trainer",
+    "rollout",
+    "startTime",
+    "completionTime",
+    "message",
+)
+log = logging.getLogger("grpo_operator.reconcile")
+
+
+@dataclass
+class JobMemory:
+    """What one job's worker remembers between passes (lost on restart, which only costs reads)."""
+
+    applied: dict[str, str] = field(default_factory=dict)
+    verified_at: float = float("-inf")
+    token_ok: bool = False
+    warned_generation: int | None = None
+    verdicts: deque = field(default_factory=deque)
+    phase: str | None = None
+
+
+def child_key(obj: dict) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+def with_hash(obj: dict) -> tuple[dict, str]:
+    """The object annotated with a hash of its desired state, compared instead of diffing."""
+    digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+    annotated = {**obj, "metadata": {**obj["metadata"]}}
+    annotated["metadata"]["annotations"] = {**obj["metadata"].get("annotations", {}), HASH_ANNOTATION: digest}
+    return annotated, digest
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, table: InstanceTable, *, verify_seconds: float = 300.0) -> None:
+        self.kube = kube
+        self.table = table
+        self.verify_seconds = verify_seconds
+        self.lost_nodes: set[str] = set()
+
+    def reconcile(self, namespace: str, name: str, memory: JobMemory) -> float | None:
+        """One pass; returns seconds until a pass is due anyway (deadline, TTL), or None."""
+        started = time.perf_counter()
+        pending = [memory.verdicts.popleft() for _ in range(len(memory.verdicts))]
+        try:
+            delay = self._pass(namespace, name, memory, pending)
+        except Exception:
+            memory.verdicts.extendleft(reversed(pending))
+            metrics.RECONCILE_ERRORS.inc()
+            metrics.RECONCILES.labels(result="error").inc()
+            raise
+        finally:
+            metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+        metrics.RECONCILES.labels(result="ok").inc()
+        return delay
+
+    def _pass(self, namespace: str, name: str, memory: JobMemory, pending: list) -> float | None:
+        body = self.kube.get(API_VERSION, KIND, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        meta = body["metadata"]
+        generation = meta.get("generation", 1)
+        now = datetime.now(UTC)
+        old = _old_status(body)
+        job, error, rendered = self._render(body, attempt=old.restarts)
+        pods = self.kube.list_pods(namespace, names.label_selector(name))
+        obs = observe.summarize(pods, attempt=old.restarts, lost_nodes=frozenset(self.lost_nodes))
+        obs.verdicts += pending
+        decision = status.decide(
+            spec=job.spec if job else None,
+            generation=generation,
+            old=old,
+            obs=obs,
+            now=now,
+            render_error=error,
+        )
+        if decision.gang_restart:
+            # Record the new attempt first: a crash after this line still restarts the gang.
+            self._write_status(body, decision.status)
+            metrics.GANG_RESTARTS.inc()
+        if job is not None and error is None:
+            if not decision.running or decision.status.restarts != old.restarts:
+                _, _, rendered = self._render(
+                    body, attempt=decision.status.restarts, running=decision.running
+                )
+            self._apply_children(rendered, memory, body)
+            self._delete_stale(
+                namespace, pods, attempt=decision.status.restarts, obs=obs, running=decision.running
+            )
+        if not decision.gang_restart:
+            self._write_status(body, decision.status)
+        self._emit(body, decision.events, memory, rendered, generation, now)
+        memory.phase = decision.status.phase
+        metrics.set_phase(f"{namespace}/{name}", decision.status.phase)
+        if decision.delete_job:
+            log.info("deleting %s/%s: ttlSecondsAfterFinished passed", namespace, name)
+            self.kube.delete_job(namespace, name)
+        return decision.requeue_after
+
+    def _render(self, body: dict, *, attempt: int, running: bool = True):
+        """(job, error, rendered): a bad object becomes an error message, never an exception."""
+        meta = body["metadata"]
+        try:
+            job = GRPOJob.model_validate({"metadata": {}, "spec": body.get("spec") or {}})
+            out = render.render(
+                job,
+                name=meta["name"],
+                namespace=meta["namespace"],
+                uid=meta["uid"],
+                generation=meta.get("generation", 1),
+                attempt=attempt,
+                running=running,
+                instance_types=self.table,
+            )
+            return job, None, out
+        except ValidationError as e:
+            return None, f"invalid spec: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}", None
+        except render.RenderError as e:
+            return None, str(e), None
+
+    def _apply_children(self, rendered: render.Rendered, memory: JobMemory, body: dict) -> None:
+        """Server-side apply each child whose desired hash differs from what the cluster has."""
+        verify = time.monotonic() - memory.verified_at > self.verify_seconds
+        for child in rendered.children:
+            obj, digest = with_hash(child)
+            key = child_key(child)
+            if not verify and memory.applied.get(key) == digest:
+                continue
+            if verify or key not in memory.applied:
+                meta = child["metadata"]
+                live = self.kube.get(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
+                if live and (live["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == digest:
+                    memory.applied[key] = digest
+                    continue
+            self.kube.apply(obj)
+            memory.applied[key] = digest
+        if verify:
+            memory.verified_at = time.monotonic()
+        if not memory.token_ok:
+            meta = body["metadata"]
+            if self.kube.get("v1", "Secret", meta["namespace"], names.token_secret(meta["name"])) is None:
+                secret = render.token_secret(
+                    name=meta["name"],
+                    namespace=meta["namespace"],
+                    uid=meta["uid"],
+                    token=secrets.token_urlsafe(32),
+                )
+                self.kube.create(secret)
+            memory.token_ok = True
+
+    def _delete_stale(self, namespace: str, pods: list[dict], *, attempt: int, obs, running: bool) -> None:
+        """Delete trainer pods of older attempts (a gang restart) and failed rollout pods."""
+        for pod in pods:
+            meta = pod["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue
+            role = meta.get("labels", {}).get(names.LABEL_ROLE)
+            stale = role == names.ROLE_TRAINER and observe.pod_attempt(pod) != attempt
+            failed_rollout = running and meta["name"] in obs.failed_rollout_pods
+            if stale or failed_rollout:
+                self.kube.delete_pod(namespace, meta["name"], uid=meta.get("uid"))
+
+    def _write_status(self, body: dict, new: GRPOJobStatus) -> None:
+        """Merge-patch only the operator's fields that changed; progress belongs to rank 0."""
+        current = body.get("status") or {}
+        wanted = new.model_dump(by_alias=True, mode="json")
+        patch = {k: wanted.get(k) for k in OPERATOR_STATUS_FIELDS if wanted.get(k) != current.get(k)}
+        if patch:
+            self.kube.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], patch)
+            body["status"] = {**current, **patch}
+
+    def _emit(self, body: dict, events, memory: JobMemory, rendered, generation: int, now: datetime) -> None:
+        stamp = status.timestamp(now)
+        for event_type, reason, message in events:
+            self.kube.event(body, event_type, reason, message, stamp)
+        if rendered and rendered.warnings and memory.warned_generation != generation:
+            text = "; ".join(rendered.warnings)
+            self.kube.event(body, "Warning", "TemplateConflict", f"operator fields kept: {text}", stamp)
+        memory.warned_generation = generation
+
+
+def _old_status(body: dict) -> GRPOJobStatus:
+    try:
+        return GRPOJobStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        log.warning(
+            "status of %s/%s does not parse; starting afresh",
+            body["metadata"]["namespace"],
+            body["metadata"]["name"],
+        )
+        return GRPOJobStatus()

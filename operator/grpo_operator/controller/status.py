@@ -1,0 +1,231 @@
+"""The lifecycle as a pure function: (spec, old status, what the pods say, now) → decision.
+
+Called by `controller.reconcile` once per pass. Like Kubeflow Trainer's controller it
+snapshots the old status, computes conditions with small helpers and lets the caller patch
+only when something changed; all timing (deadline, TTL) is computed here from `now`, so the
+whole lifecycle is unit-tested without a cluster.
+"""
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from grpo_operator.api.spec import GRPOJobSpec
+from grpo_operator.api.status import (
+    TERMINAL_PHASES,
+    Condition,
+    ConditionType,
+    GRPOJobStatus,
+    Phase,
+    Reason,
+    ReplicaStatus,
+)
+from grpo_operator.controller.observe import Observation, Verdict
+
+WARNING_REASONS = {
+    Reason.TRAINER_FAILED,
+    Reason.NODE_LOST,
+    Reason.BACKOFF_LIMIT_EXCEEDED,
+    Reason.PERMANENT_ERROR,
+    Reason.INVALID_SPEC,
+    Reason.DEADLINE_EXCEEDED,
+}
+
+
+@dataclass
+class Decision:
+    """What the reconcile should make true; `events` are (type, reason, message)."""
+
+    status: GRPOJobStatus
+    running: bool
+    gang_restart: bool = False
+    delete_job: bool = False
+    requeue_after: float | None = None
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def timestamp(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> datetime | None:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC) if text else None
+
+
+def set_condition(
+    status: GRPOJobStatus, ctype: str, value: bool, reason: str, message: str, now: datetime
+) -> None:
+    """Upsert a condition; lastTransitionTime moves only when its status flips."""
+    text = "True" if value else "False"
+    for i, c in enumerate(status.conditions):
+        if c.type == ctype:
+            when = c.last_transition_time if c.status == text else timestamp(now)
+            status.conditions[i] = Condition(
+                type=ctype, status=text, reason=reason, message=message, last_transition_time=when
+            )
+            return
+    status.conditions.append(
+        Condition(
+            type=ctype, status=text, reason=reason, message=message, last_transition_time=timestamp(now)
+        )
+    )
+
+
+def _clear(status: GRPOJobStatus, ctype: str, reason: str, message: str, now: datetime) -> None:
+    """Set a condition False only if it was ever set (keeps the list short)."""
+    if any(c.type == ctype for c in status.conditions):
+        set_condition(status, ctype, False, reason, message, now)
+
+
+def _finish(status: GRPOJobStatus, phase: Phase, reason: str, message: str, now: datetime) -> None:
+    status.phase = phase
+    status.message = message
+    status.completion_time = timestamp(now)
+    ctype = ConditionType.SUCCEEDED if phase == Phase.SUCCEEDED else ConditionType.FAILED
+    set_condition(status, ctype, True, reason, message, now)
+    set_condition(status, ConditionType.RUNNING, False, reason, message, now)
+    _clear(status, ConditionType.RESTARTING, reason, message, now)
+
+
+def _replicas(spec: GRPOJobSpec, obs: Observation) -> tuple[ReplicaStatus, ReplicaStatus]:
+    t, r = spec.trainer.replicas, spec.rollout.replicas
+    return (
+        ReplicaStatus(replicas=t, ready=obs.trainer.ready, ready_text=f"{obs.trainer.ready}/{t}"),
+        ReplicaStatus(replicas=r, ready=obs.rollout.ready, ready_text=f"{obs.rollout.ready}/{r}"),
+    )
+
+
+def decide(
+    *,
+    spec: GRPOJobSpec | None,
+    generation: int,
+    old: GRPOJobStatus,
+    obs: Observation,
+    now: datetime,
+    render_error: str | None = None,
+) -> Decision:
+    """The next status and actions. `spec` is None when it could not be parsed/rendered."""
+    status = old.model_copy(deep=True)
+    status.observed_generation = generation
+    if old.phase in TERMINAL_PHASES:
+        return _terminal(spec, status, now)
+    if render_error is not None or spec is None:
+        _finish(status, Phase.FAILED, Reason.INVALID_SPEC, render_error or "invalid spec", now)
+        return _with_events(old, Decision(status=status, running=False))
+    status.trainer, status.rollout = _replicas(spec, obs)
+    if spec.run_policy.suspend:
+        return _suspended(old, status, now)
+    if old.phase == Phase.SUSPENDED:
+        set_condition(status, ConditionType.SUSPENDED, False, Reason.RESUMED, "job resumed", now)
+    status.start_time = status.start_time or timestamp(now)
+    decision = Decision(status=status, running=True)
+    deadline = spec.run_policy.active_deadline_seconds
+    if deadline is not None:
+        remaining = (parse_time(status.start_time) + timedelta(seconds=deadline) - now).total_seconds()
+        if remaining <= 0:
+            msg = f"job ran past activeDeadlineSeconds={deadline}"
+            _finish(status, Phase.FAILED, Reason.DEADLINE_EXCEEDED, msg, now)
+            return _with_events(old, Decision(status=status, running=False))
+        decision.requeue_after = remaining
+    verdicts = [v for v in obs.verdicts if v.role == "trainer" and v.attempt == old.restarts]
+    if any(v.kind == "succeeded" for v in verdicts):
+        _finish(status, Phase.SUCCEEDED, Reason.COMPLETED, "trainer rank 0 exited 0 after its last step", now)
+        decision.running = False
+        return _with_events(old, decision)
+    failures = [v for v in verdicts if v.kind != "succeeded"]
+    if failures:
+        return _with_events(old, _on_failure(spec, status, failures, now, decision))
+    _progress_phase(spec, old, status, obs, now)
+    return _with_events(old, decision)
+
+
+def _on_failure(
+    spec: GRPOJobSpec, status: GRPOJobStatus, failures: list[Verdict], now: datetime, decision: Decision
+) -> Decision:
+    """Permanent errors fail at once; others restart the whole gang until backoffLimit."""
+    first = failures[0]
+    reason = Reason.NODE_LOST if first.kind == "node-lost" else Reason.TRAINER_FAILED
+    what = first.describe()
+    permanent = next((v for v in failures if v.permanent), None)
+    if permanent is not None:
+        _finish(
+            status, Phase.FAILED, Reason.PERMANENT_ERROR, f"{permanent.describe()}: a permanent error", now
+        )
+        decision.running = False
+        return decision
+    limit = spec.run_policy.backoff_limit
+    if status.restarts >= limit:
+        msg = f"{what}; {status.restarts} gang restarts reached backoffLimit={limit}"
+        _finish(status, Phase.FAILED, Reason.BACKOFF_LIMIT_EXCEEDED, msg, now)
+        decision.running = False
+        return decision
+    status.restarts += 1
+    status.phase = Phase.RESTARTING
+    status.message = f"{what}; restarting all trainer pods (restart {status.restarts} of {limit})"
+    set_condition(status, ConditionType.RESTARTING, True, reason, status.message, now)
+    set_condition(status, ConditionType.RUNNING, False, reason, status.message, now)
+    status.trainer = ReplicaStatus(
+        replicas=spec.trainer.replicas, ready=0, ready_text=f"0/{spec.trainer.replicas}"
+    )
+    decision.gang_restart = True
+    return decision
+
+
+def _progress_phase(
+    spec: GRPOJobSpec, old: GRPOJobStatus, status: GRPOJobStatus, obs: Observation, now: datetime
+) -> None:
+    """Pending → Starting → Running, staying Restarting until the new gang is all ready."""
+    t, r = spec.trainer.replicas, spec.rollout.replicas
+    trainers_ready = obs.trainer.ready >= t
+    rollout_ok = r == 0 or obs.rollout.ready > 0
+    set_condition(status, ConditionType.CREATED, True, Reason.CHILDREN_CREATED, "children applied", now)
+    if trainers_ready and rollout_ok:
+        status.phase = Phase.RUNNING
+        status.message = f"{obs.trainer.ready}/{t} trainer and {obs.rollout.ready}/{r} rollout pods ready"
+        set_condition(status, ConditionType.RUNNING, True, Reason.ALL_READY, status.message, now)
+        _clear(status, ConditionType.RESTARTING, Reason.ALL_READY, "trainer gang is back", now)
+        return
+    if old.phase == Phase.RESTARTING:
+        status.phase = Phase.RESTARTING
+        return
+    scheduled = obs.trainer.scheduled >= t and obs.rollout.scheduled >= r
+    status.phase = Phase.STARTING if scheduled else Phase.PENDING
+    reason = Reason.PODS_STARTING if scheduled else Reason.PODS_PENDING
+    status.message = (
+        f"trainer {obs.trainer.ready}/{t} ready ({obs.trainer.scheduled} scheduled), "
+        f"rollout {obs.rollout.ready}/{r} ready ({obs.rollout.scheduled} scheduled)"
+    )
+    set_condition(status, ConditionType.RUNNING, False, reason, status.message, now)
+
+
+def _suspended(old: GRPOJobStatus, status: GRPOJobStatus, now: datetime) -> Decision:
+    """Suspended jobs keep no pods; like a Job, the deadline clock restarts on resume."""
+    status.phase = Phase.SUSPENDED
+    status.start_time = None
+    status.message = "job suspended: pods removed, children kept"
+    set_condition(status, ConditionType.SUSPENDED, True, Reason.SUSPENDED, status.message, now)
+    set_condition(status, ConditionType.RUNNING, False, Reason.SUSPENDED, status.message, now)
+    return _with_events(old, Decision(status=status, running=False))
+
+
+def _terminal(spec: GRPOJobSpec | None, status: GRPOJobStatus, now: datetime) -> Decision:
+    """A finished job only waits for its TTL."""
+    decision = Decision(status=status, running=False)
+    ttl = spec.run_policy.ttl_seconds_after_finished if spec else None
+    done = parse_time(status.completion_time)
+    if ttl is not None and done is not None:
+        remaining = (done + timedelta(seconds=ttl) - now).total_seconds()
+        decision.delete_job = remaining <= 0
+        decision.requeue_after = remaining if remaining > 0 else None
+    return decision
+
+
+def _with_events(old: GRPOJobStatus, decision: Decision) -> Decision:
+    """One Event per phase transition (and per gang restart), reason from the newest condition."""
+    new = decision.status
+    if new.phase == old.phase and not decision.gang_restart:
+        return decision
+    changed = [c for c in new.conditions if c not in old.conditions and c.status == "True"]
+    reason = changed[-1].reason if changed else str(new.phase)
+    kind = "Warning" if reason in WARNING_REASONS else "Normal"
+    decision.events.append((kind, reason, f"{old.phase or 'New'} → {new.phase}: {new.message or ''}".strip()))
+    return decision

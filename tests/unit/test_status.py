@@ -1,0 +1,194 @@
+"""Unit tests of the pure lifecycle (controller.status) and pod verdicts (controller.observe)."""
+
+from datetime import UTC, datetime, timedelta
+
+from grpo_operator.api.spec import GRPOJobSpec
+from grpo_operator.api.status import GRPOJobStatus, Phase, Reason
+from grpo_operator.controller import observe, status
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def spec(**run_policy) -> GRPOJobSpec:
+    return GRPOJobSpec.model_validate(
+        {
+            "model": {"path": "/m"},
+            "dataset": {"path": "/d"},
+            "reward": {"functions": [{"builtin": "math"}]},
+            "trainer": {"replicas": 2, "processesPerPod": 1},
+            "rollout": {"replicas": 2},
+            "runPolicy": run_policy,
+        }
+    )
+
+
+def pod(
+    role: str,
+    index: int,
+    *,
+    attempt: int = 0,
+    ready=True,
+    node="n1",
+    phase="Running",
+    term=None,
+    deleting=False,
+):
+    p = {
+        "metadata": {
+            "name": f"j-{role}-{index}",
+            "labels": {
+                "grpo.dev/role": role,
+                "grpo.dev/attempt": str(attempt),
+                "apps.kubernetes.io/pod-index": str(index),
+            },
+        },
+        "spec": {"nodeName": node} if node else {},
+        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+    if term is not None:
+        p["status"]["containerStatuses"] = [{"name": role, "state": {"terminated": {"exitCode": term}}}]
+    if deleting:
+        p["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return p
+
+
+def all_ready(attempt: int = 0) -> list[dict]:
+    return [pod(r, i, attempt=attempt) for r in ("trainer", "rollout") for i in range(2)]
+
+
+def decide(pods, old=None, s=None, now=NOW, **kw) -> status.Decision:
+    old = old or GRPOJobStatus()
+    obs = observe.summarize(pods, attempt=old.restarts)
+    return status.decide(spec=s or spec(), generation=3, old=old, obs=obs, now=now, **kw)
+
+
+def cond(st: GRPOJobStatus, ctype: str):
+    return next(c for c in st.conditions if c.type == ctype)
+
+
+def test_phases_follow_the_pods():
+    d = decide([pod("trainer", 0, node=None, ready=False)])
+    assert d.status.phase == Phase.PENDING and d.running
+    assert d.status.observed_generation == 3 and d.status.start_time == "2026-01-01T12:00:00Z"
+    starting = [pod(r, i, ready=False) for r in ("trainer", "rollout") for i in range(2)]
+    assert decide(starting, old=d.status).status.phase == Phase.STARTING
+    d2 = decide(all_ready(), old=d.status)
+    assert d2.status.phase == Phase.RUNNING
+    assert d2.status.trainer.ready_text == "2/2" and d2.status.rollout.ready == 2
+    assert cond(d2.status, "Running").status == "True"
+    assert d2.events and d2.events[0][1] == Reason.ALL_READY
+
+
+def test_unchanged_world_gives_identical_status_and_no_events():
+    first = decide(all_ready())
+    again = decide(all_ready(), old=first.status, now=NOW + timedelta(minutes=5))
+    assert again.status == first.status
+    assert again.events == []
+
+
+def test_trainer_failure_restarts_the_gang_and_counts():
+    running = decide(all_ready()).status
+    pods = all_ready()
+    pods[1] = pod("trainer", 1, phase="Failed", term=1, ready=False)
+    d = decide(pods, old=running)
+    assert d.gang_restart and d.running
+    assert d.status.restarts == 1 and d.status.phase == Phase.RESTARTING
+    assert "trainer pod j-trainer-1 failed with exit code 1" in d.status.message
+    assert d.events[0][0] == "Warning" and d.events[0][1] == Reason.TRAINER_FAILED
+    # the old gang's pods are stale now; the new gang is not ready yet: still Restarting
+    assert decide(pods, old=d.status).status.phase == Phase.RESTARTING
+    back = decide(all_ready(attempt=1), old=d.status)
+    assert back.status.phase == Phase.RUNNING and back.status.restarts == 1
+    assert cond(back.status, "Restarting").status == "False"
+
+
+def test_backoff_limit_fails_with_reason():
+    old = GRPOJobStatus(phase=Phase.RUNNING, restarts=2)
+    pods = [pod("trainer", 0, attempt=2, phase="Failed", term=137)]
+    d = decide(pods, old=old, s=spec(backoffLimit=2))
+    assert d.status.phase == Phase.FAILED and not d.running and not d.gang_restart
+    failed = cond(d.status, "Failed")
+    assert failed.reason == Reason.BACKOFF_LIMIT_EXCEEDED and "backoffLimit=2" in failed.message
+
+
+def test_permanent_exit_code_fails_at_once():
+    d = decide([pod("trainer", 1, phase="Failed", term=78)], old=GRPOJobStatus(phase=Phase.RUNNING))
+    assert d.status.phase == Phase.FAILED and d.status.restarts == 0
+    assert cond(d.status, "Failed").reason == Reason.PERMANENT_ERROR
+
+
+def test_rank_zero_exit_zero_succeeds_and_stops_pods():
+    d = decide(
+        [pod("trainer", 0, term=0, ready=False), pod("trainer", 1)], old=GRPOJobStatus(phase=Phase.RUNNING)
+    )
+    assert d.status.phase == Phase.SUCCEEDED and not d.running
+    assert d.status.completion_time == "2026-01-01T12:00:00Z"
+
+
+def test_rollout_failure_does_not_touch_the_gang():
+    pods = all_ready()
+    pods[3] = pod("rollout", 1, phase="Failed", term=1, ready=False)
+    obs = observe.summarize(pods, attempt=0)
+    assert obs.failed_rollout_pods == ["j-rollout-1"]
+    d = decide(pods, old=decide(all_ready()).status)
+    assert not d.gang_restart and d.status.phase == Phase.RUNNING and d.status.rollout.ready == 1
+
+
+def test_stale_attempt_pods_are_listed_and_ignored():
+    obs = observe.summarize(
+        [pod("trainer", 0, attempt=0, phase="Failed", term=1), pod("trainer", 0, attempt=1)], attempt=1
+    )
+    assert obs.stale_trainer_pods == ["j-trainer-0"] and obs.verdicts == [] and obs.trainer.ready == 1
+
+
+def test_node_loss_and_deletion_are_failures():
+    v = observe.verdict(pod("trainer", 1, node="p5-3"), {"p5-3"})
+    assert v.kind == "node-lost"
+    d = decide([pod("trainer", 0), pod("trainer", 1, node="gone")], old=GRPOJobStatus(phase=Phase.RUNNING))
+    assert not d.gang_restart
+    obs = observe.summarize(
+        [pod("trainer", 0), pod("trainer", 1, node="p5-3")], attempt=0, lost_nodes={"p5-3"}
+    )
+    d = status.decide(spec=spec(), generation=1, old=GRPOJobStatus(phase=Phase.RUNNING), obs=obs, now=NOW)
+    assert d.gang_restart and cond(d.status, "Restarting").reason == Reason.NODE_LOST
+    assert observe.verdict(pod("trainer", 1, deleting=True)).kind == "deleted"
+
+
+def test_suspend_removes_pods_and_resume_restarts_clock():
+    running = decide(all_ready()).status
+    d = decide(all_ready(), old=running, s=spec(suspend=True))
+    assert d.status.phase == Phase.SUSPENDED and not d.running and d.status.start_time is None
+    assert cond(d.status, "Suspended").reason == Reason.SUSPENDED
+    later = NOW + timedelta(hours=1)
+    resumed = decide([], old=d.status, now=later)
+    assert resumed.running and resumed.status.phase == Phase.PENDING
+    assert cond(resumed.status, "Suspended").status == "False"
+    assert resumed.status.start_time == status.timestamp(later)
+
+
+def test_active_deadline():
+    old = GRPOJobStatus(phase=Phase.RUNNING, start_time="2026-01-01T11:00:00Z")
+    d = decide(all_ready(), old=old, s=spec(activeDeadlineSeconds=7200))
+    assert d.status.phase == Phase.RUNNING and d.requeue_after == 3600
+    d = decide(all_ready(), old=old, s=spec(activeDeadlineSeconds=3600))
+    assert d.status.phase == Phase.FAILED and cond(d.status, "Failed").reason == Reason.DEADLINE_EXCEEDED
+
+
+def test_ttl_after_finished():
+    done = GRPOJobStatus(phase=Phase.SUCCEEDED, completion_time="2026-01-01T11:59:00Z")
+    d = decide([], old=done, s=spec(ttlSecondsAfterFinished=120))
+    assert not d.delete_job and d.requeue_after == 60 and d.status.phase == Phase.SUCCEEDED
+    assert decide([], old=done, s=spec(ttlSecondsAfterFinished=60)).delete_job
+
+
+def test_invalid_spec_fails_with_message():
+    d = status.decide(
+        spec=None,
+        generation=1,
+        old=GRPOJobStatus(),
+        obs=observe.Observation(),
+        now=NOW,
+        render_error="bad type",
+    )
+    assert d.status.phase == Phase.FAILED and cond(d.status, "Failed").message == "bad type"
+    assert d.events == [("Warning", Reason.INVALID_SPEC, "New → Failed: bad type")]
