@@ -1,7 +1,6 @@
 """Built-in countdown reward (grpo_rollout.rewards.countdown)."""
 
 import pytest
-
 from grpo_rollout.rewards.countdown import FORMAT_SCORE, countdown, evaluate
 
 

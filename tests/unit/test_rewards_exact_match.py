@@ -1,7 +1,6 @@
 """Built-in exact_match reward (grpo_rollout.rewards.exact_match)."""
 
 import pytest
-
 from grpo_rollout.rewards.exact_match import exact_match
 
 

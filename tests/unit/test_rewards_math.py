@@ -1,7 +1,6 @@
 """Built-in math reward: final-answer extraction and numeric comparison (grpo_rollout.rewards.math_answer)."""
 
 import pytest
-
 from grpo_rollout.rewards.math_answer import extract_answer, math_answer, same_answer
 
 

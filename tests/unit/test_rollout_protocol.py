@@ -1,8 +1,6 @@
 """Wire protocol bounds and the weight-bucket header round trip (grpo_rollout.protocol)."""
 
 import pytest
-from pydantic import ValidationError
-
 from grpo_rollout.protocol import (
     MAX_PROMPTS_PER_REQUEST,
     MAX_SEQUENCES_PER_REQUEST,
@@ -10,6 +8,7 @@ from grpo_rollout.protocol import (
     GenerateRequest,
     WeightBucket,
 )
+from pydantic import ValidationError
 
 
 def request(prompts: int, n: int = 2, **kw) -> dict:
@@ -53,7 +52,10 @@ def test_weight_bucket_round_trips_through_headers():
 @pytest.mark.parametrize(
     "headers, fragment",
     [
-        ({"X-Grpo-Weight-Version": "1", "X-Grpo-Bucket-Index": "3", "X-Grpo-Bucket-Count": "3"}, "out of range"),
+        (
+            {"X-Grpo-Weight-Version": "1", "X-Grpo-Bucket-Index": "3", "X-Grpo-Bucket-Count": "3"},
+            "out of range",
+        ),
         ({"X-Grpo-Weight-Version": "0", "X-Grpo-Bucket-Index": "0", "X-Grpo-Bucket-Count": "1"}, "version"),
         ({"X-Grpo-Bucket-Index": "0", "X-Grpo-Bucket-Count": "1"}, "version"),
         ({"X-Grpo-Weight-Version": "x", "X-Grpo-Bucket-Index": "0", "X-Grpo-Bucket-Count": "1"}, "version"),

@@ -3,7 +3,6 @@
 import math
 
 import torch
-
 from grpo_rollout.engines.sampling import policy_logprobs, sample_step
 
 

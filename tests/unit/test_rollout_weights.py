@@ -1,7 +1,6 @@
 """Version rules of bucketed weight staging (grpo_rollout.weights.WeightStager)."""
 
 import pytest
-
 from grpo_rollout.protocol import WeightBucket
 from grpo_rollout.weights import BadBucket, WeightConflict, WeightStager
 

@@ -1,0 +1,115 @@
+"""The torch engine's decode loop against teacher forcing, EOS handling and weight swaps.
+
+A tiny random model is built offline; log-probs recorded while sampling (left-padded batches, KV
+cache, several chunks) must equal a plain full-sequence forward pass of the same model.
+"""
+
+import pytest
+import torch
+from grpo_rollout.engines.base import EngineConfig, create_engine
+from grpo_rollout.engines.sampling import policy_logprobs
+from grpo_rollout.protocol import Sampling
+from grpo_rollout.testing import build_tiny_model
+from safetensors.torch import save
+
+PROMPTS = ["1+1=", "what is 12 * 7?", "a", "hello world, how are you"]
+
+
+@pytest.fixture(scope="module", params=["qwen3_moe", "qwen2"])
+def engine(request, tmp_path_factory):
+    path = build_tiny_model(tmp_path_factory.mktemp(request.param), arch=request.param)
+    return create_engine("torch", EngineConfig(model_path=str(path), max_batch_size=5))
+
+
+def teacher_forced(engine, prompt_ids: list[int], completion: list[int], sampling: Sampling) -> torch.Tensor:
+    """Log-probs of `completion` from one unpadded forward pass over prompt + completion."""
+    ids = torch.tensor([prompt_ids + completion])
+    with torch.no_grad():
+        logits = engine.model(ids).logits[
+            0, len(prompt_ids) - 1 : -1
+        ]  # [T, V] predicting each completion token
+    logp = policy_logprobs(logits, sampling.temperature, sampling.top_p)
+    return logp.gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 1.0), (1.3, 0.8)])
+def test_sampled_logprobs_match_teacher_forcing(engine, temperature, top_p):
+    sampling = Sampling(temperature=temperature, top_p=top_p, max_new_tokens=12, seed=3)
+    out = engine.generate(PROMPTS, 3, sampling, lambda: False)  # 12 sequences in chunks of 1 prompt (5 // 3)
+    assert [len(p.samples) for p in out] == [3, 3, 3, 3]
+    for prompt, result in zip(PROMPTS, out, strict=True):
+        assert result.prompt_token_ids == engine.tokenizer(prompt)["input_ids"]
+        for s in result.samples:
+            assert len(s.token_ids) == len(s.logprobs) >= 1
+            expected = teacher_forced(engine, result.prompt_token_ids, s.token_ids, sampling)
+            assert torch.allclose(torch.tensor(s.logprobs), expected, atol=1e-4), (s.logprobs, expected)
+
+
+def test_samples_stop_at_eos_or_length(engine):
+    sampling = Sampling(max_new_tokens=40, seed=0, temperature=1.5)
+    samples = [s for p in engine.generate(PROMPTS, 16, sampling, lambda: False) for s in p.samples]
+    eos = set(engine.eos_ids.tolist())
+    stopped = [s for s in samples if s.finish_reason == "stop"]
+    assert stopped, "with ~100 tokens and 40 steps some of 64 samples must draw EOS"
+    for s in stopped:
+        assert s.token_ids[-1] in eos and not eos & set(s.token_ids[:-1])
+        assert s.text == engine.tokenizer.decode(s.token_ids[:-1], skip_special_tokens=True)
+    for s in samples:
+        if s.finish_reason == "length":
+            assert len(s.token_ids) == 40 and not eos & set(s.token_ids)
+
+
+def test_seed_makes_samples_repeat(engine):
+    def texts(seed):
+        return [
+            s.text
+            for p in engine.generate(PROMPTS, 2, Sampling(max_new_tokens=8, seed=seed), lambda: False)
+            for s in p.samples
+        ]
+
+    assert texts(5) == texts(5)
+    assert texts(5) != texts(6)
+
+
+def test_stop_request_hands_every_prompt_back(engine):
+    assert engine.generate(PROMPTS, 2, Sampling(max_new_tokens=8), lambda: True) == [None] * len(PROMPTS)
+
+
+def bucket(tensors: dict[str, torch.Tensor]) -> bytes:
+    return save(tensors)
+
+
+def test_load_weights_rejects_bad_versions_without_changing_anything(engine):
+    before = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    name, tensor = next(iter(before.items()))
+    with pytest.raises(ValueError, match="unknown parameter name"):
+        engine.load_weights([bucket({name: tensor + 1}), bucket({"model.nope.weight": torch.zeros(1)})])
+    with pytest.raises(ValueError, match="shape mismatch"):
+        engine.load_weights([bucket({name: tensor + 1, "lm_head.weight": torch.zeros(1, 1)})])
+    assert all(torch.equal(v, engine.model.state_dict()[k]) for k, v in before.items())
+
+
+def test_load_weights_changes_what_is_sampled(engine):
+    sampling = Sampling(max_new_tokens=10, seed=1)
+    before = engine.generate(PROMPTS[:2], 2, sampling, lambda: False)
+    state = engine.model.state_dict()
+    new = {k: v + 0.5 * torch.randn_like(v) for k, v in state.items() if "lm_head" in k or "embed" in k}
+    assert engine.load_weights([bucket(new)]) == len(new)
+    after = engine.generate(PROMPTS[:2], 2, sampling, lambda: False)
+    assert [s.token_ids for p in after for s in p.samples] != [s.token_ids for p in before for s in p.samples]
+    s = after[0].samples[0]
+    assert torch.allclose(
+        torch.tensor(s.logprobs),
+        teacher_forced(engine, after[0].prompt_token_ids, s.token_ids, sampling),
+        atol=1e-4,
+    )
+
+
+def test_empty_prompt_is_a_clear_error(engine):
+    with pytest.raises(ValueError, match="no tokens"):
+        engine.generate([""], 1, Sampling(max_new_tokens=2), lambda: False)
+
+
+def test_unknown_engine_lists_the_choices():
+    with pytest.raises(ValueError, match=r"unknown rollout engine 'tpu'; choose one of \['torch', 'vllm'\]"):
+        create_engine("tpu", EngineConfig(model_path="/nonexistent"))
