@@ -136,6 +136,11 @@ class PromptResult(WireModel):
         description="prompt_token_ids: the prompt as the server tokenized it."
     )
     completions: list[Completion] = Field(description="completions: exactly n of them.")
+    weight_version: int | None = Field(
+        default=None,
+        ge=0,
+        description="weight_version: the weights these were sampled with (servers always set it).",
+    )
 
 
 class GenerateResponse(Versioned):

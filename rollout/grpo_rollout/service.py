@@ -115,7 +115,7 @@ class RolloutService:
         try:
             version, samples = await loop.run_in_executor(self._engine_pool, self._generate_now, req)
             t1 = time.monotonic()
-            results = await loop.run_in_executor(self._reward_pool, self._score, req, samples)
+            results = await loop.run_in_executor(self._reward_pool, self._score, req, samples, version)
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
@@ -146,7 +146,9 @@ class RolloutService:
             raise ServiceError(422, "bad_request", str(e)) from None
         return version, out
 
-    def _score(self, req: GenerateRequest, samples: list[PromptSamples | None]) -> list[PromptResult]:
+    def _score(
+        self, req: GenerateRequest, samples: list[PromptSamples | None], version: int
+    ) -> list[PromptResult]:
         """On the reward thread: flatten finished prompts' completions, score them, rebuild per prompt."""
         assert self.scorer is not None
         done = [(p, s) for p, s in zip(req.prompts, samples, strict=True) if s is not None]
