@@ -4,8 +4,8 @@ Registered in `grpo_trainer.moe.dispatch`; runs on gloo (CPU) and NCCL (GPU). Ex
 sharded in contiguous blocks (rank r owns experts [r*E_l, (r+1)*E_l)), so sorting a rank's
 (token, slot) pairs by global expert id also groups them by destination rank. One small
 all-to-all exchanges the per-expert counts, one large one moves the rows; received rows come
-grouped by source rank and are regrouped by local expert with a single gather. Combine runs
-the inverse and applies the routing weights at the source, so only hidden states travel.
+grouped by source rank and are regrouped by local expert with a single gather; the routing
+weights travel alongside (one float per row). Combine runs the inverse and sums per token.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grpo_trainer.moe.dispatch import Dispatched, register_backend, sort_by_expert, weighted_sum
+from grpo_trainer.moe.dispatch import Dispatched, register_backend, sort_by_expert, sum_per_token
 
 
 class _AllToAll(torch.autograd.Function):
@@ -85,19 +85,21 @@ class AllToAllDispatcher:
         send_splits = counts.view(self.world, self.num_local).sum(1).tolist()
         recv_matrix = recv_counts.view(self.world, self.num_local)
         recv_splits = recv_matrix.sum(1).tolist()
-        send = x.index_select(0, order // topk_idx.shape[1])  # (T*K, H) grouped by destination
+        token = order // topk_idx.shape[1]
+        send = x.index_select(0, token)  # (T*K, H) grouped by destination rank
         recv = _AllToAll.apply(send, recv_splits, send_splits, self.group, self)
+        weights = topk_weights.reshape(-1).index_select(0, order)
+        weights = _AllToAll.apply(weights, recv_splits, send_splits, self.group, self)
+        index = None
         if self.world > 1 and self.num_local > 1:
             index = regroup_index(recv_matrix.cpu()).to(x.device)
-            recv = recv.index_select(0, index)
-        else:
-            index = None
-        counts_local = recv_matrix.sum(0).tolist()
-        return Dispatched(recv, counts_local, (order, topk_weights, send_splits, recv_splits, index))
+            recv, weights = recv.index_select(0, index), weights.index_select(0, index)
+        handle = (token, x.shape[0], send_splits, recv_splits, index)
+        return Dispatched(recv, recv_matrix.sum(0).tolist(), weights, handle)
 
     def combine(self, rows: torch.Tensor, handle: Any) -> torch.Tensor:
-        order, topk_weights, send_splits, recv_splits, index = handle
+        token, num_tokens, send_splits, recv_splits, index = handle
         if index is not None:
             rows = torch.empty_like(rows).index_copy(0, index, rows)  # back to [source][expert]
         back = _AllToAll.apply(rows, send_splits, recv_splits, self.group, self)
-        return weighted_sum(back, order, topk_weights)
+        return sum_per_token(back, token, num_tokens)

@@ -3,9 +3,9 @@
 Registered in `grpo_trainer.moe.dispatch` only when `deep_ep` imports (GPU images); nothing
 here runs on the CPU machines. DeepEP sends a token once per destination rank (not once per
 chosen expert), with its top-k ids translated to local expert ids (-1 elsewhere) and its
-weights. This rank expands the received tokens into rows grouped by local expert, applies the
-routing weights on the expert side, sums a token's rows, and DeepEP's combine adds the
-partial sums of all ranks unweighted. Backward of dispatch is combine with the same handle
+weights. This rank expands the received tokens into rows grouped by local expert (the experts
+apply the routing weights), sums a token's rows, and DeepEP's combine adds the partial sums
+of all ranks. Backward of dispatch is combine with the same handle
 (which also reduces the weight gradients), backward of combine is a cached dispatch.
 DeepEP moves bf16 only: rows travel in bf16 and are cast back to the layer's dtype.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grpo_trainer.moe.dispatch import Dispatched, register_backend
+from grpo_trainer.moe.dispatch import Dispatched, register_backend, sum_per_token
 
 try:
     from deep_ep import Buffer
@@ -108,16 +108,16 @@ class DeepEPDispatcher:
         order = torch.sort(key, stable=True)[1]
         counts = torch.bincount(key, minlength=self.num_local + 1)[: self.num_local]
         order = order[: int(counts.sum())]
-        rows = recv_x.index_select(0, order // k).to(dtype)
+        token = order // k
+        rows = recv_x.index_select(0, token).to(dtype)
+        weights = recv_weights.reshape(-1).index_select(0, order)
         self.bytes_sent += send.numel() * send.element_size()  # upper bound: local tokens counted too
-        handle = (buffer, meta["handle"], order, recv_weights, recv_x.shape[0], k)
-        return Dispatched(rows, counts.tolist(), handle)
+        handle = (buffer, meta["handle"], token, recv_x.shape[0])
+        return Dispatched(rows, counts.tolist(), weights, handle)
 
     def combine(self, rows: torch.Tensor, handle: Any) -> torch.Tensor:
-        buffer, deepep_handle, order, recv_weights, num_recv, k = handle
-        weights = recv_weights.reshape(-1).index_select(0, order).unsqueeze(1).to(rows.dtype)
-        partial = rows.new_zeros(num_recv, rows.shape[1]).index_add(0, order // k, rows * weights)
-        partial = partial.to(torch.bfloat16)
+        buffer, deepep_handle, token, num_recv = handle
+        partial = sum_per_token(rows, token, num_recv).to(torch.bfloat16)
         self.bytes_sent += partial.numel() * partial.element_size()
         combined = _Combine.apply(partial, buffer, deepep_handle)
         return combined.to(rows.dtype)

@@ -1,11 +1,11 @@
 """The dispatch/combine interface of the expert-parallel layer, its registry and the local backend.
 
 Called by `grpo_trainer.moe.layer.MoELayer`: `dispatch` moves each token's hidden state to the
-ranks that own its top-k experts and returns rows grouped by local expert; the layer runs its
-experts on them; `combine` brings the expert outputs home and sums them per token, weighted
-by the routing weights (a backend may apply the weights on either side). Both are
-differentiable. A backend is one small class registered here with `register_backend`;
-`local` (EP = 1, no communication) is the numerical reference the others are tested against.
+ranks that own its top-k experts and returns rows grouped by local expert, each with its
+routing weight; the layer's experts apply the weights; `combine` brings the weighted expert
+outputs home and sums them per token. Both are differentiable, weights included. A backend
+is one small class registered here with `register_backend`; `local` (EP = 1, no
+communication) is the numerical reference the others are tested against.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ class Dispatched:
     """(N, H) hidden states, grouped by local expert."""
     counts: list[int]
     """Rows per local expert; sums to N."""
+    weights: torch.Tensor
+    """(N,) routing weight of each row (differentiable back to the router)."""
     handle: Any
     """Backend state that `combine` needs (orders, splits, weights)."""
 
@@ -42,7 +44,7 @@ class Dispatcher(Protocol):
         ...
 
     def combine(self, rows: torch.Tensor, handle: Any) -> torch.Tensor:
-        """Expert outputs (N, H) in dispatched order → (T, H) weighted sum per token."""
+        """Weighted expert outputs (N, H) in dispatched order → (T, H) sum per token."""
         ...
 
 
@@ -84,17 +86,14 @@ def sort_by_expert(topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tens
     return order, counts
 
 
-def weighted_sum(rows: torch.Tensor, order: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-    """Rows in `order` (one per (token, slot)) → (T, H) sum over slots weighted by the routing."""
-    num_tokens, k = topk_weights.shape
-    weights = topk_weights.reshape(-1).index_select(0, order).unsqueeze(1)
-    out = rows.new_zeros(num_tokens, rows.shape[1])
-    return out.index_add(0, order // k, rows * weights)
+def sum_per_token(rows: torch.Tensor, token: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """(N, H) rows, row i belonging to token[i] → (T, H) sums."""
+    return rows.new_zeros(num_tokens, rows.shape[1]).index_add(0, token, rows)
 
 
 @register_backend("local")
 class LocalDispatcher:
-    """EP = 1: all experts are here; dispatch is one sort, combine one weighted scatter-add."""
+    """EP = 1: all experts are here; dispatch is one sort and gather, combine one scatter-add."""
 
     name = "local"
 
@@ -106,9 +105,9 @@ class LocalDispatcher:
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         order, counts = sort_by_expert(topk_idx, self.num_experts)
-        rows = x.index_select(0, order // topk_idx.shape[1])
-        return Dispatched(rows, counts.tolist(), (order, topk_weights))
+        token = order // topk_idx.shape[1]
+        weights = topk_weights.reshape(-1).index_select(0, order)
+        return Dispatched(x.index_select(0, token), counts.tolist(), weights, (token, x.shape[0]))
 
     def combine(self, rows: torch.Tensor, handle: Any) -> torch.Tensor:
-        order, topk_weights = handle
-        return weighted_sum(rows, order, topk_weights)
+        return sum_per_token(rows, *handle)

@@ -54,7 +54,7 @@ class MoELayer(nn.Module):
         _, topk_weights, topk_idx = self.gate(x, self.replay_idx)  # (T, K) each
         self.last_topk_idx = topk_idx.detach()
         sent = self.dispatcher.dispatch(x, topk_idx, topk_weights)  # rows (N, H) by local expert
-        rows = self.experts(sent.rows, sent.counts)
+        rows = self.experts(sent.rows, sent.counts, sent.weights)  # weighted expert outputs (N, H)
         out = self.dispatcher.combine(rows, sent.handle).to(x.dtype)  # (T, H)
         if self.shared_forward is not None:
             out = out + self.shared_forward(self, x)
