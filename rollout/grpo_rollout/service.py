@@ -185,7 +185,10 @@ class RolloutService:
             self.metrics.prompt_tokens.inc(len(ps.prompt_token_ids))
             results.append(
                 PromptResult(
-                    prompt_id=prompt.id, prompt_token_ids=ps.prompt_token_ids, completions=completions_out
+                    prompt_id=prompt.id,
+                    prompt_token_ids=ps.prompt_token_ids,
+                    completions=completions_out,
+                    weight_version=version,
                 )
             )
         return results
