@@ -119,9 +119,8 @@ async def handle_generate(request: web.Request) -> web.Response:
 async def handle_weights(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     service.refuse_if_not_ready()
-    check_protocol(
-        request.headers.get(WeightBucket.HEADERS["protocol_version"], str(PROTOCOL_VERSION)).strip()
-    )
+    declared = request.headers.get(WeightBucket.HEADERS["protocol_version"], str(PROTOCOL_VERSION)).strip()
+    check_protocol(int(declared) if declared.isdigit() else declared)
     try:
         meta = WeightBucket.from_headers(request.headers)
     except ValidationError as e:
