@@ -9,6 +9,7 @@ log file per pod, whose tail is quoted when the pod fails.
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import time
@@ -16,6 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+ATTEMPT_HEADER = "===== "
+# The last line of a Python traceback ("pkg.SomeError: why"), possibly behind torch's "[rank0]:".
+_EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(Error|Exception|Exit)\b(:|$)")
+_ERROR_LINE = re.compile(r"error\b", re.IGNORECASE)
 
 
 def _die_with_parent() -> None:
@@ -59,7 +64,9 @@ class PodProcess:
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{command.name}.log"
         with open(log_path, "ab") as log:
-            log.write(f"===== {command.name} attempt {attempt}: {' '.join(command.argv)}\n".encode())
+            log.write(
+                f"{ATTEMPT_HEADER}{command.name} attempt {attempt}: {' '.join(command.argv)}\n".encode()
+            )
             log.flush()
             popen = subprocess.Popen(
                 command.argv,
@@ -101,21 +108,26 @@ class PodProcess:
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 64 * 1024))
+                f.seek(max(0, f.tell() - 256 * 1024))
                 text = f.read().decode(errors="replace")
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def last_error_line(self) -> str:
-        """The most telling line of the log: the last one that reads like an error, else the last one."""
-        tail = [
-            ln.strip() for ln in self.log_tail(60).splitlines() if ln.strip() and not ln.startswith("=====")
-        ]
-        for line in reversed(tail):
-            if "Error" in line or "error:" in line.lower() or "Exception" in line:
-                return line
-        return tail[-1] if tail else ""
+    def first_error_line(self) -> str:
+        """The most telling line of the latest attempt: its first exception or error message.
+
+        The first, not the last: when one rank fails, its peers fail next with "connection
+        closed by peer", and the runtime should quote the cause, not the echo.
+        """
+        text = self.log_tail(400)
+        attempt = text.rsplit(ATTEMPT_HEADER, 1)[-1].splitlines()[1:]
+        lines = [ln.strip() for ln in attempt if ln.strip()]
+        for pattern in (_EXCEPTION_LINE, _ERROR_LINE):
+            found = next((ln for ln in lines if pattern.search(ln)), None)
+            if found:
+                return found
+        return lines[-1] if lines else "(no output)"
 
 
 def stop_all(procs: list[PodProcess], grace_s: float | None = None) -> None:
