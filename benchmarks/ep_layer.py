@@ -92,17 +92,21 @@ def make_inputs(regime: Regime, tokens: int, hidden: int, rank: int) -> tuple[to
     return x, weight
 
 
-def time_layer(step, iters: int) -> float:
-    """Seconds per call of `step` on the slowest rank, after two warm-up calls."""
+def time_pair(step_a, step_b, iters: int) -> tuple[float, float]:
+    """Seconds per step of a and of b on the slowest rank, interleaved so that load from other
+    processes on the machine hits both alike; two warm-up steps each."""
     for _ in range(2):
-        step()
-    dist.barrier()
-    start = time.perf_counter()
+        step_a()
+        step_b()
+    totals = torch.zeros(2, dtype=torch.float64)
     for _ in range(iters):
-        step()
-    elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed)
+        for i, step in enumerate((step_a, step_b)):
+            dist.barrier()
+            start = time.perf_counter()
+            step()
+            totals[i] += time.perf_counter() - start
+    dist.all_reduce(totals, op=dist.ReduceOp.MAX)
+    return float(totals[0]) / iters, float(totals[1]) / iters
 
 
 def ours(regime: Regime, x: torch.Tensor, weight: torch.Tensor, ep: int, rank: int):
@@ -152,13 +156,13 @@ def busiest_rank_rows(layer, x: torch.Tensor, regime: Regime, ep: int) -> int:
 def measure_regime(regime: Regime, args: argparse.Namespace, ep: int, rank: int, rate: float) -> dict:
     x, weight = make_inputs(regime, args.tokens, args.hidden, rank)
     layer = ours(regime, x, weight, ep, rank)
-    xs = x.clone().requires_grad_(True)
-    bytes_before = layer.dispatcher.bytes_sent
-    seconds_ours = time_layer(lambda: layer(xs).pow(2).mean().backward(), args.iters)
-    sent_per_step = (layer.dispatcher.bytes_sent - bytes_before) / (args.iters + 2)
     ds = deepspeed_layer(regime, x, weight, ep)
-    xd = x.clone().requires_grad_(True)
-    seconds_ds = time_layer(lambda: ds(xd)[0].pow(2).mean().backward(), args.iters)
+    xs, xd = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    bytes_before = layer.dispatcher.bytes_sent
+    seconds_ours, seconds_ds = time_pair(
+        lambda: layer(xs).pow(2).mean().backward(), lambda: ds(xd)[0].pow(2).mean().backward(), args.iters
+    )
+    sent_per_step = (layer.dispatcher.bytes_sent - bytes_before) / (args.iters + 2)
     flops = 18 * busiest_rank_rows(layer, x, regime, ep) * args.hidden * regime.width
     return {
         "regime": regime.name,

@@ -1,0 +1,45 @@
+"""`benchmarks/ep_layer.py --quick` runs both layers at EP 1 and 2 and writes the promised JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIELDS = {
+    "regime",
+    "ep",
+    "tokens",
+    "ours_tokens_per_s",
+    "deepspeed_tokens_per_s",
+    "ratio",
+    "roofline_tokens_per_s",
+    "ours_bytes_sent_per_rank_per_s",
+}
+
+
+@pytest.mark.slow
+def test_quick_benchmark_writes_rows_for_every_regime_and_ep(tmp_path: Path) -> None:
+    out = tmp_path / "ep.json"
+    env = {**os.environ, "DS_BUILD_OPS": "0"}
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/grpo-operator/torch_extensions"))
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/ep_layer.py"), "--quick", "--json", str(out)],
+        check=True, env=env, cwd=ROOT, timeout=600, capture_output=True,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert {(r["regime"], r["ep"]) for r in rows} == {
+        (g, e) for g in ("coarse", "fine", "skewed") for e in (1, 2)
+    }
+    for row in rows:
+        assert row.keys() >= FIELDS
+        assert row["ours_tokens_per_s"] > 0 and row["deepspeed_tokens_per_s"] > 0
+        assert row["ratio"] == pytest.approx(row["ours_tokens_per_s"] / row["deepspeed_tokens_per_s"])
+        assert (row["ours_bytes_sent_per_rank_per_s"] > 0) == (row["ep"] > 1)
+    assert result["machine"] and result["date"]
