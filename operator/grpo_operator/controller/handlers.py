@@ -108,7 +108,7 @@ async def pod_changed(
     rt.jobs.wake(namespace, job)
 
 
-@kopf.on.event("", "v1", "nodes")
+@kopf.on.event("v1", "nodes")
 async def node_changed(name: str, body: kopf.Body, type: str | None, memo: kopf.Memo, **_) -> None:
     """A node that is deleted or not Ready takes its trainer pods' gang down with it."""
     rt: Runtime = memo.runtime

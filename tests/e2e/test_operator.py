@@ -1,0 +1,370 @@
+"""E2E: `grpo-operator operator` as a real process against the local control plane (kwok EKS nodes).
+
+Covers the operator issue's "must be true" list: children and EFA placement, phases,
+gang restart and backoff, rollout-only replacement, suspend/resume, deletion, restart
+safety, bad objects, live rollout scaling, success, and a steady state that writes nothing.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "grpojobs.grpo.dev.yaml"
+GROUP, VERSION, PLURAL = "grpo.dev", "v1alpha1", "grpojobs"
+CHILD_KINDS = (
+    "configmap,serviceaccount,role,rolebinding,service,statefulset,poddisruptionbudget,networkpolicy,secret"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Operator:
+    """The operator as a subprocess; logs go to a file printed when a test fails."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path, *extra: str) -> None:
+        self.kubeconfig, self.namespace, self.log, self.extra = kubeconfig, namespace, log, extra
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Operator":
+        cmd = [sys.executable, "-m", "grpo_operator.cli", "operator", "--namespace", self.namespace]
+        cmd += ["--metrics-port", str(self.port), "--metrics-host", "127.0.0.1", "--resync-seconds", "2"]
+        cmd += ["--verify-seconds", "4", *self.extra]
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        with self.log.open("a") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def writes(self) -> float:
+        """Total API writes the operator sent (its own counter)."""
+        _, text = self.get("/metrics")
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("grpo_operator_api_writes_total{")
+        )
+
+
+@pytest.fixture(scope="module")
+def crd(kubectl, wait_for):
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    kubectl("wait", "--for=condition=Established", "crd/grpojobs.grpo.dev", "--timeout=60s")
+
+
+@pytest.fixture
+def operator(crd, kubeconfig, kubectl, namespace, tmp_path):
+    op = Operator(kubeconfig, namespace, tmp_path / "operator.log").start()
+    yield op
+    # Jobs carry kopf's finalizer: delete them while the operator runs, or the namespace hangs.
+    done = kubectl("delete", "grpojobs", "--all", "-n", namespace, "--timeout=60s", check=False)
+    if done.returncode != 0:
+        for name in kubectl("get", "grpojobs", "-n", namespace, "-o", "name").stdout.split():
+            kubectl("patch", name, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
+    op.kill(signal.SIGTERM)
+    print(op.log.read_text()[-8000:])  # pytest shows it only when the test failed
+
+
+def manifest(name: str, *, trainer: dict | None = None, rollout: dict | None = None, **spec) -> dict:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "GRPOJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"path": "pvc://models/qwen3-30b-a3b"},
+            "dataset": {"path": "s3://datasets/gsm8k.jsonl"},
+            "reward": {"functions": [{"builtin": "math"}]},
+            "trainer": trainer or {"replicas": 2, "instanceType": "p5.48xlarge", "processesPerPod": 8},
+            "rollout": rollout or {"replicas": 2, "engine": "torch"},
+            **spec,
+        },
+    }
+
+
+class Cluster:
+    """Small readers over the real API for the assertions below."""
+
+    def __init__(self, api: client.ApiClient, kubectl, namespace: str, wait_for) -> None:
+        self.core, self.apps = client.CoreV1Api(api), client.AppsV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.kubectl, self.ns, self.wait_for = kubectl, namespace, wait_for
+
+    def create(self, body: dict) -> None:
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
+
+    def job(self, name: str) -> dict:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+
+    def patch(self, name: str, spec: dict) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, {"spec": spec})
+
+    def status(self, name: str) -> dict:
+        return self.job(name).get("status") or {}
+
+    def pods(self, name: str, role: str) -> list:
+        sel = f"grpo.dev/job={name},grpo.dev/role={role}"
+        return [
+            p
+            for p in self.core.list_namespaced_pod(self.ns, label_selector=sel).items
+            if not p.metadata.deletion_timestamp
+        ]
+
+    def uids(self, name: str, role: str) -> dict[str, str]:
+        return {p.metadata.name: p.metadata.uid for p in self.pods(name, role)}
+
+    def ready(self, name: str, role: str, n: int) -> list:
+        pods = self.pods(name, role)
+        ok = len(pods) == n and all(
+            any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or [])) for p in pods
+        )
+        return pods if ok else []
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 90) -> dict:
+        return self.wait_for(
+            lambda: (s := self.status(name)).get("phase") == phase and s,
+            what=f"{name} phase {phase}",
+            timeout=timeout,
+        )
+
+    def condition(self, name: str, ctype: str) -> dict:
+        return next(c for c in self.status(name).get("conditions", []) if c["type"] == ctype)
+
+    def children(self) -> list[str]:
+        out = self.kubectl(
+            "get",
+            CHILD_KINDS,
+            "-n",
+            self.ns,
+            "-l",
+            "app.kubernetes.io/managed-by=grpo-operator",
+            "-o",
+            "name",
+        )
+        return sorted(out.stdout.split())
+
+
+@pytest.fixture
+def cluster(k8s_api, kubectl, namespace, wait_for) -> Cluster:
+    return Cluster(k8s_api, kubectl, namespace, wait_for)
+
+
+def test_p5_job_gets_children_efa_pods_and_runs(operator, cluster, kubectl, wait_for):
+    cluster.create(
+        manifest("moe", rollout={"replicas": 2, "instanceType": "p5en.48xlarge", "tensorParallelSize": 8})
+    )
+    wait_for(lambda: len(cluster.children()) == 12, what="12 children", timeout=60)
+    assert cluster.children() == sorted(
+        [
+            "configmap/moe-contract",
+            "networkpolicy.networking.k8s.io/moe-rollout",
+            "poddisruptionbudget.policy/moe-trainer",
+            "role.rbac.authorization.k8s.io/moe-trainer",
+            "rolebinding.rbac.authorization.k8s.io/moe-trainer",
+            "secret/moe-token",
+            "service/moe-rollout",
+            "service/moe-trainer",
+            "serviceaccount/moe-rollout",
+            "serviceaccount/moe-trainer",
+            "statefulset.apps/moe-rollout",
+            "statefulset.apps/moe-trainer",
+        ]
+    )
+    seen = set()
+
+    def running():
+        seen.add(cluster.status("moe").get("phase"))
+        return cluster.status("moe").get("phase") == "Running"
+
+    wait_for(running, what="moe Running", timeout=90, interval=0.2)
+    assert seen - {None} <= {"Pending", "Starting", "Running"}
+    trainers = cluster.ready("moe", "trainer", 2)
+    assert trainers
+    nodes = {n.metadata.name: n for n in cluster.core.list_node().items}
+    for p in trainers:
+        c = p.spec.containers[0]
+        assert (
+            c.resources.limits["nvidia.com/gpu"] == "8"
+            and c.resources.limits["vpc.amazonaws.com/efa"] == "32"
+        )
+        env = {e.name: e.value for e in c.env}
+        assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+        labels = nodes[p.spec.node_name].metadata.labels
+        assert labels["node.kubernetes.io/instance-type"] == "p5.48xlarge"
+        assert labels["topology.kubernetes.io/zone"] == "us-west-2a"
+    for p in cluster.ready("moe", "rollout", 2):
+        assert nodes[p.spec.node_name].metadata.labels["node.kubernetes.io/instance-type"] == "p5en.48xlarge"
+    st = cluster.status("moe")
+    assert st["trainer"]["readyText"] == "2/2" and st["rollout"]["ready"] == 2
+    assert st["observedGeneration"] == cluster.job("moe")["metadata"]["generation"]
+    table = kubectl("get", "grpo", "-n", cluster.ns).stdout
+    assert "moe" in table and "Running" in table
+    events = kubectl("get", "events", "-n", cluster.ns, "--field-selector", "involvedObject.name=moe").stdout
+    assert "AllReplicasReady" in events
+    contract = json.loads(
+        cluster.core.read_namespaced_config_map("moe-contract", cluster.ns).data["job.json"]
+    )
+    assert contract["trainer"]["masterAddr"] == f"moe-trainer-0.moe-trainer.{cluster.ns}.svc"
+    # steady state: passes keep running (resync 2 s) but nothing is written
+    before = operator.writes()
+    time.sleep(8)
+    assert operator.writes() == before
+    code, text = operator.get("/metrics")
+    assert (
+        code == 200
+        and "grpo_operator_reconciles_total" in text
+        and 'grpo_operator_jobs{phase="Running"} 1.0' in text
+    )
+    assert operator.get("/healthz")[0] == 200
+
+
+def test_trainer_failure_restarts_the_gang_then_backoff_fails(operator, cluster, fail_pod, wait_for):
+    cluster.create(manifest("gang", runPolicy={"backoffLimit": 1}))
+    cluster.wait_phase("gang", "Running")
+    trainers, rollouts = cluster.uids("gang", "trainer"), cluster.uids("gang", "rollout")
+    fail_pod(cluster.ns, "gang-trainer-1", exit_code=1)
+    wait_for(lambda: cluster.status("gang").get("restarts") == 1, what="restarts == 1")
+    wait_for(
+        lambda: (
+            (u := cluster.uids("gang", "trainer"))
+            and len(u) == 2
+            and not set(u.values()) & set(trainers.values())
+        ),
+        what="both trainer pods replaced",
+    )
+    assert cluster.uids("gang", "rollout") == rollouts
+    st = cluster.wait_phase("gang", "Running")
+    assert st["restarts"] == 1
+    assert "gang-trainer-1 failed with exit code 1" in cluster.condition("gang", "Restarting")["message"]
+    fail_pod(cluster.ns, "gang-trainer-0", exit_code=1)
+    cluster.wait_phase("gang", "Failed")
+    failed = cluster.condition("gang", "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded" and "backoffLimit=1" in failed["message"]
+    wait_for(
+        lambda: not cluster.pods("gang", "trainer") and not cluster.pods("gang", "rollout"),
+        what="pods stopped",
+    )
+
+
+def test_rollout_failure_replaces_only_that_pod(operator, cluster, fail_pod, wait_for):
+    cluster.create(manifest("ro"))
+    cluster.wait_phase("ro", "Running")
+    trainers, rollouts = cluster.uids("ro", "trainer"), cluster.uids("ro", "rollout")
+    fail_pod(cluster.ns, "ro-rollout-0", exit_code=1)
+    wait_for(
+        lambda: cluster.uids("ro", "rollout").get("ro-rollout-0") not in (None, rollouts["ro-rollout-0"]),
+        what="rollout-0 replaced",
+    )
+    assert cluster.uids("ro", "rollout")["ro-rollout-1"] == rollouts["ro-rollout-1"]
+    assert cluster.uids("ro", "trainer") == trainers
+    assert cluster.status("ro").get("restarts", 0) == 0
+
+
+def test_permanent_exit_code_fails_at_once(operator, cluster, fail_pod):
+    cluster.create(manifest("perm"))
+    cluster.wait_phase("perm", "Running")
+    fail_pod(cluster.ns, "perm-trainer-1", exit_code=78)
+    cluster.wait_phase("perm", "Failed")
+    assert cluster.condition("perm", "Failed")["reason"] == "PermanentError"
+    assert cluster.status("perm").get("restarts", 0) == 0
+
+
+def test_suspend_removes_pods_and_resume_restores_them(operator, cluster, wait_for):
+    cluster.create(manifest("sus"))
+    cluster.wait_phase("sus", "Running")
+    children = cluster.children()
+    cluster.patch("sus", {"runPolicy": {"suspend": True}})
+    cluster.wait_phase("sus", "Suspended")
+    wait_for(
+        lambda: not cluster.pods("sus", "trainer") and not cluster.pods("sus", "rollout"), what="no pods"
+    )
+    assert cluster.children() == children
+    assert cluster.condition("sus", "Suspended")["status"] == "True"
+    cluster.patch("sus", {"runPolicy": {"suspend": False}})
+    cluster.wait_phase("sus", "Running")
+    assert len(cluster.ready("sus", "trainer", 2)) == 2
+    assert cluster.condition("sus", "Suspended")["reason"] == "JobResumed"
+
+
+def test_live_rollout_replicas_and_success(operator, cluster, fail_pod, wait_for):
+    cluster.create(manifest("live"))
+    cluster.wait_phase("live", "Running")
+    cluster.patch("live", {"rollout": {"replicas": 3}})
+    wait_for(lambda: cluster.ready("live", "rollout", 3), what="3 rollout pods")
+    contract = json.loads(
+        cluster.core.read_namespaced_config_map("live-contract", cluster.ns).data["job.json"]
+    )
+    assert len(contract["rollout"]["endpoints"]) == 3
+    wait_for(lambda: cluster.status("live").get("rollout", {}).get("readyText") == "3/3", what="status 3/3")
+    fail_pod(cluster.ns, "live-trainer-0", exit_code=0, reason="Completed")
+    cluster.wait_phase("live", "Succeeded")
+    assert cluster.condition("live", "Succeeded")["reason"] == "TrainingCompleted"
+    wait_for(
+        lambda: not cluster.pods("live", "rollout") and not cluster.pods("live", "trainer"),
+        what="pods stopped",
+    )
+
+
+def test_deleting_the_job_removes_every_child(operator, cluster, wait_for):
+    cluster.create(manifest("gone"))
+    cluster.wait_phase("gone", "Running")
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, cluster.ns, PLURAL, "gone")
+    wait_for(lambda: not cluster.children(), what="no children", timeout=90)
+    wait_for(lambda: not cluster.core.list_namespaced_pod(cluster.ns).items, what="no pods", timeout=90)
+
+
+def test_operator_killed_mid_reconcile_creates_no_duplicates(operator, cluster, wait_for):
+    cluster.create(manifest("crash"))
+    wait_for(lambda: cluster.children(), what="first child", timeout=60, interval=0.05)
+    operator.kill(signal.SIGKILL)
+    operator.start()
+    cluster.wait_phase("crash", "Running")
+    time.sleep(3)
+    assert len(cluster.children()) == 12
+    assert len(cluster.pods("crash", "trainer")) == 2 and len(cluster.pods("crash", "rollout")) == 2
+    assert cluster.status("crash").get("restarts", 0) == 0
+    secrets = [
+        s
+        for s in cluster.core.list_namespaced_secret(cluster.ns).items
+        if s.metadata.name.startswith("crash")
+    ]
+    assert len(secrets) == 1
+
+
+def test_bad_object_fails_clearly_and_operator_keeps_running(operator, cluster):
+    cluster.create(manifest("bad", trainer={"replicas": 1, "instanceType": "p9.bogus"}))
+    cluster.wait_phase("bad", "Failed")
+    failed = cluster.condition("bad", "Failed")
+    assert failed["reason"] == "InvalidSpec" and "unknown instance type 'p9.bogus'" in failed["message"]
+    assert operator.proc.poll() is None
+    cluster.create(manifest("good"))
+    cluster.wait_phase("good", "Running")
+    assert cluster.children() and "statefulset.apps/bad-trainer" not in cluster.children()
