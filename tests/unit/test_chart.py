@@ -216,7 +216,6 @@ def test_metrics_service_and_service_monitor_select_the_operator() -> None:
     assert monitor["metadata"]["labels"]["release"] == "kps"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
-    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
 
 
 def test_prometheus_rule_alerts_and_thresholds() -> None:

@@ -1,0 +1,378 @@
+"""The chart's RBAC, proven by running the operator under the chart's own identity.
+
+Pods do not run under kwok, so the operator runs here as a process, started with the
+container args the chart renders, authenticated as the chart's ServiceAccount (a token from
+the TokenRequest API in a kubeconfig of its own). Its API traffic passes through a small
+recording reverse proxy, so the test knows every (verb, resource) it used and every answer.
+
+It drives the p5 example job to Running, fails a trainer pod and waits for the gang restart,
+then asserts: no request was refused (a missing permission fails here), and every rule the
+chart grants was exercised (a permission the operator never uses fails here too), apart from
+the few listed in NOT_EXERCISED with the reason this run cannot reach them.
+"""
+
+import asyncio
+import base64
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from aiohttp import web
+from kubernetes import client
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "grpo-operator"
+EXAMPLE = ROOT / "examples" / "p5-qwen3-30b-a3b.yaml"
+FSX = ROOT / "examples" / "eks" / "fsx-lustre.yaml"
+HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"}
+# (verb, group, resource) the chart grants that one lifecycle run cannot reach, and why.
+NOT_EXERCISED = {
+    ("delete", "grpo.dev", "grpojobs"): "ttlSecondsAfterFinished after Succeeded/Failed",
+    ("get", "grpo.dev", "grpojobs/status"): "held only to grant it to each job's trainer Role",
+    (
+        "create",
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+    ): "peering CRDs missing (the chart ships them)",
+    ("create", "kopf.dev", "clusterkopfpeerings"): "peering object missing (the chart creates it)",
+    ("create", "kopf.dev", "kopfpeerings"): "peering object missing (the chart creates it)",
+}
+
+
+@dataclass(frozen=True)
+class Call:
+    verb: str
+    group: str
+    resource: str
+    namespace: str
+    status: int
+
+
+def classify(method: str, path: str, query: dict[str, str]) -> tuple[str, str, str, str] | None:
+    """(verb, group, resource[/subresource], namespace) of a resource request, as RBAC sees it."""
+    parts = [p for p in path.split("/") if p]
+    if parts[:2] == ["api", "v1"]:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        return None  # discovery, /version, /openapi: non-resource URLs
+    if not rest:
+        return None
+    namespace = ""
+    if rest[0] == "namespaces" and len(rest) >= 3:
+        namespace, rest = rest[1], rest[2:]
+    resource, name, sub = rest[0], rest[1] if len(rest) > 1 else "", rest[2] if len(rest) > 2 else ""
+    if sub:
+        resource = f"{resource}/{sub}"
+    watch = query.get("watch") in {"true", "1"}
+    verb = {
+        "GET": "watch" if watch else ("get" if name else "list"),
+        "POST": "create",
+        "PUT": "update",
+        "PATCH": "patch",
+        "DELETE": "delete" if name else "deletecollection",
+    }[method]
+    return verb, group, resource, namespace
+
+
+@dataclass
+class RecordingProxy:
+    """Plain-HTTP reverse proxy on loopback to the API server; records every resource call."""
+
+    upstream: str
+    ca_file: str
+    calls: list[Call] = field(default_factory=list)
+    port: int = 0
+
+    def start(self) -> None:
+        ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._serve, args=(ready,), daemon=True, name="rbac-proxy").start()
+        assert ready.wait(10), "proxy did not start"
+
+    def _serve(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._start())
+        ready.set()
+        self._loop.run_forever()
+
+    async def _start(self) -> None:
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=ctx), timeout=aiohttp.ClientTimeout(total=None)
+        )
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        body = await request.read()
+        async with self._session.request(
+            request.method,
+            self.upstream + request.rel_url.raw_path_qs,
+            headers=headers,
+            data=body or None,
+            auto_decompress=False,
+        ) as upstream:
+            kind = classify(request.method, request.path, dict(request.query))
+            if kind is not None:
+                self.calls.append(Call(*kind, status=upstream.status))
+            response = web.StreamResponse(status=upstream.status)
+            for k, v in upstream.headers.items():
+                if k.lower() not in HOP_HEADERS:
+                    response.headers[k] = v
+            if upstream.headers.get("Content-Encoding"):
+                response.headers["Content-Encoding"] = upstream.headers["Content-Encoding"]
+            await response.prepare(request)
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+            except (ConnectionResetError, aiohttp.ClientError):
+                pass  # the client closed a watch
+            return response
+
+    def stop(self) -> None:
+        async def close() -> None:
+            await self._runner.cleanup()
+            await self._session.close()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def helm(bin_dir: Path, kubeconfig: Path, *args: str) -> str:
+    proc = subprocess.run(
+        [str(bin_dir / "helm"), "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def granted(docs: list[dict[str, Any]], namespace: str) -> set[tuple[str, str, str]]:
+    """(verb, group, resource) the chart's Roles/ClusterRoles grant for this run's namespace."""
+    out = set()
+    for role in docs:
+        if role["kind"] == "Role" and role["metadata"]["namespace"] != namespace:
+            continue
+        if role["kind"] in {"Role", "ClusterRole"}:
+            for rule in role["rules"]:
+                for verb in rule["verbs"]:
+                    for group in rule["apiGroups"]:
+                        for resource in rule["resources"]:
+                            out.add((verb, group, resource))
+    return out
+
+
+def admin_server(kubeconfig: Path) -> tuple[str, str]:
+    """(server URL, CA file) of the admin kubeconfig's current cluster."""
+    cfg = yaml.safe_load(kubeconfig.read_text())
+    context = next(c for c in cfg["contexts"] if c["name"] == cfg["current-context"])["context"]
+    cluster = next(c for c in cfg["clusters"] if c["name"] == context["cluster"])["cluster"]
+    ca = cluster.get("certificate-authority")
+    if ca is None:
+        ca_path = kubeconfig.parent / f"ca-{uuid.uuid4().hex[:6]}.crt"
+        ca_path.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+        ca = str(ca_path)
+    return cluster["server"], ca
+
+
+def token_kubeconfig(path: Path, server: str, token: str, namespace: str) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "proxy", "cluster": {"server": server}}],
+                "users": [{"name": "operator", "user": {"token": token}}],
+                "contexts": [
+                    {
+                        "name": "operator",
+                        "context": {"cluster": "proxy", "user": "operator", "namespace": namespace},
+                    }
+                ],
+                "current-context": "operator",
+            }
+        )
+    )
+    return path
+
+
+@dataclass
+class OperatorRun:
+    proxy: RecordingProxy
+    granted: set[tuple[str, str, str]]
+    metrics_port: int
+    log: Path
+
+
+@pytest.fixture(params=["cluster", "namespaces"])
+def operator_run(
+    request: pytest.FixtureRequest,
+    namespace: str,
+    bin_dir: Path,
+    kubeconfig: Path,
+    kubectl,
+    tmp_path: Path,
+    wait_for,
+) -> Iterator[OperatorRun]:
+    """The chart installed into `namespace` and the operator running as its ServiceAccount."""
+    scope = request.param
+    release = f"rbac-{uuid.uuid4().hex[:6]}"
+    metrics_port = free_port()
+    sets = [
+        f"watch.scope={scope}",
+        f"peering.name={release}",
+        f"metrics.port={metrics_port}",
+        "logFormat=plain",
+    ]
+    if scope == "namespaces":
+        sets.append(f"watch.namespaces={{{namespace}}}")
+    set_args = [a for s in sets for a in ("--set", s)]
+    helm(bin_dir, kubeconfig, "install", release, str(CHART), "--namespace", namespace, *set_args)
+    manifest = helm(bin_dir, kubeconfig, "get", "manifest", release, "--namespace", namespace)
+    docs = [d for d in yaml.safe_load_all(manifest) if d]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod_spec = deployment["spec"]["template"]["spec"]
+    container = pod_spec["containers"][0]
+    token = kubectl(
+        "create", "token", pod_spec["serviceAccountName"], "-n", namespace, "--duration=2h"
+    ).stdout.strip()
+    server, ca = admin_server(kubeconfig)
+    proxy = RecordingProxy(upstream=server, ca_file=ca)
+    proxy.start()
+    kc = token_kubeconfig(
+        tmp_path / "operator.kubeconfig", f"http://127.0.0.1:{proxy.port}", token, namespace
+    )
+    log = tmp_path / "operator.log"
+    env = {**os.environ, "KUBECONFIG": str(kc), "HOME": str(tmp_path)}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "grpo_operator.cli", *container["args"]],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=tmp_path,
+            start_new_session=True,
+        )
+    try:
+        yield OperatorRun(proxy=proxy, granted=granted(docs, namespace), metrics_port=metrics_port, log=log)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proxy.stop()
+        helm(bin_dir, kubeconfig, "uninstall", release, "--namespace", namespace)
+
+
+def apply_example(namespace: str, kubectl) -> dict[str, Any]:
+    """The FSx claim (a PV unique to this test), the PriorityClass and the p5 job."""
+    pv, pvc = (d for d in yaml.safe_load_all(FSX.read_text()) if d)
+    pv["metadata"]["name"] = f"fsx-{namespace}"[:63]
+    pvc["spec"]["volumeName"] = pv["metadata"]["name"]
+    pvc["metadata"]["namespace"] = namespace
+    job = yaml.safe_load(EXAMPLE.read_text())
+    priority = {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": job["spec"]["scheduling"]["priorityClassName"]},
+        "value": 1000,
+        "description": "GPU training jobs (examples/p5-qwen3-30b-a3b.yaml)",
+    }
+    kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all([pv, pvc, priority]))
+    kubectl("apply", "--server-side", "-n", namespace, "-f", str(EXAMPLE))
+    return job
+
+
+def read_job(k8s_api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    return client.CustomObjectsApi(k8s_api).get_namespaced_custom_object(
+        "grpo.dev", "v1alpha1", namespace, "grpojobs", name
+    )
+
+
+def trainer_pods(k8s_api: client.ApiClient, namespace: str, job: str) -> list[client.V1Pod]:
+    selector = f"grpo.dev/job={job},grpo.dev/role=trainer"
+    return client.CoreV1Api(k8s_api).list_namespaced_pod(namespace, label_selector=selector).items
+
+
+def test_operator_under_chart_identity_runs_and_restarts_a_job(
+    operator_run: OperatorRun,
+    namespace: str,
+    kubectl,
+    k8s_api: client.ApiClient,
+    wait_for: Callable[..., Any],
+    fail_pod: Callable[..., None],
+) -> None:
+    job = apply_example(namespace, kubectl)
+    name = job["metadata"]["name"]
+    applied_spec = read_job(k8s_api, namespace, name)["spec"]
+
+    def phase() -> str | None:
+        return (read_job(k8s_api, namespace, name).get("status") or {}).get("phase")
+
+    wait_for(lambda: phase() == "Running", what=f"{name} Running", timeout=120)
+    health = urllib.request.urlopen(f"http://127.0.0.1:{operator_run.metrics_port}/healthz", timeout=5)
+    assert health.status == 200, "the chart's probes hit this endpoint"
+    pods = trainer_pods(k8s_api, namespace, name)
+    assert len(pods) == 2
+    fail_pod(namespace, pods[1].metadata.name, exit_code=1)
+
+    def restarted() -> bool:
+        status = read_job(k8s_api, namespace, name).get("status") or {}
+        fresh = [
+            p
+            for p in trainer_pods(k8s_api, namespace, name)
+            if p.metadata.labels.get("grpo.dev/attempt") == "1"
+        ]
+        return status.get("restarts") == 1 and status.get("phase") == "Running" and len(fresh) == 2
+
+    wait_for(restarted, what=f"{name} back to Running after a gang restart", timeout=120)
+    metrics = urllib.request.urlopen(
+        f"http://127.0.0.1:{operator_run.metrics_port}/metrics", timeout=5
+    ).read()
+    assert b"grpo_operator_gang_restarts_total 1.0" in metrics
+
+    # GitOps: the operator never writes spec, so what was applied is what is there.
+    final = read_job(k8s_api, namespace, name)
+    assert final["spec"] == applied_spec and final["metadata"]["generation"] == 1
+    diff = kubectl("diff", "--server-side", "-n", namespace, "-f", str(EXAMPLE), check=False)
+    assert diff.returncode == 0, f"drift after the operator ran:\n{diff.stdout}"
+
+    calls = operator_run.proxy.calls
+    refused = sorted({(c.verb, c.group, c.resource, c.status) for c in calls if c.status in (401, 403)})
+    log = operator_run.log.read_text()
+    assert not refused, f"the chart lacks permissions: {refused}\n{log[-3000:]}"
+    used = {(c.verb, c.group, c.resource) for c in calls}
+    unused = operator_run.granted - used - set(NOT_EXERCISED)
+    assert not unused, f"the chart grants permissions the operator never used: {sorted(unused)}"
