@@ -7,8 +7,8 @@ very same schema for defaults and CEL rules so that offline verdicts match the A
 Pydantic's JSON Schema is rewritten into a Kubernetes *structural* schema: `$ref`s are
 inlined, `title`s dropped, `X | None` becomes a plain optional property, `str | int`
 becomes `x-kubernetes-int-or-string`, draft-2020 numeric exclusive bounds become OpenAPI
-v3.0 booleans, and nested objects that default to `{}` get `default: {}` so the API
-server fills in their fields (the operator never writes spec).
+v3.0 booleans, and nested objects carry their defaults written out so the API server
+stores every default (the operator never writes spec).
 """
 
 from typing import Any
@@ -45,9 +45,17 @@ _PASSTHROUGH = (
 _DROPPED = ("title", "$defs", "const")
 
 
-class _DefaultsFromFactories(GenerateJsonSchema):
-    """Pydantic omits factory defaults; nested models default to `{}` so the API server fills them.
+def _without_empties(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_empties(v) for k, v in value.items() if v not in ({}, [])}
+    return value
 
+
+class _DefaultsFromFactories(GenerateJsonSchema):
+    """Pydantic omits factory defaults; a nested model defaults to its own defaults, written out.
+
+    Written out rather than `{}`: the API server checks a default against the CEL rules of its
+    schema without filling the nested defaults first, so `{}` fails rules such as the trainer's.
     Empty dicts and lists stay unset (no noise in stored objects); `None` is never a default
     because optional fields are simply omitted.
     """
@@ -55,7 +63,9 @@ class _DefaultsFromFactories(GenerateJsonSchema):
     def get_default_value(self, schema: core_schema.WithDefaultSchema) -> Any:
         if "default_factory" in schema and not schema.get("default_factory_takes_data"):
             value = schema["default_factory"]()  # type: ignore[call-arg]
-            return {} if isinstance(value, BaseModel) else NoDefault
+            if isinstance(value, BaseModel):
+                return _without_empties(value.model_dump(by_alias=True, exclude_none=True, mode="json"))
+            return NoDefault
         default = schema.get("default", NoDefault)
         return NoDefault if default is None else default
 

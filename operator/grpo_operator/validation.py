@@ -64,13 +64,19 @@ class Document:
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML as kubectl reads it: timestamps stay strings (sigs.k8s.io/yaml does not parse them)."""
+    """YAML as kubectl reads it: timestamps stay strings, and 1e-6 is a float (sigs.k8s.io/yaml)."""
 
 
 _Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+# kubectl's YAML reads 1e-6 as a number; PyYAML's YAML 1.1 floats need a dot and read a string.
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)
 
 
 def _json_value(value: Any) -> Any:

@@ -150,3 +150,14 @@ def test_lists_and_maps_under_rules_are_bounded(schema: dict[str, Any]) -> None:
             assert "maxItems" in node, f"{path} needs maxItems"
         if isinstance(node.get("additionalProperties"), dict):
             assert "maxProperties" in node, f"{path} needs maxProperties"
+
+
+def test_defaults_satisfy_their_own_rules(schema: dict[str, Any]) -> None:
+    """The API server evaluates a default against its schema's CEL rules as written (no nested defaults)."""
+    checked = 0
+    for path, node in _nodes(schema):
+        if "default" in node and isinstance(node["default"], dict):
+            checked += 1
+            problems = validation.cel_problems(node["default"], node, ("default",))
+            assert problems == [], f"{path}: default {node['default']} fails {problems}"
+    assert checked >= 5

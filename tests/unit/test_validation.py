@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 from grpo_operator import validation
 from grpo_operator.cli import main
 
@@ -118,6 +119,16 @@ def test_yaml_floats_with_integer_values_are_integers_as_kubectl_sends_them() ->
     assert validation.validate_text(JOB.replace(ROLLOUT, "  rollout:\n    replicas: 2.0")) == []
     (problem,) = validation.validate_text(JOB.replace(ROLLOUT, "  rollout:\n    replicas: 2.5"))
     assert problem.path == "spec.rollout.replicas"
+
+
+def test_exponent_without_a_dot_is_a_number_as_kubectl_reads_it() -> None:
+    text = JOB.replace(
+        "kind: GRPOJob\n", "kind: GRPOJob\n# 1e-6 is a float for kubectl; YAML 1.1 would say string\n"
+    )
+    assert validation.validate_text(text + "  algorithm:\n    learningRate: 1e-6\n") == []
+    (problem,) = validation.validate_text(text + '  algorithm:\n    learningRate: "1e-6"\n')
+    assert problem.path == "spec.algorithm.learningRate"
+    assert yaml.safe_load("x: 1e-6")["x"] == "1e-6"  # what plain PyYAML would have judged
 
 
 def test_rules_come_from_the_schema_given() -> None:

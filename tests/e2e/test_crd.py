@@ -1,0 +1,144 @@
+"""The GRPOJob CRD on a real API server, and offline validation held to the server's verdicts.
+
+Installs the CRD exactly as a user does (`grpo-operator crd | kubectl apply --server-side -f -`),
+then checks `kubectl explain`, the printer columns, server-side defaulting, the scale
+subresource, and that the invalid corpus (tests/fixtures/invalid), the forbidden updates
+(tests/fixtures/updates) and the examples get the same verdict from the API server as from
+`grpo_operator.validation`, each rejection naming the field of the fixture's `# expect:` line.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from grpo_operator import validation
+
+ROOT = Path(__file__).resolve().parents[2]
+INVALID = sorted((ROOT / "tests" / "fixtures" / "invalid").glob("*.yaml"))
+UPDATES = sorted((ROOT / "tests" / "fixtures" / "updates").glob("*.new.yaml"))
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+CRD_NAME = "grpojobs.grpo.dev"
+
+
+def expected(path: Path) -> str:
+    return path.read_text().splitlines()[0].removeprefix("# expect: ").strip()
+
+
+def in_namespace(path: Path, namespace: str) -> str:
+    """The file's GRPOJobs as JSON, moved to the test's namespace (examples may name their own)."""
+    items = []
+    for doc in yaml.safe_load_all(path.read_text()):
+        if validation.is_grpojob(doc):
+            doc.setdefault("metadata", {})["namespace"] = namespace
+            items.append(doc)
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+
+
+@pytest.fixture(scope="module")
+def crd_installed(kubectl: Any) -> None:
+    """Install the CRD the documented way and wait until the API server serves it."""
+    text = subprocess.run(
+        [sys.executable, "-m", "grpo_operator.cli", "crd"], capture_output=True, text=True, check=True
+    ).stdout
+    out = kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text)
+    assert f"customresourcedefinition.apiextensions.k8s.io/{CRD_NAME} serverside-applied" in out.stdout
+    assert "Warning" not in out.stderr, out.stderr
+    kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+
+
+def test_crd_is_accepted_with_names_and_no_cel_cost_complaints(crd_installed: None, kubectl: Any) -> None:
+    crd = json.loads(kubectl("get", "crd", CRD_NAME, "-o", "json").stdout)
+    conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
+    assert conditions.get("Established") == "True" and conditions.get("NamesAccepted") == "True"
+    assert crd["status"]["acceptedNames"]["shortNames"] == ["grpo"]
+    assert "ml" in crd["status"]["acceptedNames"]["categories"]
+
+
+def test_explain_shows_field_descriptions(crd_installed: None, kubectl: Any, wait_for: Any) -> None:
+    def explained() -> str:
+        proc = kubectl("explain", "grpojob.spec.algorithm", check=False)
+        return proc.stdout if proc.returncode == 0 and "groupSize" in proc.stdout else ""
+
+    text = wait_for(explained, what="kubectl explain grpojob.spec.algorithm", timeout=60)
+    assert "Completions per prompt" in text
+    assert "GSPO" in text or "gspo" in text
+    spec = kubectl("explain", "grpojob.spec").stdout
+    assert "What to train, on what, and how" in spec and "trainer" in spec
+
+
+def test_get_shows_printer_columns_defaults_and_scale(
+    crd_installed: None, kubectl: Any, namespace: str
+) -> None:
+    kubectl("create", "-f", "-", input=in_namespace(ROOT / "examples" / "minimal.yaml", namespace))
+    stored = json.loads(kubectl("get", "grpo", "minimal", "-n", namespace, "-o", "json").stdout)
+    assert stored["spec"]["trainer"]["replicas"] == 1  # defaulted by the API server, not the operator
+    assert stored["spec"]["algorithm"]["groupSize"] == 8
+    assert stored["spec"]["network"]["efa"] == "auto"
+
+    status = {
+        "phase": "Running",
+        "restarts": 1,
+        "trainer": {"replicas": 1, "ready": 1, "readyText": "1/1"},
+        "rollout": {"replicas": 1, "ready": 0, "readyText": "0/1"},
+        "progress": {"step": 12, "rewardMean": 0.75, "tokensPerSecond": 4321.5},
+    }
+    patch = json.dumps({"status": status})
+    kubectl("patch", "grpo", "minimal", "-n", namespace, "--subresource=status", "--type=merge", "-p", patch)
+    lines = kubectl("get", "grpo", "-n", namespace).stdout.splitlines()
+    assert lines[0].split() == ["NAME", "PHASE", "STEP", "REWARD", "TRAINERS", "ROLLOUTS", "AGE"]
+    assert lines[1].split()[:6] == ["minimal", "Running", "12", "0.75", "1/1", "0/1"]
+    wide = kubectl("get", "grpo", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[-3:] == ["RESTARTS", "TOKENS/S", "MODEL"]
+    assert wide[1].split()[-3:] == ["1", "4321.5", "s3://my-models/Qwen3-30B-A3B"]
+    assert "minimal" in kubectl("get", "ml", "-n", namespace).stdout  # the category
+
+    kubectl("scale", "grpo/minimal", "-n", namespace, "--replicas=3")
+    scaled = json.loads(kubectl("get", "grpo", "minimal", "-n", namespace, "-o", "json").stdout)
+    assert scaled["spec"]["rollout"]["replicas"] == 3
+
+
+@pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
+def test_invalid_manifest_rejected_by_server_and_offline(
+    crd_installed: None, kubectl: Any, namespace: str, path: Path
+) -> None:
+    fragment = expected(path)
+    proc = kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-", input=path.read_text(), check=False
+    )
+    assert proc.returncode != 0, f"the API server accepted {path.name}"
+    assert fragment in proc.stderr, f"server message does not name {fragment!r}: {proc.stderr}"
+    offline = [str(p) for p in validation.validate_file(path)]
+    assert any(fragment in p for p in offline), f"offline verdict differs: {offline}"
+
+
+@pytest.mark.parametrize("new", UPDATES, ids=lambda p: p.name.removesuffix(".new.yaml"))
+def test_forbidden_update_rejected_by_server_and_offline(
+    crd_installed: None, kubectl: Any, namespace: str, new: Path
+) -> None:
+    old = new.with_name(new.name.replace(".new.", ".old."))
+    kubectl("create", "-n", namespace, "-f", "-", input=old.read_text())
+    apply = ("apply", "--server-side", "--force-conflicts", "-n", namespace, "-f", "-")
+    proc = kubectl(*apply, input=new.read_text(), check=False)
+    assert proc.returncode != 0, f"the API server accepted the update {new.name}"
+    assert expected(new) in proc.stderr and "immutable" in proc.stderr, proc.stderr
+    assert [p.path for p in validation.validate_file(new, old=old)] == [expected(new)]
+    # the same job may still change what is mutable: rollout replicas and their bounds
+    rollout = "  rollout:\n    instanceType: p5.48xlarge\n    replicas: 2\n"
+    assert old.read_text().endswith(rollout)
+    allowed = old.read_text().replace(rollout, f"{rollout[:-2]}3\n    maxReplicas: 4\n")
+    kubectl(*apply, input=allowed)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_accepted_by_server_and_offline(
+    crd_installed: None, kubectl: Any, namespace: str, path: Path
+) -> None:
+    body = in_namespace(path, namespace)
+    if not json.loads(body)["items"]:
+        pytest.skip(f"{path.name} holds no GRPOJob")
+    kubectl("create", "--dry-run=server", "-f", "-", input=body)
+    assert validation.validate_file(path) == []
