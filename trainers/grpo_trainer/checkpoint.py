@@ -104,8 +104,10 @@ def save(
 
 
 def _prune(root: Path, keep_last: int) -> None:
+    """Keep the newest `keep_last` saves; drop unfinished `.tmp` saves of crashed runs too."""
     saves = sorted(d for d in root.iterdir() if STEP_DIR.match(d.name))
-    for old in saves[:-keep_last]:
+    stale = [d for d in root.iterdir() if d.name.endswith(".tmp") and STEP_DIR.match(d.name[:-4])]
+    for old in saves[:-keep_last] + stale:
         shutil.rmtree(old, ignore_errors=True)
 
 

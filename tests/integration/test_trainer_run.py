@@ -1,0 +1,165 @@
+"""The trainer gang end to end: `python -m grpo_trainer train` against a real rollout server.
+
+One trainer pod with processesPerPod = 2 and expertParallelSize = 2 (gloo all-to-all between
+the two rank processes), one `python -m grpo_rollout serve` child on loopback, the tiny MoE
+model built by `python -m grpo_trainer.tiny_model`, and a contract rendered by the operator's
+own renderer. Checks: weight versions advance on the server, checkpoints are sealed and
+pruned, a resumed gang continues the step count and data position, a killed rank fails the
+pod (restartable), a malformed dataset row fails it permanently with FILE:LINE.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from grpo_operator import render
+from grpo_operator.api.job import GRPOJob
+from grpo_rollout.testing import free_port, start_server, wait_ready
+from grpo_trainer import checkpoint
+
+pytestmark = pytest.mark.slow
+TOKEN = "trainer-test-token"
+EXIT_CONFIG = 3
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    cmd = [sys.executable, "-m", "grpo_trainer.tiny_model", str(out)]
+    subprocess.run(cmd, check=True, timeout=300, capture_output=True)
+    return out
+
+
+def write_contract(work: Path, tiny: Path, rollout_port: int, **algorithm: object) -> Path:
+    """Render the contract for a 1-pod x 2-rank, EP = 2 job with one rollout server."""
+    spec = {
+        "model": {"path": str(tiny), "dtype": "float32"},
+        "dataset": {"path": algorithm.pop("dataset", str(tiny / "addition.jsonl"))},
+        "reward": {"functions": [{"builtin": "exact_match"}]},
+        "algorithm": {"groupSize": 4, "promptsPerStep": 4, "microBatchSize": 4, "maxNewTokens": 4,
+                      "learningRate": 1e-3, "maxStaleness": 1, **algorithm},
+        "trainer": {"replicas": 1, "processesPerPod": 2, "expertParallelSize": 2, "epBackend": "gloo"},
+        "rollout": {"replicas": 1, "engine": "torch"},
+        "checkpoint": {"path": str(work / "ckpt"), "everySteps": 2, "keepLast": 1},
+    }  # fmt: skip
+    job = GRPOJob.model_validate({"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob",
+                                  "metadata": {"name": "t"}, "spec": spec})  # fmt: skip
+    ports = render.LocalPorts(trainer_master_port=free_port(), rollout_ports=(rollout_port,))
+    contract = render.contract(job, name="t", namespace="local", local_ports=ports)
+    path = work / "job.json"
+    path.write_text(contract.model_dump_json(by_alias=True))
+    return path
+
+
+@pytest.fixture
+def server(tiny: Path, tmp_path: Path):
+    """One rollout server for the test (its contract only needs the model path and the port)."""
+    port = free_port()
+    proc = start_server(write_contract(tmp_path, tiny, port), port, TOKEN, log_path=tmp_path / "rollout.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        yield port, url
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def start_trainer(contract: Path, work: Path) -> subprocess.Popen:
+    env = {**os.environ, "GRPO_CONTRACT": str(contract), "GRPO_POD_INDEX": "0", "GRPO_TOKEN": TOKEN}
+    env.update(GRPO_PROGRESS_FILE=str(work / "progress.jsonl"), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    log = open(work / "trainer.log", "ab")  # noqa: SIM115 - owned by the child
+    return subprocess.Popen([sys.executable, "-m", "grpo_trainer", "train"], env=env, stdout=log, stderr=log)
+
+
+def log_tail(work: Path) -> str:
+    return (work / "trainer.log").read_text()[-3000:]
+
+
+def finish(proc: subprocess.Popen, work: Path, timeout: float = 300) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"trainer did not finish in {timeout}s:\n{log_tail(work)}")
+
+
+def progress(work: Path) -> list[dict]:
+    path = work / "progress.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def live_version(url: str) -> int:
+    with urllib.request.urlopen(f"{url}/health", timeout=10) as r:
+        return json.loads(r.read())["weight_version"]
+
+
+def test_ep2_gang_pushes_versions_and_resumes_where_it_stopped(server, tiny: Path, tmp_path: Path) -> None:
+    port, url = server
+    contract = write_contract(tmp_path, tiny, port, maxSteps=4)
+    assert finish(start_trainer(contract, tmp_path), tmp_path) == 0, log_tail(tmp_path)
+    first = progress(tmp_path)
+    assert [r["step"] for r in first] == [1, 2, 3, 4]
+    assert [r["weight_version"] for r in first] == [1, 2, 3, 4]
+    assert [r["position"] for r in first] == [4, 8, 12, 16]
+    assert [r["staleness"] for r in first] == [0, 1, 1, 1]  # step 1 sync, later steps prefetched with v-1
+    assert all(0 <= r["reward_mean"] <= 1 and r["samples"] == 16 for r in first)
+    assert live_version(url) == 4
+    saves = sorted(p.name for p in (tmp_path / "ckpt" / "local" / "t").iterdir())
+    assert saves == ["step-00000004"]  # keepLast 1 pruned step 2, no .tmp left behind
+
+    contract = write_contract(tmp_path, tiny, port, maxSteps=6)  # same checkpoint dir, more steps
+    assert finish(start_trainer(contract, tmp_path), tmp_path) == 0, log_tail(tmp_path)
+    resumed = progress(tmp_path)[len(first) :]
+    assert [r["step"] for r in resumed] == [5, 6]
+    assert [r["position"] for r in resumed] == [20, 24]  # continues at prompt 16: none skipped or repeated
+    # the resumed gang re-sent its policy as version 5 (servers may hold newer weights than the save)
+    assert [r["weight_version"] for r in resumed] == [6, 7]
+    assert live_version(url) == 7
+
+
+def children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(c) for c in text.split()]
+
+
+def test_killed_rank_fails_the_pod_and_the_gang_restarts_from_the_checkpoint(
+    server, tiny: Path, tmp_path: Path
+) -> None:
+    port, _ = server
+    contract = write_contract(tmp_path, tiny, port, maxSteps=400)
+    proc = start_trainer(contract, tmp_path)
+    deadline = time.monotonic() + 180
+    while not any(r["step"] >= 3 for r in progress(tmp_path)):
+        assert time.monotonic() < deadline and proc.poll() is None, log_tail(tmp_path)
+        time.sleep(0.2)
+    ranks = children(proc.pid)
+    assert len(ranks) == 2
+    os.kill(ranks[1], signal.SIGKILL)
+    code = finish(proc, tmp_path, timeout=120)
+    assert code not in (0, EXIT_CONFIG)  # a restartable failure
+    assert not any(Path(f"/proc/{r}").exists() for r in ranks)  # the launcher stopped and reaped both
+    saved = int(checkpoint.latest(tmp_path / "ckpt" / "local" / "t").name.split("-")[1])
+    before = len(progress(tmp_path))
+
+    contract = write_contract(tmp_path, tiny, port, maxSteps=saved + 2)
+    assert finish(start_trainer(contract, tmp_path), tmp_path) == 0
+    assert [r["step"] for r in progress(tmp_path)[before:]] == [saved + 1, saved + 2]
+
+
+def test_malformed_dataset_row_is_a_permanent_error_naming_file_and_line(tiny: Path, tmp_path: Path) -> None:
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": "4"}\n{"prompt": 3}\n')
+    contract = write_contract(tmp_path, tiny, free_port(), dataset=str(data))
+    assert finish(start_trainer(contract, tmp_path), tmp_path, timeout=120) == EXIT_CONFIG
+    assert (
+        f"{data}:3: field 'prompt' missing or not a non-empty string"
+        in (tmp_path / "trainer.log").read_text()
+    )
