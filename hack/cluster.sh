@@ -33,8 +33,15 @@ log() { printf '[cluster] %s\n' "$*" >&2; }
 kctl() { "$BIN_DIR/kubectl" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
 kwokctl() { "$BIN_DIR/kwokctl" --name "$CLUSTER_NAME" -v WARN "$@"; }
 
+# Every component's process is alive and the API server is ready: a dead scheduler or kwok
+# controller would leave pods Pending behind a healthy-looking API server.
 healthy() {
-  [ -f "$KUBECONFIG_PATH" ] && kctl get --raw=/readyz --request-timeout=5s >/dev/null 2>&1
+  local pidfile
+  [ -f "$KUBECONFIG_PATH" ] || return 1
+  for pidfile in "$CLUSTER_DIR"/pids/*.pid; do
+    kill -0 "$(cat "$pidfile")" 2>/dev/null || return 1
+  done
+  kctl get --raw=/readyz --request-timeout=5s >/dev/null 2>&1
 }
 
 create_cluster() {
@@ -48,14 +55,13 @@ create_cluster() {
     --wait "$READY_TIMEOUT" >&2
 }
 
-# Starts the cluster's processes, reusing its state when a previous run left it stopped
-# (say, after a reboot); recreates it when that state is unusable.
+# Reuses a running cluster; otherwise starts a fresh one. A cluster left half-dead (a crash,
+# a reboot) is deleted rather than restarted: `kwokctl start` does not revive killed
+# processes reliably, and an e2e cluster holds nothing worth keeping.
 ensure_running() {
   healthy && { log "cluster '$CLUSTER_NAME' already running"; return 0; }
   if [ -d "$CLUSTER_DIR" ]; then
-    log "cluster '$CLUSTER_NAME' exists but does not answer; restarting it"
-    if kwokctl start cluster --wait "$READY_TIMEOUT" >&2 && healthy; then return 0; fi
-    log "restart failed; recreating the cluster"
+    log "cluster '$CLUSTER_NAME' exists but does not answer; recreating it"
     kwokctl delete cluster >&2 || rm -rf "$CLUSTER_DIR"
   fi
   create_cluster
