@@ -39,7 +39,8 @@ healthy() {
   local pidfile
   [ -f "$KUBECONFIG_PATH" ] || return 1
   for pidfile in "$CLUSTER_DIR"/pids/*.pid; do
-    kill -0 "$(cat "$pidfile")" 2>/dev/null || return 1
+    # A killed component may linger as a zombie, which `kill -0` would count as alive.
+    case "$(ps -o stat= -p "$(cat "$pidfile")" 2>/dev/null)" in "" | Z*) return 1 ;; esac
   done
   kctl get --raw=/readyz --request-timeout=5s >/dev/null 2>&1
 }
@@ -61,7 +62,7 @@ create_cluster() {
 ensure_running() {
   healthy && { log "cluster '$CLUSTER_NAME' already running"; return 0; }
   if [ -d "$CLUSTER_DIR" ]; then
-    log "cluster '$CLUSTER_NAME' exists but does not answer; recreating it"
+    log "cluster '$CLUSTER_NAME' exists but is not healthy; recreating it"
     kwokctl delete cluster >&2 || rm -rf "$CLUSTER_DIR"
   fi
   create_cluster
