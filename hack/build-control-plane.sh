@@ -9,7 +9,7 @@ source "$here/versions.sh"
 
 mkdir -p "$BIN_DIR"
 export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:--trimpath}"
-log() { printf '[build-control-plane] %s\n' "$*" >&2; }
+log() { printf '[build-control-plane %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
 need() { for b in "$@"; do [ -x "$BIN_DIR/$b" ] || return 0; done; return 1; }
 
