@@ -122,21 +122,11 @@ def load_documents(text: str, file: str) -> tuple[list[Document], list[Problem]]
     return [d for d in docs if d.data is not None], []
 
 
-def dotted(path: Path_, schema: dict[str, Any] | None = None) -> str:
-    """A path as the API server prints it: spec.trainer.tolerations[0].key, requests[nvidia.com/gpu].
-
-    Map entries (additionalProperties) print as [key], properties as .name; `schema` tells them apart.
-    """
-    out, node = "", schema or _schema()
+def dotted(path: Path_) -> str:
+    """A path as the API server prints it: spec.trainer.tolerations[0].key, requests.nvidia.com/gpu."""
+    out = ""
     for part in path:
-        props = node.get("properties", {}) if node else {}
-        extra = node.get("additionalProperties") if node else None
-        if isinstance(part, int):
-            out, node = out + f"[{part}]", (node or {}).get("items")
-        elif part not in props and isinstance(extra, dict):
-            out, node = out + f"[{part}]", extra
-        else:
-            out, node = (out + f".{part}" if out else part), props.get(part)
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
     return out or "<root>"
 
 
