@@ -8,9 +8,13 @@ select nodes by label, never by name.
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 GPU = "nvidia.com/gpu"
@@ -146,7 +150,9 @@ def test_fail_pod_marks_a_running_pod_failed_with_exit_code(
     core = client.CoreV1Api(k8s_api)
     spec = {"containers": [{"name": "main", "image": IMAGE}], "terminationGracePeriodSeconds": 0}
     core.create_namespaced_pod(namespace, {"metadata": {"name": "victim"}, "spec": spec})
-    wait_for(lambda: _ready_pod(core, namespace, "victim"), what="pod victim Ready")
+    victim = wait_for(lambda: _ready_pod(core, namespace, "victim"), what="pod victim Ready")
+    # Without the GPU toleration only CPU nodes are open to it.
+    assert GPU not in core.read_node(victim.spec.node_name).status.allocatable
 
     fail_pod(namespace, "victim", exit_code=3, message="rank 0 lost its peer")
 
@@ -156,3 +162,24 @@ def test_fail_pod_marks_a_running_pod_failed_with_exit_code(
     assert terminated.exit_code == 3 and terminated.reason == "Error"
     assert terminated.message == "rank 0 lost its peer"
     assert not _is_ready(pod)
+
+
+def test_tool_fixtures_reach_the_cluster_and_report_failures(
+    kubectl: Callable[..., subprocess.CompletedProcess[str]],
+    bin_dir: Path,
+    namespace: str,
+    wait_for: Callable[..., Any],
+) -> None:
+    version = json.loads(kubectl("version", "-o", "json").stdout)
+    assert version["serverVersion"]["gitVersion"].startswith("v1.")
+    # conftest.KubectlError, a RuntimeError carrying kubectl's stderr.
+    with pytest.raises(RuntimeError, match=r"pods \"missing\" not found") as raised:
+        kubectl("get", "pod", "missing", "-n", namespace)
+    assert type(raised.value).__name__ == "KubectlError"
+    assert kubectl("get", "pod", "missing", "-n", namespace, check=False).returncode != 0
+    helm = subprocess.run(
+        [bin_dir / "helm", "version", "--short"], capture_output=True, text=True, check=True
+    )
+    assert helm.stdout.startswith("v4.")
+    with pytest.raises(TimeoutError, match="the impossible"):
+        wait_for(lambda: False, what="the impossible", timeout=0.2, interval=0.05)
