@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from grpo_trainer.moe import grouped_swiglu, make_dispatcher
-from grpo_trainer.moe.alltoall import regroup_index
+from grpo_trainer.moe.dispatch import expand_by_local_expert
 
 
 def loop_reference(x, weights, gate_up, down, counts):
@@ -47,11 +47,12 @@ def test_grouped_swiglu_rejects_inconsistent_counts() -> None:
         grouped_swiglu(torch.randn(3, 4), torch.ones(3), torch.randn(2, 4, 4), torch.randn(2, 4, 2), [1, 1])
 
 
-def test_regroup_index_reorders_source_major_blocks_to_expert_major() -> None:
-    counts = torch.tensor([[2, 0, 1], [1, 2, 0]])  # (source, local expert)
-    # received rows: s0e0 s0e0 s0e2 s1e0 s1e1 s1e1 → want e0: s0 s0 s1, e1: s1 s1, e2: s0
-    assert regroup_index(counts).tolist() == [0, 1, 3, 4, 5, 2]
-    assert regroup_index(torch.zeros(2, 3, dtype=torch.long)).tolist() == []
+def test_expand_by_local_expert_sorts_valid_slots_by_expert() -> None:
+    recv_idx = torch.tensor([[2, -1], [0, 2], [-1, -1], [1, 0]])  # (received token, slot)
+    order, counts = expand_by_local_expert(recv_idx, 3)
+    assert counts == [2, 1, 2]
+    assert (order // 2).tolist() == [1, 3, 3, 0, 1]  # tokens of expert 0, then 1, then 2
+    assert recv_idx.reshape(-1)[order].tolist() == [0, 0, 1, 2, 2]
 
 
 def test_local_dispatch_groups_rows_by_expert_and_combine_sums_per_token() -> None:

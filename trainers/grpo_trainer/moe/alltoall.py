@@ -1,11 +1,13 @@
 """The `alltoall` EP backend: dropless `all_to_all_single` with exchanged split sizes.
 
 Registered in `grpo_trainer.moe.dispatch`; runs on gloo (CPU) and NCCL (GPU). Experts are
-sharded in contiguous blocks (rank r owns experts [r*E_l, (r+1)*E_l)), so sorting a rank's
-(token, slot) pairs by global expert id also groups them by destination rank. One small
-all-to-all exchanges the per-expert counts, one large one moves the rows; received rows come
-grouped by source rank and are regrouped by local expert with a single gather; the routing
-weights travel alongside (one float per row). Combine runs the inverse and sums per token.
+sharded in contiguous blocks (rank r owns experts [r*E_l, (r+1)*E_l)). Like DeepEP, a token
+travels once to each rank that owns at least one of its top-k experts, with its slots' local
+expert ids (-1 for slots owned elsewhere) and routing weights: with fine-grained routing
+several of a token's experts share a rank, so this moves a fraction of the bytes that one
+row per (token, expert) would. The receiver expands tokens into rows sorted by local expert
+(no regrouping by source needed), sums a token's expert outputs before sending them back,
+and the source sums the partial results of all ranks.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grpo_trainer.moe.dispatch import Dispatched, register_backend, sort_by_expert, sum_per_token
+from grpo_trainer.moe.dispatch import Dispatched, expand_by_local_expert, register_backend, sum_per_token
 
 
 class _AllToAll(torch.autograd.Function):
@@ -47,24 +49,9 @@ def _exchange(x, out_splits: list[int], in_splits: list[int], group, owner: AllT
     return out
 
 
-def regroup_index(counts: torch.Tensor) -> torch.Tensor:
-    """Gather index turning rows laid out [source][expert] into [expert][source].
-
-    counts (S, E) holds rows per (source, expert) block in the received layout.
-    """
-    lengths = counts.reshape(-1)
-    starts = torch.cumsum(lengths, 0) - lengths  # block starts in received order
-    starts_t = starts.view_as(counts).t().reshape(-1)  # in target order
-    lengths_t = counts.t().reshape(-1)
-    offsets_t = torch.cumsum(lengths_t, 0) - lengths_t
-    total = int(lengths.sum())
-    shift = torch.repeat_interleave(starts_t - offsets_t, lengths_t, output_size=total)
-    return torch.arange(total, dtype=torch.int64) + shift
-
-
 @register_backend("alltoall")
 class AllToAllDispatcher:
-    """Dropless expert parallelism over `group` with two all-to-alls per direction."""
+    """Dropless expert parallelism over `group`, each token sent once per destination rank."""
 
     name = "alltoall"
 
@@ -79,27 +66,31 @@ class AllToAllDispatcher:
         self.bytes_sent = 0
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
-        order, counts = sort_by_expert(topk_idx, self.num_experts)  # counts (E,)
-        recv_counts = torch.empty_like(counts)
-        dist.all_to_all_single(recv_counts, counts, group=self.group)  # [source][local expert]
-        send_splits = counts.view(self.world, self.num_local).sum(1).tolist()
-        recv_matrix = recv_counts.view(self.world, self.num_local)
-        recv_splits = recv_matrix.sum(1).tolist()
-        token = order // topk_idx.shape[1]
-        send = x.index_select(0, token)  # (T*K, H) grouped by destination rank
-        recv = _AllToAll.apply(send, recv_splits, send_splits, self.group, self)
-        weights = topk_weights.reshape(-1).index_select(0, order)
-        weights = _AllToAll.apply(weights, recv_splits, send_splits, self.group, self)
-        index = None
-        if self.world > 1 and self.num_local > 1:
-            index = regroup_index(recv_matrix.cpu()).to(x.device)
-            recv, weights = recv.index_select(0, index), weights.index_select(0, index)
-        handle = (token, x.shape[0], send_splits, recv_splits, index)
-        return Dispatched(recv, recv_matrix.sum(0).tolist(), weights, handle)
+        num_tokens, k = topk_idx.shape
+        dest = topk_idx // self.num_local  # (T, K) owning rank of each slot
+        in_rank = torch.zeros(num_tokens, self.world, dtype=torch.bool, device=x.device)
+        in_rank.scatter_(1, dest, True)
+        dest_rank, send_tokens = in_rank.t().nonzero(as_tuple=True)  # (S,) by rank, then token
+        send_counts = in_rank.sum(0)
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        send_splits, recv_splits = send_counts.tolist(), recv_counts.tolist()
+        slots = topk_idx.index_select(0, send_tokens)  # (S, K) global expert ids
+        on_dest = slots // self.num_local == dest_rank.unsqueeze(1)
+        send_idx = torch.where(on_dest, slots - dest_rank.unsqueeze(1) * self.num_local, -1)
+        send_weights = topk_weights.index_select(0, send_tokens) * on_dest
+        recv_x = _AllToAll.apply(x.index_select(0, send_tokens), recv_splits, send_splits, self.group, self)
+        recv_weights = _AllToAll.apply(send_weights, recv_splits, send_splits, self.group, self)
+        recv_idx = _exchange(send_idx, recv_splits, send_splits, self.group, self)  # (R, K) local ids
+        order, counts = expand_by_local_expert(recv_idx, self.num_local)
+        token = order // k
+        rows = recv_x.index_select(0, token)
+        weights = recv_weights.reshape(-1).index_select(0, order)
+        handle = (token, recv_x.shape[0], send_tokens, num_tokens, send_splits, recv_splits)
+        return Dispatched(rows, counts, weights, handle)
 
     def combine(self, rows: torch.Tensor, handle: Any) -> torch.Tensor:
-        token, num_tokens, send_splits, recv_splits, index = handle
-        if index is not None:
-            rows = torch.empty_like(rows).index_copy(0, index, rows)  # back to [source][expert]
-        back = _AllToAll.apply(rows, send_splits, recv_splits, self.group, self)
-        return sum_per_token(back, token, num_tokens)
+        token, num_recv, send_tokens, num_tokens, send_splits, recv_splits = handle
+        partial = sum_per_token(rows, token, num_recv)  # one row per received token
+        back = _AllToAll.apply(partial, send_splits, recv_splits, self.group, self)
+        return sum_per_token(back, send_tokens, num_tokens)

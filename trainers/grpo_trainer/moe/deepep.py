@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grpo_trainer.moe.dispatch import Dispatched, register_backend, sum_per_token
+from grpo_trainer.moe.dispatch import Dispatched, expand_by_local_expert, register_backend, sum_per_token
 
 try:
     from deep_ep import Buffer
@@ -103,17 +103,13 @@ class DeepEPDispatcher:
             send, topk_weights.float(), topk_idx.to(torch.int64), buffer, self.num_experts, meta
         )
         recv_idx = meta["recv_idx"]  # (R, K) local expert ids, -1 where not on this rank
-        k = recv_idx.shape[1]
-        key = torch.where(recv_idx >= 0, recv_idx, self.num_local).reshape(-1)
-        order = torch.sort(key, stable=True)[1]
-        counts = torch.bincount(key, minlength=self.num_local + 1)[: self.num_local]
-        order = order[: int(counts.sum())]
-        token = order // k
+        order, counts = expand_by_local_expert(recv_idx, self.num_local)
+        token = order // recv_idx.shape[1]
         rows = recv_x.index_select(0, token).to(dtype)
         weights = recv_weights.reshape(-1).index_select(0, order)
         self.bytes_sent += send.numel() * send.element_size()  # upper bound: local tokens counted too
         handle = (buffer, meta["handle"], token, recv_x.shape[0])
-        return Dispatched(rows, counts.tolist(), weights, handle)
+        return Dispatched(rows, counts, weights, handle)
 
     def combine(self, rows: torch.Tensor, handle: Any) -> torch.Tensor:
         buffer, deepep_handle, token, num_recv = handle

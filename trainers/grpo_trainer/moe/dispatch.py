@@ -86,6 +86,15 @@ def sort_by_expert(topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tens
     return order, counts
 
 
+def expand_by_local_expert(recv_idx: torch.Tensor, num_local: int) -> tuple[torch.Tensor, list[int]]:
+    """Received tokens with their local expert ids (R, K), -1 where a slot lives elsewhere →
+    the order of the valid (token, slot) pairs sorted by local expert, and rows per expert."""
+    key = torch.where(recv_idx >= 0, recv_idx, num_local).reshape(-1)
+    order = torch.sort(key, stable=True)[1]
+    counts = torch.bincount(key, minlength=num_local + 1)[:num_local].tolist()
+    return order[: sum(counts)], counts
+
+
 def sum_per_token(rows: torch.Tensor, token: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """(N, H) rows, row i belonging to token[i] → (T, H) sums."""
     return rows.new_zeros(num_tokens, rows.shape[1]).index_add(0, token, rows)
