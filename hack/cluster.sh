@@ -92,18 +92,24 @@ node_manifests() {
   done < <(fleet_nodes)
 }
 
+# Names of fleet nodes the cluster lacks, one a line.
+missing_nodes() {
+  local have
+  have="$(kctl get nodes -o name)"
+  fleet_nodes | while read -r name _; do
+    grep -qx "node/$name" <<<"$have" || echo "$name"
+  done
+}
+
 # Creates the fleet's nodes that are missing; existing ones are left as they are, so a
 # second `up` costs one list call.
 ensure_nodes() {
-  local have missing
-  have="$(kctl get nodes -o name)"
-  missing=0
-  while read -r name _; do
-    grep -qx "node/$name" <<<"$have" || missing=1
-  done < <(fleet_nodes)
-  if [ "$missing" = 1 ]; then
+  if [ -n "$(missing_nodes)" ]; then
     log "creating fake nodes"
     node_manifests | kctl create -f - 2>&1 | grep -v 'AlreadyExists' >&2 || true
+    local still
+    still="$(missing_nodes)"
+    [ -z "$still" ] || { log "could not create nodes: $(echo "$still" | tr '\n' ' ')"; return 1; }
   fi
   kctl wait --for=condition=Ready node --all --timeout="$READY_TIMEOUT" >/dev/null
 }
