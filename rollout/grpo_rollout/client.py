@@ -293,6 +293,7 @@ class RolloutClient:
             failures[ep] = str(e)
             self._mark_down(ep, str(e))
             return chunk
+        self._down_until.pop(ep, None)
         for r in resp.results:
             results[r.prompt_id] = r
         handed_back = set(resp.unfinished_prompt_ids)
@@ -336,6 +337,7 @@ class RolloutClient:
         for ep, ans in zip(self.endpoints, answers, strict=True):
             if isinstance(ans, int):
                 result.live[ep] = ans
+                self._down_until.pop(ep, None)  # it answers and runs the latest weights: usable again
             elif isinstance(ans, (RolloutError, ValidationError)):
                 result.failed[ep] = str(ans)
                 self._mark_down(ep, str(ans))

@@ -1,0 +1,47 @@
+"""Layer rules of grpo_rollout: what the trainer may import stays light, and rollout imports no trainer.
+
+The trainer imports only `grpo_rollout.protocol` and `grpo_rollout.client`; both must load without
+torch (the client is used from the trainer's asyncio thread, and the protocol by anything). The
+rollout package itself may use `grpo_operator.api` but never the trainer, kopf or the operator.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import grpo_rollout
+
+ROOT = Path(grpo_rollout.__file__).parent
+FORBIDDEN = ("grpo_trainer", "kopf", "kubernetes")
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import"
+            names.add(node.module or "")
+    return names
+
+
+def test_rollout_imports_only_the_operator_api_and_no_trainer():
+    for path in ROOT.rglob("*.py"):
+        for name in imported_modules(path):
+            assert not name.startswith(FORBIDDEN), f"{path.relative_to(ROOT)} imports {name}"
+            if name.startswith("grpo_operator"):
+                assert name.startswith("grpo_operator.api"), f"{path.relative_to(ROOT)} imports {name}"
+
+
+def test_protocol_and_client_load_without_torch():
+    code = (
+        "import sys, grpo_rollout.client, grpo_rollout.protocol; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'vllm')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]"
