@@ -80,7 +80,7 @@ _Loader.add_implicit_resolver(
 
 
 def _json_value(value: Any) -> Any:
-    """kubectl sends JSON: map keys become strings and a float like 2.0 arrives as the integer 2."""
+    """A copy as the API server reads JSON: string keys, and 2.0 is an integer (it passes `type: integer`)."""
     if isinstance(value, dict):
         return {(str(k).lower() if isinstance(k, bool) else str(k)): _json_value(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -325,13 +325,13 @@ def check_object(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list
             (("metadata", "name"), f"Invalid value: {json.dumps(name)}: a lowercase RFC 1123 subdomain")
         )
     schema = _schema()
-    new = {k: copy.deepcopy(v) for k, v in obj.items() if k != "status"}
+    new = {k: _json_value(v) for k, v in obj.items() if k != "status"}
     apply_defaults(new, schema)
     problems, blocking = _schema_problems(new)
     out += problems
     if not blocking:
         if old is not None:
-            old = {k: copy.deepcopy(v) for k, v in old.items() if k != "status"}
+            old = {k: _json_value(v) for k, v in old.items() if k != "status"}
             apply_defaults(old, schema)
         out += cel_problems(new, schema, (), old, old is not None)
     return out

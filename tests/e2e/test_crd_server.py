@@ -8,7 +8,10 @@ subresource, and that the invalid corpus (tests/fixtures/invalid), the forbidden
 and the server naming every field that offline validation names.
 """
 
+import copy
 import json
+import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from grpo_operator import validation
+from grpo_operator import crd, validation
 
 ROOT = Path(__file__).resolve().parents[2]
 INVALID = sorted((ROOT / "tests" / "fixtures" / "invalid").glob("*.yaml"))
@@ -145,3 +148,73 @@ def test_example_accepted_by_server_and_offline(
         pytest.skip(f"{path.name} holds no GRPOJob")
     kubectl("create", "--dry-run=server", "-f", "-", input=body)
     assert validation.validate_file(path) == []
+
+
+def random_manifests(seed: int, count: int) -> list[dict[str, Any]]:
+    """Valid jobs with one or two spec fields set to boundary, wrong-typed or enum values."""
+    base = yaml.safe_load((ROOT / "tests" / "fixtures" / "updates" / "trainer-replicas.old.yaml").read_text())
+    base["spec"]["rollout"]["tolerations"] = [{"key": "spot", "operator": "Exists"}]
+    leaves: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+
+    def walk(node: dict[str, Any], path: tuple[str, ...]) -> None:
+        leaves.append((path, node))
+        for name, sub in node.get("properties", {}).items():
+            walk(sub, (*path, name))
+
+    walk(crd.openapi_schema()["properties"]["spec"], ("spec",))
+    rng = random.Random(seed)
+    docs = []
+    for i in range(count):
+        doc = copy.deepcopy(base)
+        doc["metadata"]["name"] = f"fuzz-{i}"
+        for _ in range(rng.choice((1, 1, 2))):
+            path, node = rng.choice(leaves)
+            pool: list[Any] = [
+                None,
+                True,
+                "",
+                "x",
+                "1e-6",
+                "s3://b/k",
+                "http://x",
+                0,
+                -1,
+                1,
+                2,
+                3,
+                7,
+                2.5,
+                1.0,
+            ]
+            pool += [[], {}, {"a": 1}, ["a"], *node.get("enum", [])]
+            for key in ("minimum", "maximum", "minItems", "maxItems"):
+                pool += [node[key] - 1, node[key], node[key] + 1] if key in node else []
+            pool += ["a" * node["maxLength"], "a" * (node["maxLength"] + 1)] if "maxLength" in node else []
+            parent = doc
+            for part in path[:-1]:
+                parent = parent.setdefault(part, {}) if isinstance(parent.get(part, {}), dict) else {}
+            parent[path[-1]] = copy.deepcopy(rng.choice(pool))
+        docs.append(doc)
+    return docs
+
+
+def test_random_manifests_get_the_same_verdict_offline_and_on_the_server(
+    crd_installed: None, kubectl: Any, namespace: str
+) -> None:
+    """Differential check beyond the corpus: YAML through kubectl against YAML through `validate`."""
+    docs = random_manifests(seed=20261202, count=200)
+    text = yaml.safe_dump_all(docs, sort_keys=False)
+    proc = kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-", input=text, check=False, timeout=300
+    )
+    accepted = set(re.findall(r"^grpojob\.grpo\.dev/(\S+) created", proc.stdout, re.MULTILINE))
+    loaded, errors = validation.load_documents(text, "random.yaml")
+    assert errors == [] and len(loaded) == len(docs)
+    verdicts = {d.data["metadata"]["name"]: validation.check_object(d.data) for d in loaded}
+    offline = {name for name, problems in verdicts.items() if not problems}
+    differ = sorted(accepted ^ offline, key=lambda n: int(n.split("-")[1]))
+    details = [
+        f"{n}: offline {verdicts[n]}; server {'accepted' if n in accepted else 'rejected'}" for n in differ
+    ]
+    assert not differ, "\n".join(details) + "\n" + proc.stderr[-3000:]
+    assert 20 < len(accepted) < len(docs) - 20, "the random cases should exercise both verdicts"
