@@ -1,11 +1,11 @@
 """Fixtures of the e2e ring: a real Kubernetes API server with kwok-simulated EKS GPU nodes.
 
 Every test under tests/e2e is marked ``e2e`` automatically. The cluster is the one
-``KUBECONFIG`` points at when it is set (the local one, a kind cluster made by
-``hack/kind.sh``, or any other); otherwise ``hack/cluster.sh up`` starts the local control
-plane (building its binaries on a cold cache, which takes minutes: run ``hack/cluster.sh up``
-once before pytest in CI) and leaves it running for the next session, unless
-``GRPO_E2E_DOWN=1`` asks for ``hack/cluster.sh down`` at the end.
+``KUBECONFIG`` points at when it is set (a kind cluster made by ``hack/kind.sh``, or any
+other); otherwise, or when it names the local cluster's kubeconfig, ``hack/cluster.sh up``
+starts (or reuses) the local control plane and leaves it running for the next session,
+unless ``GRPO_E2E_DOWN=1`` asks for ``hack/cluster.sh down`` at the end. On a cold cache that
+builds the binaries first (minutes): in CI run ``hack/cluster.sh up`` before pytest.
 
 Fixtures for other test modules:
 
@@ -84,7 +84,10 @@ def bin_dir() -> Path:
 def kubeconfig() -> Iterator[Path]:
     """The cluster under test; starts the local one only when KUBECONFIG names none."""
     configured = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
-    if configured:
+    local = Path(_run_script(str(CLUSTER_SH), "kubeconfig", timeout=30).strip())
+    # A KUBECONFIG exported from an earlier `hack/cluster.sh up` still means the local cluster,
+    # which `up` revives (in seconds) if it was stopped since.
+    if configured and Path(configured).expanduser().resolve() != local.resolve():
         path = Path(configured).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"KUBECONFIG={configured} does not exist")
