@@ -4,6 +4,8 @@ Used by `grpo_operator.local.supervisor`. On a terminal the panel redraws in pla
 Live); elsewhere (CI logs, tests) each step is one plain line, so logs stay readable.
 """
 
+import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,8 @@ from rich.live import Live
 from rich.table import Table
 
 from grpo_operator.local.progress import StepRecord
+
+PLAIN_LINE_EVERY_S = 1.0  # off a terminal, at most one progress line per second (plus the last step)
 
 
 @dataclass
@@ -39,6 +43,7 @@ class ProgressView:
         self._live: Live | None = None
         self._last: StepRecord | None = None
         self._state = RunState()
+        self._printed_at = -math.inf
 
     def __enter__(self) -> "ProgressView":
         if self.console.is_terminal:
@@ -63,12 +68,17 @@ class ProgressView:
         if self._live is not None:
             self._live.update(self._render())
             return
+        now = time.monotonic()
         for rec in new:
+            if now - self._printed_at < PLAIN_LINE_EVERY_S and rec.step < state.max_steps:
+                continue  # fast steps: a line a second is plenty for a log
+            self._printed_at = now
             self.console.print(
                 f"step {rec.step}/{state.max_steps}  reward {_fmt(rec.reward)}  "
                 f"tokens/s {_fmt(rec.tokens_per_s, '.0f')}  samples/s {_fmt(rec.samples_per_s, '.1f')}  "
                 f"staleness {_fmt(rec.staleness, '.0f')}  restarts {state.gang_restarts}",
                 highlight=False,
+                soft_wrap=True,
             )
 
     def _render(self) -> Table:
