@@ -11,6 +11,8 @@ launcher `grpo_trainer.launcher`). Per step, in this order:
   6. log / checkpoint
 """
 
+import contextlib
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -36,6 +38,8 @@ from grpo_trainer.parallel import (
     sync_gradients,
 )
 from grpo_trainer.progress import ProgressReporter
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -120,6 +124,13 @@ def sync_at_start(run: Run, *, resumed: bool) -> None:
         push_weights(run, decision[0])
 
 
+def autocast(run: Run) -> contextlib.AbstractContextManager:
+    """GPU: compute in the spec's dtype (bf16) over float32 master weights. CPU: float32 throughout."""
+    dtype = getattr(torch, str(run.contract.spec.model.dtype))
+    enabled = run.device.type == "cuda" and dtype != torch.float32
+    return torch.autocast(device_type=run.device.type, dtype=dtype, enabled=enabled)
+
+
 def forward_logp(
     model: nn.Module, ids: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,10 +159,11 @@ def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
     loss_sum, metrics = torch.zeros((), device=run.device), {}
     for mb in batches:
         mb = mb.to(run.device)
-        logp, logits = forward_logp(run.model, mb.input_ids, algo.temperature)
+        with autocast(run):
+            logp, logits = forward_logp(run.model, mb.input_ids, algo.temperature)
         ref_logp = None
         if run.ref is not None:
-            with torch.no_grad():
+            with torch.no_grad(), autocast(run):
                 ref_logp, _ = forward_logp(run.ref, mb.input_ids, algo.temperature)
         entropy = token_entropy(logits) if run.loss_cfg.entropy_coef > 0 else None
         loss, metrics = grpo_loss(
@@ -194,6 +206,9 @@ def train(contract: RunContract, info: RankInfo) -> None:
     run = setup(contract, info)
     try:
         loop(run)
+    except Exception as e:  # say where before the traceback: pod, rank and step
+        log.error("rank %d (pod %d) failed at step %d: %s", info.rank, info.pod_index, run.state.step + 1, e)
+        raise
     finally:
         if run.generator is not None:
             run.generator.close()
