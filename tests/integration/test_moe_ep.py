@@ -174,7 +174,8 @@ def check_layer_edge_cases(rank: int, world: int) -> None:
 
 
 def check_checkpoint(reference: torch.nn.Module, rank: int, world: int, folder: str) -> None:
-    """Load reads the local experts from save_pretrained output; full_state_dict restores the whole."""
+    """Load reads the local experts from save_pretrained output; full_state_dict restores the whole,
+    and `save_pretrained(state_dict=full_state_dict(model))` writes a checkpoint HF reloads."""
     from grpo_trainer import moe
 
     if rank == 0:
@@ -190,6 +191,12 @@ def check_checkpoint(reference: torch.nn.Module, rank: int, world: int, folder: 
     assert full.keys() == expected.keys()
     for key, tensor in expected.items():
         torch.testing.assert_close(full[key], tensor, atol=0, rtol=0, msg=key)
+    if rank == 0:
+        model.save_pretrained(os.path.join(folder, "resaved"), state_dict=full)
+        reloaded = type(reference).from_pretrained(os.path.join(folder, "resaved")).state_dict()
+        for key, tensor in expected.items():
+            torch.testing.assert_close(reloaded[key], tensor, atol=0, rtol=0, msg=f"resaved {key}")
+    dist.barrier()
 
 
 def check_auto(rank: int, world: int) -> None:
