@@ -9,6 +9,7 @@ evaluated with cel-python on the defaulted object; transition rules (`oldSelf`) 
 an old object is given. Rules are read from the CRD, never re-implemented here.
 """
 
+import base64
 import copy
 import functools
 import json
@@ -87,7 +88,11 @@ def _json_value(value: Any) -> Any:
         return [_json_value(v) for v in value]
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    return value
+    if isinstance(value, bytes):  # !!binary: JSON carries bytes as base64
+        return base64.b64encode(value).decode()
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)  # an explicit !!timestamp and the like: a string on the wire
 
 
 def _index(node: yaml.Node, path: Path_, lines: dict[Path_, int]) -> None:
@@ -104,7 +109,11 @@ def _index(node: yaml.Node, path: Path_, lines: dict[Path_, int]) -> None:
 def load_documents(text: str, file: str) -> tuple[list[Document], list[Problem]]:
     """Parse multi-document YAML; a syntax error becomes one Problem with its line."""
     docs: list[Document] = []
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)
+    except yaml.YAMLError as err:  # a character YAML does not allow (ReaderError)
+        line = text[: getattr(err, "position", 0)].count("\n") + 1
+        return docs, [Problem(file, line, "<yaml>", f"invalid YAML: {str(err).splitlines()[0]}")]
     try:
         while loader.check_node():
             node = loader.get_node()
@@ -113,10 +122,10 @@ def load_documents(text: str, file: str) -> tuple[list[Document], list[Problem]]
             doc = Document(_json_value(loader.construct_document(node)), node.start_mark.line + 1)
             _index(node, (), doc.lines)
             docs.append(doc)
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         line = mark.line + 1 if mark else 1
-        return docs, [Problem(file, line, "<yaml>", f"invalid YAML: {err.problem or err}")]
+        return docs, [Problem(file, line, "<yaml>", f"invalid YAML: {getattr(err, 'problem', None) or err}")]
     finally:
         loader.dispose()
     return [d for d in docs if d.data is not None], []

@@ -103,6 +103,14 @@ def test_bad_yaml_names_its_line() -> None:
     assert problem.path == "<yaml>" and problem.line >= 18 and "invalid YAML" in problem.message
 
 
+def test_unreadable_yaml_is_a_problem_not_a_crash() -> None:
+    (problem,) = validation.validate_text("a: b\nc: \x01\n", "ctl.yaml")
+    assert (problem.line, problem.path) == (2, "<yaml>") and "unacceptable character" in problem.message
+    binary = JOB.split("spec:\n")[0] + "spec: !!binary aGVsbG8=\n"
+    (problem,) = validation.validate_text(binary, "bin.yaml")
+    assert problem.path == "spec" and "aGVsbG8=" in problem.message
+
+
 def test_other_kinds_are_skipped_but_a_file_needs_a_job() -> None:
     config_map = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  a: b\n"
     assert validation.validate_text(f"{config_map}---\n{JOB}", "both.yaml") == []
