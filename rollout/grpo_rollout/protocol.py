@@ -60,7 +60,8 @@ class Sampling(WireModel):
     seed: int | None = Field(
         default=None,
         ge=0,
-        description="seed: optional. Same seed, prompts and weights give the same samples.",
+        description="seed: optional. The same request (prompts, n, seed) to a server with the same weights "
+        "and batch size gives the same samples.",
     )
 
 
