@@ -33,16 +33,37 @@ log() { printf '[cluster] %s\n' "$*" >&2; }
 kctl() { "$BIN_DIR/kubectl" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
 kwokctl() { "$BIN_DIR/kwokctl" --name "$CLUSTER_NAME" -v WARN "$@"; }
 
-# Every component's process is alive and the API server is ready: a dead scheduler or kwok
-# controller would leave pods Pending behind a healthy-looking API server.
-healthy() {
+# Appends why the cluster was created or deleted, and by whom, to a log beside the clusters:
+# several test sessions share one cluster, so a recreation must be traceable.
+event() {
+  printf '%s %s pid=%s ppid=%s %s\n' "$(date -u +%FT%TZ)" "$CLUSTER_NAME" "$$" "$PPID" "$*" \
+    >>"$KWOK_WORKDIR/events.log"
+}
+
+# Every component's process is alive (a dead scheduler or kwok controller would leave pods
+# Pending behind a healthy-looking API server).
+processes_alive() {
   local pidfile
-  [ -f "$KUBECONFIG_PATH" ] || return 1
   for pidfile in "$CLUSTER_DIR"/pids/*.pid; do
+    [ -f "$pidfile" ] || return 1
     # A killed component may linger as a zombie, which `kill -0` would count as alive.
     case "$(ps -o stat= -p "$(cat "$pidfile")" 2>/dev/null)" in "" | Z*) return 1 ;; esac
   done
-  kctl get --raw=/readyz --request-timeout=5s >/dev/null 2>&1
+}
+
+# The API server answers /readyz. Retried for about a minute: on a loaded machine a single
+# slow answer must not make `up` delete a cluster that other sessions are using.
+api_ready() {
+  local attempt
+  for attempt in 1 2 3 4 5 6; do
+    kctl get --raw=/readyz --request-timeout=10s >/dev/null 2>&1 && return 0
+    [ "$attempt" = 6 ] || sleep 2
+  done
+  return 1
+}
+
+healthy() {
+  [ -f "$KUBECONFIG_PATH" ] && processes_alive && api_ready
 }
 
 create_cluster() {
@@ -62,9 +83,13 @@ create_cluster() {
 ensure_running() {
   healthy && { log "cluster '$CLUSTER_NAME' already running"; return 0; }
   if [ -d "$CLUSTER_DIR" ]; then
-    log "cluster '$CLUSTER_NAME' exists but is not healthy; recreating it"
+    local why="API server not ready"
+    processes_alive || why="a component's process is dead"
+    log "cluster '$CLUSTER_NAME' exists but is not healthy ($why); recreating it"
+    event "delete: $why"
     kwokctl delete cluster >&2 || rm -rf "$CLUSTER_DIR"
   fi
+  event "create"
   create_cluster
   healthy || { log "kube-apiserver is not ready; logs: $CLUSTER_DIR/logs"; return 1; }
 }
@@ -129,6 +154,7 @@ up() {
 
 down() {
   if [ -d "$CLUSTER_DIR" ]; then
+    event "delete: hack/cluster.sh down"
     kwokctl delete cluster >&2
   else
     log "no cluster '$CLUSTER_NAME' in $KWOK_WORKDIR"
