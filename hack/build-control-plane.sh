@@ -66,8 +66,8 @@ import (
 
 func main() { etcdmain.Main(os.Args) }
 GO
-  (cd "$work" && go mod init grpo.dev/etcd >/dev/null 2>&1 && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1 \
-    && go mod tidy >/dev/null 2>&1 && go build -ldflags "-s -w" -o "$BIN_DIR/etcd.tmp" .)
+  (cd "$work" && go mod init grpo.dev/etcd >/dev/null 2>&1 && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null \
+    && go mod tidy >/dev/null && go build -ldflags "-s -w" -o "$BIN_DIR/etcd.tmp" .)
   mv "$BIN_DIR/etcd.tmp" "$BIN_DIR/etcd"
   rm -rf "$work"
 }
