@@ -5,8 +5,8 @@ here runs on the CPU machines. DeepEP sends a token once per destination rank (n
 chosen expert), with its top-k ids translated to local expert ids (-1 elsewhere) and its
 weights. This rank expands the received tokens into rows grouped by local expert (the experts
 apply the routing weights), sums a token's rows, and DeepEP's combine adds the partial sums
-of all ranks. Backward of dispatch is combine with the same handle
-(which also reduces the weight gradients), backward of combine is a cached dispatch.
+of all ranks. Backward of dispatch is combine with the same handle (which also reduces the
+weight gradients); backward of combine is a cached dispatch with that handle.
 DeepEP moves bf16 only: rows travel in bf16 and are cast back to the layer's dtype.
 """
 

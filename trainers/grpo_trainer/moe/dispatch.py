@@ -62,17 +62,21 @@ def register_backend(name: str) -> Callable[[BackendFactory], BackendFactory]:
     return deco
 
 
+def _register_builtin() -> None:
+    """Import the backend modules, which register themselves (deepep only when deep_ep imports)."""
+    import grpo_trainer.moe.alltoall
+    import grpo_trainer.moe.autoselect
+    import grpo_trainer.moe.deepep  # noqa: F401
+
+
 def available_backends() -> list[str]:
+    _register_builtin()
     return sorted(_BACKENDS)
 
 
 def make_dispatcher(name: str, group: dist.ProcessGroup | None, num_experts: int) -> Dispatcher:
     """Build the backend `name` for `num_experts` routed experts sharded evenly over `group`."""
-    # Importing the modules registers their backends; deepep registers only when deep_ep imports.
-    import grpo_trainer.moe.alltoall
-    import grpo_trainer.moe.autoselect
-    import grpo_trainer.moe.deepep  # noqa: F401
-
+    _register_builtin()
     if name not in _BACKENDS:
         raise ValueError(f"unknown EP backend {name!r}; available: {available_backends()}")
     return _BACKENDS[name](group, num_experts)
