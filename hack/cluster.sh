@@ -153,6 +153,9 @@ up() {
 }
 
 down() {
+  [ -d "$KWOK_WORKDIR" ] || { log "no cluster '$CLUSTER_NAME' in $KWOK_WORKDIR"; return 0; }
+  exec 9>"$KWOK_WORKDIR/.lock-$CLUSTER_NAME"
+  flock 9
   if [ -d "$CLUSTER_DIR" ]; then
     event "delete: hack/cluster.sh down"
     kwokctl delete cluster >&2
@@ -161,14 +164,21 @@ down() {
   fi
 }
 
+# The same patch as the fail_pod fixture of tests/e2e/conftest.py.
 fail_pod() {
-  local ns="$1" pod="$2" code="${3:-1}" now status
-  now="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  status="$(kctl get pod -n "$ns" "$pod" -o jsonpath='{range .spec.containers[*]}{.name}{" "}{.image}{"\n"}{end}' |
-    awk -v now="$now" -v code="$code" 'BEGIN { printf "{\"status\":{\"phase\":\"Failed\",\"containerStatuses\":[" }
-      { printf "%s{\"name\":\"%s\",\"image\":\"%s\",\"ready\":false,\"restartCount\":0,\"state\":{\"terminated\":{\"exitCode\":%d,\"reason\":\"Error\",\"startedAt\":\"%s\",\"finishedAt\":\"%s\"}}}", (NR > 1 ? "," : ""), $1, $2, code, now, now }
-      END { printf "],\"conditions\":[{\"type\":\"Ready\",\"status\":\"False\",\"reason\":\"PodFailed\",\"lastTransitionTime\":\"%s\"}]}}", now }')"
-  kctl patch pod -n "$ns" "$pod" --subresource=status --type=strategic -p "$status" >&2
+  local ns="$1" pod="$2" code="$3" patch
+  patch="$(kctl get pod -n "$ns" "$pod" -o json | python3 -c '
+import datetime, json, sys
+pod, code = json.load(sys.stdin), int(sys.argv[1])
+now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+ended = {"terminated": {"exitCode": code, "reason": "Error", "startedAt": now, "finishedAt": now}}
+statuses = [{"name": c["name"], "image": c["image"], "ready": False, "restartCount": 0, "state": ended}
+            for c in pod["spec"]["containers"]]
+conditions = [{"type": t, "status": "False", "reason": "PodFailed", "lastTransitionTime": now}
+              for t in ("Ready", "ContainersReady")]
+print(json.dumps({"status": {"phase": "Failed", "containerStatuses": statuses, "conditions": conditions}}))
+' "$code")"
+  kctl patch pod -n "$ns" "$pod" --subresource=status --type=strategic -p "$patch" >&2
 }
 
 case "${1:-}" in
