@@ -116,3 +116,21 @@ def test_balancing_loss_is_one_when_uniform_and_grows_when_concentrated() -> Non
 def test_invalid_router_configs_are_rejected(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         RouterConfig(**kwargs)
+
+
+def test_expert_parallel_turns_hf_router_logits_into_its_own_balancing_loss() -> None:
+    from grpo_trainer.moe import expert_parallel, moe_aux_loss
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=16, moe_intermediate_size=8, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, num_experts=4, num_experts_per_tok=2,
+        output_router_logits=True,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="output_router_logits"):
+        expert_parallel(Qwen3MoeForCausalLM(config))
+    config.output_router_logits = False
+    model = expert_parallel(Qwen3MoeForCausalLM(config), aux_loss_coef=0.01).train()
+    model(torch.randint(0, 32, (1, 6)))
+    loss = moe_aux_loss(model)
+    assert loss is not None and 0.02 <= float(loss) < 0.04  # two layers, each >= 0.01 * 1

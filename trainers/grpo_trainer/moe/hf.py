@@ -117,9 +117,17 @@ def expert_parallel(
 
     group: the expert-parallel group (default: the world, or EP = 1 without torch.distributed).
     backend: a registered dispatch backend (`local`, `alltoall`, `deepep`, `auto`).
-    aux_loss_coef: > 0 makes each router keep a balancing loss (see `moe_aux_loss`).
+    aux_loss_coef: > 0 makes each router keep a balancing loss (see `moe_aux_loss`); HF's own
+        `output_router_logits` path is rejected because its hooks target the replaced routers.
     Call it before building the optimizer: expert parameters are new tensors.
     """
+    if getattr(getattr(model, "config", None), "output_router_logits", False):
+        # HF records router logits with hooks on its own router class, which is replaced here.
+        raise ValueError(
+            "output_router_logits=True is not supported after expert_parallel: set it False, pass "
+            "aux_loss_coef=config.router_aux_loss_coef and add grpo_trainer.moe.moe_aux_loss(model) "
+            "to the loss"
+        )
     group, world, rank = ep_group_info(group)
     if world == 1 and backend == "auto":
         backend = "local"
