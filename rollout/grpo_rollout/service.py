@@ -209,14 +209,13 @@ class RolloutService:
                 t0 = time.monotonic()
                 try:
                     updated = await loop.run_in_executor(
-                        self._engine_pool, self.engine.load_weights, complete
+                        self._engine_pool, self._apply_now, complete, meta.version
                     )
                 except ValueError as e:
                     self.stager.discard()
                     raise ServiceError(
                         422, "bad_request", f"weight version {meta.version} rejected: {e}"
                     ) from None
-                self.stager.applied(meta.version)
                 self.metrics.weight_version.set(meta.version)
                 self.metrics.weight_loads.inc()
                 log.info(
@@ -230,6 +229,14 @@ class RolloutService:
                 applied=complete is not None,
                 parameters_updated=updated,
             )
+
+    def _apply_now(self, buckets: list[bytes], version: int) -> int:
+        """On the engine thread: swap the weights and the version number together, so the next
+        generate on this thread can never report the old version for the new weights."""
+        assert self.engine is not None
+        updated = self.engine.load_weights(buckets)
+        self.stager.applied(version)
+        return updated
 
     async def drain(self) -> None:
         """Refuse new work, give running work until the deadline, then hand back what is left."""
