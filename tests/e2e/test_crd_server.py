@@ -26,6 +26,7 @@ INVALID = sorted((ROOT / "tests" / "fixtures" / "invalid").glob("*.yaml"))
 UPDATES = sorted((ROOT / "tests" / "fixtures" / "updates").glob("*.new.yaml"))
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 CRD_NAME = "grpojobs.grpo.dev"
+IMMUTABLE_TRAINER = ("replicas", "processesPerPod", "expertParallelSize")
 
 
 def expected(path: Path) -> str:
@@ -150,52 +151,68 @@ def test_example_accepted_by_server_and_offline(
     assert validation.validate_file(path) == []
 
 
-def random_manifests(seed: int, count: int) -> list[dict[str, Any]]:
-    """Valid jobs with one or two spec fields set to boundary, wrong-typed or enum values."""
-    base = yaml.safe_load((ROOT / "tests" / "fixtures" / "updates" / "trainer-replicas.old.yaml").read_text())
-    base["spec"]["rollout"]["tolerations"] = [{"key": "spot", "operator": "Exists"}]
-    leaves: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+class Mutator:
+    """Sets random spec fields to boundary, wrong-typed, enum or null values (seeded, repeatable)."""
 
-    def walk(node: dict[str, Any], path: tuple[str, ...]) -> None:
-        leaves.append((path, node))
+    SCALARS = (None, True, "", "x", "1e-6", "s3://b/k", "http://x", 0, -1, 1, 2, 3, 7, 2.5, 1.0)
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.leaves: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+        self._walk(crd.openapi_schema()["properties"]["spec"], ("spec",))
+
+    def _walk(self, node: dict[str, Any], path: tuple[str, ...]) -> None:
+        self.leaves.append((path, node))
         for name, sub in node.get("properties", {}).items():
-            walk(sub, (*path, name))
+            self._walk(sub, (*path, name))
 
-    walk(crd.openapi_schema()["properties"]["spec"], ("spec",))
-    rng = random.Random(seed)
-    docs = []
-    for i in range(count):
-        doc = copy.deepcopy(base)
-        doc["metadata"]["name"] = f"fuzz-{i}"
-        for _ in range(rng.choice((1, 1, 2))):
-            path, node = rng.choice(leaves)
-            pool: list[Any] = [
-                None,
-                True,
-                "",
-                "x",
-                "1e-6",
-                "s3://b/k",
-                "http://x",
-                0,
-                -1,
-                1,
-                2,
-                3,
-                7,
-                2.5,
-                1.0,
-            ]
-            pool += [[], {}, {"a": 1}, ["a"], *node.get("enum", [])]
+    def _plausible(self, node: dict[str, Any]) -> list[Any]:
+        """Values of the right type within bounds: the schema accepts them, CEL rules may not."""
+        if "enum" in node or node.get("type") == "boolean":
+            return list(node.get("enum", [True, False]))
+        if node.get("type") in ("integer", "number"):
+            low = node.get("minimum", 0) + (1 if node.get("exclusiveMinimum") else 0)
+            return [low, min(low + 1, node.get("maximum", low + 1)), node.get("maximum", low + 7)]
+        return []
+
+    def mutate(self, doc: dict[str, Any], changes: int, plausible: bool = False) -> dict[str, Any]:
+        doc = copy.deepcopy(doc)
+        for _ in range(changes):
+            path, node = self.rng.choice(self.leaves)
+            pool: list[Any] = [*self.SCALARS, [], {}, {"a": 1}, ["a"], *node.get("enum", [])]
             for key in ("minimum", "maximum", "minItems", "maxItems"):
                 pool += [node[key] - 1, node[key], node[key] + 1] if key in node else []
             pool += ["a" * node["maxLength"], "a" * (node["maxLength"] + 1)] if "maxLength" in node else []
+            while plausible and not (pool := self._plausible(node)):
+                path, node = self.rng.choice(self.leaves)
             parent = doc
             for part in path[:-1]:
                 parent = parent.setdefault(part, {}) if isinstance(parent.get(part, {}), dict) else {}
-            parent[path[-1]] = copy.deepcopy(rng.choice(pool))
-        docs.append(doc)
+            parent[path[-1]] = copy.deepcopy(self.rng.choice(pool))
+        return doc
+
+
+def random_manifests(seed: int, count: int) -> list[dict[str, Any]]:
+    """Valid jobs with one or two spec fields set to random values; names fuzz-0, fuzz-1, ..."""
+    base = yaml.safe_load((ROOT / "tests" / "fixtures" / "updates" / "trainer-replicas.old.yaml").read_text())
+    base["spec"]["rollout"]["tolerations"] = [{"key": "spot", "operator": "Exists"}]
+    mutator = Mutator(seed)
+    docs = []
+    for i in range(count):
+        base["metadata"]["name"] = f"fuzz-{i}"
+        docs.append(mutator.mutate(base, mutator.rng.choice((1, 1, 2))))
     return docs
+
+
+def compare(accepted: set[str], verdicts: dict[str, list[Any]], stderr: str) -> None:
+    """Fail naming every job whose offline verdict differs from the server's."""
+    offline = {name for name, problems in verdicts.items() if not problems}
+    differ = sorted(accepted ^ offline, key=lambda n: int(n.split("-")[1]))
+    details = [
+        f"{n}: offline {verdicts[n]}; server {'accepted' if n in accepted else 'rejected'}" for n in differ
+    ]
+    assert not differ, "\n".join(details) + "\n" + stderr[-3000:]
+    assert 5 < len(accepted) < len(verdicts) - 5, "the cases must exercise both verdicts"
 
 
 def test_random_manifests_get_the_same_verdict_offline_and_on_the_server(
@@ -210,11 +227,36 @@ def test_random_manifests_get_the_same_verdict_offline_and_on_the_server(
     accepted = set(re.findall(r"^grpojob\.grpo\.dev/(\S+) created", proc.stdout, re.MULTILINE))
     loaded, errors = validation.load_documents(text, "random.yaml")
     assert errors == [] and len(loaded) == len(docs)
-    verdicts = {d.data["metadata"]["name"]: validation.check_object(d.data) for d in loaded}
-    offline = {name for name, problems in verdicts.items() if not problems}
-    differ = sorted(accepted ^ offline, key=lambda n: int(n.split("-")[1]))
-    details = [
-        f"{n}: offline {verdicts[n]}; server {'accepted' if n in accepted else 'rejected'}" for n in differ
+    compare(
+        accepted, {d.data["metadata"]["name"]: validation.check_object(d.data) for d in loaded}, proc.stderr
+    )
+
+
+def test_random_updates_get_the_same_verdict_offline_and_on_the_server(
+    crd_installed: None, kubectl: Any, namespace: str
+) -> None:
+    """Updates of stored jobs (defaults filled in by the server), immutable fields included."""
+    random_olds = yaml.safe_dump_all(random_manifests(seed=7, count=400))
+    as_kubectl_reads = [d.data for d in validation.load_documents(random_olds, "olds.yaml")[0]]
+    olds = [d for d in as_kubectl_reads if not validation.check_object(d)][:60]
+    kubectl("create", "-n", namespace, "-f", "-", input=yaml.safe_dump_all(olds), timeout=300)
+    stored = json.loads(kubectl("get", "grpo", "-n", namespace, "-o", "json").stdout)["items"]
+    mutator = Mutator(seed=8)
+    news = [
+        mutator.mutate({k: v for k, v in s.items() if k != "status"}, 1, plausible=i % 2 == 0)
+        for i, s in enumerate(stored)
     ]
-    assert not differ, "\n".join(details) + "\n" + proc.stderr[-3000:]
-    assert 20 < len(accepted) < len(docs) - 20, "the random cases should exercise both verdicts"
+    for new in news[::4]:  # and some changes aimed at the immutable fields
+        role, name = mutator.rng.choice([("model", "path"), *(("trainer", f) for f in IMMUTABLE_TRAINER)])
+        new["spec"][role][name] = "s3://models/other" if role == "model" else new["spec"][role][name] * 2
+    text = yaml.safe_dump_all(news, sort_keys=False)
+    proc = kubectl("replace", "--dry-run=server", "-f", "-", input=text, check=False, timeout=300)
+    accepted = set(re.findall(r"^grpojob\.grpo\.dev/(\S+) replaced", proc.stdout, re.MULTILINE))
+    loaded, errors = validation.load_documents(text, "updates.yaml")
+    assert errors == [] and len(loaded) == len(news)
+    by_name = {s["metadata"]["name"]: s for s in stored}
+    verdicts = {
+        d.data["metadata"]["name"]: validation.check_object(d.data, by_name[d.data["metadata"]["name"]])
+        for d in loaded
+    }
+    compare(accepted, verdicts, proc.stderr)
