@@ -36,8 +36,9 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def write_contract(work: Path, tiny: Path, rollout_port: int, **algorithm: object) -> Path:
-    """Render the contract for a 1-pod x 2-rank, EP = 2 job with one rollout server."""
+def write_contract(work: Path, tiny: Path, rollout_port: int | tuple[int, ...], **algorithm: object) -> Path:
+    """Render the contract for a 1-pod x 2-rank, EP = 2 job with the given rollout server port(s)."""
+    rollout_ports = rollout_port if isinstance(rollout_port, tuple) else (rollout_port,)
     spec = {
         "model": {"path": str(tiny), "dtype": "float32"},
         "dataset": {"path": algorithm.pop("dataset", str(tiny / "addition.jsonl"))},
@@ -45,12 +46,12 @@ def write_contract(work: Path, tiny: Path, rollout_port: int, **algorithm: objec
         "algorithm": {"groupSize": 4, "promptsPerStep": 4, "microBatchSize": 4, "maxNewTokens": 4,
                       "learningRate": 1e-3, "maxStaleness": 1, **algorithm},
         "trainer": {"replicas": 1, "processesPerPod": 2, "expertParallelSize": 2, "epBackend": "gloo"},
-        "rollout": {"replicas": 1, "engine": "torch"},
+        "rollout": {"replicas": len(rollout_ports), "engine": "torch"},
         "checkpoint": {"path": str(work / "ckpt"), "everySteps": 2, "keepLast": 1},
     }  # fmt: skip
     job = GRPOJob.model_validate({"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob",
                                   "metadata": {"name": "t"}, "spec": spec})  # fmt: skip
-    ports = render.LocalPorts(trainer_master_port=free_port(), rollout_ports=(rollout_port,))
+    ports = render.LocalPorts(trainer_master_port=free_port(), rollout_ports=rollout_ports)
     contract = render.contract(job, name="t", namespace="local", local_ports=ports)
     path = work / "job.json"
     path.write_text(contract.model_dump_json(by_alias=True))
@@ -58,17 +59,30 @@ def write_contract(work: Path, tiny: Path, rollout_port: int, **algorithm: objec
 
 
 @pytest.fixture
-def server(tiny: Path, tmp_path: Path):
-    """One rollout server for the test (its contract only needs the model path and the port)."""
-    port = free_port()
-    proc = start_server(write_contract(tmp_path, tiny, port), port, TOKEN, log_path=tmp_path / "rollout.log")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc)
-        yield port, url
-    finally:
+def launch(tiny: Path, tmp_path: Path):
+    """Start a rollout server on a port (its contract only needs the model path and the port);
+    every server started is killed at the end of the test."""
+    procs: list[subprocess.Popen] = []
+
+    def _launch(port: int) -> subprocess.Popen:
+        work = tmp_path / f"server-{port}"
+        work.mkdir(exist_ok=True)
+        proc = start_server(write_contract(work, tiny, port), port, TOKEN, log_path=work / "rollout.log")
+        procs.append(proc)
+        wait_ready(f"http://127.0.0.1:{port}", proc)
+        return proc
+
+    yield _launch
+    for proc in procs:
         proc.kill()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def server(launch) -> tuple[int, str]:
+    port = free_port()
+    launch(port)
+    return port, f"http://127.0.0.1:{port}"
 
 
 def start_trainer(contract: Path, work: Path) -> subprocess.Popen:
@@ -163,3 +177,31 @@ def test_malformed_dataset_row_is_a_permanent_error_naming_file_and_line(tiny: P
         f"{data}:3: field 'prompt' missing or not a non-empty string"
         in (tmp_path / "trainer.log").read_text()
     )
+
+
+def wait_for_step(proc: subprocess.Popen, work: Path, step: int, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(r["step"] >= step for r in progress(work)):
+        assert time.monotonic() < deadline and proc.poll() is None, log_tail(work)
+        time.sleep(0.2)
+
+
+def test_lost_rollout_server_is_routed_around_and_catches_up_when_back(
+    launch, tiny: Path, tmp_path: Path
+) -> None:
+    ports = (free_port(), free_port())
+    launch(ports[0])
+    second = launch(ports[1])
+    contract = write_contract(tmp_path, tiny, ports, maxSteps=200, maxStaleness=0)
+    proc = start_trainer(contract, tmp_path)
+    wait_for_step(proc, tmp_path, 3)
+    second.kill()  # a Spot interruption without a drain: requests in flight fail
+    second.wait()
+    reached = max(r["step"] for r in progress(tmp_path))
+    wait_for_step(proc, tmp_path, reached + 5)  # training goes on with one server
+    launch(ports[1])  # the replacement pod starts from the model on disk, version 0
+    assert proc.poll() is None, "training ended before the replacement server was up: raise maxSteps"
+    assert finish(proc, tmp_path) == 0, log_tail(tmp_path)
+    steps = [r["step"] for r in progress(tmp_path)]
+    assert steps == list(range(1, 201))
+    assert live_version(f"http://127.0.0.1:{ports[1]}") == 200  # brought up to date by the trainer
