@@ -21,6 +21,9 @@ MAX_URI = 1024
 MAX_MAP = 64
 MAX_LIST = 64
 INSTANCE_TYPE_PATTERN = r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$"
+# Images built from the repository's Dockerfile: vLLM lives only in the rollout image (it pins its own torch).
+TRAINER_IMAGE = "ghcr.io/grpo-operator/trainer:0.1.0"
+ROLLOUT_IMAGE = "ghcr.io/grpo-operator/rollout:0.1.0"
 
 
 class Dtype(StrEnum):
@@ -326,11 +329,13 @@ class PodTemplateOverride(ApiModel):
 
 
 class RoleCommon(ApiModel):
+    """Fields both roles share: image, placement, resources and pod overrides."""
+
     image: str = Field(
-        default="ghcr.io/grpo-operator/trainer:0.1.0",
+        default=TRAINER_IMAGE,
         min_length=1,
         max_length=512,
-        description="image: optional. Container image.",
+        description=f"image: optional, default {TRAINER_IMAGE}. Container image.",
     )
     instance_type: str | None = Field(
         default=None,
@@ -430,6 +435,12 @@ class RolloutSpec(RoleCommon):
                 ".maxReplicas",
             ),
         )
+    )
+    image: str = Field(
+        default=ROLLOUT_IMAGE,
+        min_length=1,
+        max_length=512,
+        description=f"image: optional, default {ROLLOUT_IMAGE} (vLLM and the torch engine). Container image.",
     )
     replicas: int = Field(
         default=1, ge=0, le=4096, description="replicas: optional, default 1. Mutable live."
