@@ -73,6 +73,17 @@ class Progress(ApiModel):
     tokens_per_second: float | None = Field(
         default=None, description="tokensPerSecond: generated plus trained tokens per second, last step."
     )
+    rollout_seconds: float | None = Field(
+        default=None, ge=0, description="rolloutSeconds: seconds the last step waited for generations."
+    )
+    train_seconds: float | None = Field(
+        default=None, ge=0, description="trainSeconds: seconds of forward, backward and optimizer, last step."
+    )
+    ep_all_to_all_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="epAllToAllSeconds: seconds in expert-parallel dispatch and combine, last step.",
+    )
     weight_version: int | None = Field(default=None, description="weightVersion: policy version on rollout.")
     last_checkpoint: str | None = Field(default=None, description="lastCheckpoint: path of the newest one.")
     last_checkpoint_step: int | None = Field(default=None, description="lastCheckpointStep: its step.")
