@@ -75,9 +75,8 @@ class TorchEngine:
         out: list[PromptSamples | None] = [None] * len(prompts)
         for start in range(0, len(prompts), per_chunk):
             chunk = encoded[start : start + per_chunk]
-            rows = [ids for ids in chunk for _ in range(n)]  # prompt-major: n rows per prompt
             try:
-                samples = self._decode(rows, sampling, generator, should_stop)
+                samples = self._decode(chunk, n, sampling, generator, should_stop)
             except Stopped:
                 break  # this chunk and the rest stay None: handed back
             for i, ids in enumerate(chunk):
@@ -87,52 +86,66 @@ class TorchEngine:
     @torch.inference_mode()
     def _decode(
         self,
-        rows: list[list[int]],
+        prompts: list[list[int]],
+        n: int,
         sampling: Sampling,
         generator: torch.Generator,
         should_stop: Callable[[], bool],
     ) -> list[Sample]:
-        batch, longest = len(rows), max(len(r) for r in rows)
-        ids = torch.full((batch, longest), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((batch, longest), dtype=torch.long)
-        for i, r in enumerate(rows):  # left padding: every row's next token sits in the last column
+        """n samples per prompt, prompt-major. The prompts are prefilled once and their KV cache is
+        repeated n times, so a group of n costs one prompt forward, not n."""
+        from transformers import DynamicCache
+
+        longest = max(len(r) for r in prompts)
+        ids = torch.full((len(prompts), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), longest), dtype=torch.long)
+        for i, r in enumerate(prompts):  # left padding: every row's next token sits in the last column
             ids[i, longest - len(r) :] = torch.tensor(r)
             mask[i, longest - len(r) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, L] pads share position 0, masked anyway
-        from transformers import DynamicCache
-
-        cache = {self._cache_kw: DynamicCache(config=self.model.config)}  # filled in place by each forward
-        finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [P, L] pads share position 0, masked anyway
+        cache = DynamicCache(config=self.model.config)  # filled in place by each forward
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kw: cache},
+        )
+        cache.batch_repeat_interleave(n)  # [P, ...] -> [P * n, ...]
+        logits = out.logits[:, -1, :].repeat_interleave(n, dim=0)  # [B = P * n, V]
+        mask = mask.repeat_interleave(n, dim=0)  # [B, L]
+        positions = positions[:, -1:].repeat_interleave(n, dim=0)  # [B, 1]
+        finished = torch.zeros(logits.shape[0], dtype=torch.bool, device=self.device)
         step_tokens, step_logps, step_alive = [], [], []
-        for _ in range(sampling.max_new_tokens):
+        for step in range(sampling.max_new_tokens):
             if should_stop():
                 raise Stopped()
-            out = self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=1,
-                **cache,
-            )
-            tokens, logps = sample_step(out.logits[:, -1, :], sampling.temperature, sampling.top_p, generator)
+            tokens, logps = sample_step(logits, sampling.temperature, sampling.top_p, generator)
             step_alive.append(~finished)
             tokens = torch.where(finished, torch.full_like(tokens, self.pad_id), tokens)
             step_tokens.append(tokens)
             step_logps.append(logps)
             finished = finished | torch.isin(tokens, self.eos_ids)
-            if bool(finished.all()):
+            if bool(finished.all()) or step + 1 == sampling.max_new_tokens:
                 break
-            ids = tokens[:, None]  # [B, 1]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # [B, L + t]
-            positions = positions[:, -1:] + 1  # [B, 1]
+            positions = positions + 1  # [B, 1]
+            out = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_kw: cache},
+            )
+            logits = out.logits[:, -1, :]  # [B, V]
         tokens_bt = torch.stack(step_tokens, 1).cpu()  # [B, T]
         logps_bt = torch.stack(step_logps, 1).cpu()  # [B, T]
         alive_bt = torch.stack(step_alive, 1).cpu()  # [B, T]
         finished = finished.cpu()
         samples = []
-        for i in range(batch):
+        for i in range(tokens_bt.shape[0]):
             keep = alive_bt[i]
             token_ids = tokens_bt[i][keep].tolist()
             samples.append(
