@@ -93,7 +93,7 @@ def kubeconfig() -> Iterator[Path]:
             raise FileNotFoundError(f"KUBECONFIG={configured} does not exist")
         yield path
         return
-    # A cold cache builds Kubernetes from source here (15-30 min); a warm one takes seconds.
+    # A cold cache builds Kubernetes from source first (about 6 min here); a warm one takes seconds.
     out = _run_script(str(CLUSTER_SH), "up", timeout=3600)
     match = re.search(r"^export KUBECONFIG=(.+)$", out, re.MULTILINE)
     if match is None:
