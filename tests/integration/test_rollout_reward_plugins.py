@@ -88,3 +88,17 @@ def test_raising_and_hanging_plugins_score_zero_with_reasons_and_the_server_goes
     ]
     again = asyncio.run(go(answered))
     assert [r.completions[0].reward for r in again] == [2.0 + 1.0 + 0.5] * 4
+
+
+def test_a_missing_plugin_stops_the_server_at_start_with_its_name(tmp_path):
+    model = build_tiny_model(tmp_path / "model", arch="qwen2")
+    port = free_port()
+    rewards = [{"function": "no_such_reward_module:score"}]
+    contract = write_contract(tmp_path / "job.json", model, ports=[port], rewards=rewards)
+    proc = start_server(contract, port, TOKEN, log_path=tmp_path / "server.log")
+    try:
+        assert proc.wait(timeout=180) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "cannot import module 'no_such_reward_module'" in (tmp_path / "server.log").read_text()

@@ -1,0 +1,38 @@
+"""`python -m grpo_rollout serve` refuses to start, with a clear message, when its inputs are wrong."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from grpo_rollout.testing import write_contract
+
+
+def serve(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GRPO_")}
+    return subprocess.run(
+        [sys.executable, "-m", "grpo_rollout", "serve", *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_missing_contract_and_token_are_named(tmp_path):
+    out = serve({})
+    assert out.returncode != 0 and "no run contract; set $GRPO_CONTRACT" in out.stderr
+    model = tmp_path / "model"
+    model.mkdir()
+    contract = write_contract(tmp_path / "job.json", model, ports=[18000])
+    out = serve({"GRPO_CONTRACT": str(contract)})
+    assert out.returncode != 0 and "$GRPO_TOKEN is not set" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "path, message", [("s3://bucket/model", "must be a local directory"), ("/no/such", "does not exist")]
+)
+def test_model_path_must_be_a_local_directory(tmp_path, path, message):
+    contract = write_contract(tmp_path / "job.json", path, ports=[18000])
+    out = serve({"GRPO_CONTRACT": str(contract), "GRPO_TOKEN": "t"})
+    assert out.returncode != 0 and message in out.stderr
