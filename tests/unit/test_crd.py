@@ -38,7 +38,7 @@ def schema() -> dict[str, Any]:
 
 def test_checked_in_crd_is_the_generator_output() -> None:
     assert CHECKED_IN.read_text() == crd.crd_yaml(), (
-        "crds/grpojobs.grpo.dev.yaml is stale: run `grpo-operator crd -o crds/grpojobs.grpo.dev.yaml`"
+        "crds/grpojobs.grpo.dev.yaml is stale: run `make crd` (it also refreshes the Helm chart's copy)"
     )
 
 
