@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TINY := examples/.tiny
 
-.PHONY: setup control-plane lint test test-unit demo crd cluster-up cluster-down
+.PHONY: setup control-plane lint test test-unit demo crd cluster-up cluster-down e2e-kind
 
 setup:
 	bash hack/venv.sh >/dev/null
@@ -38,3 +38,7 @@ cluster-up: setup control-plane
 
 cluster-down:
 	bash hack/cluster.sh down
+
+# For users with Docker: the same e2e ring against a kind cluster with faked GPU/EFA capacity.
+e2e-kind: setup
+	eval "$$(bash hack/kind.sh up)" && $(PY) -m pytest tests/e2e
