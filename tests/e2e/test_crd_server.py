@@ -24,7 +24,7 @@ from grpo_operator import crd, validation
 ROOT = Path(__file__).resolve().parents[2]
 INVALID = sorted((ROOT / "tests" / "fixtures" / "invalid").glob("*.yaml"))
 UPDATES = sorted((ROOT / "tests" / "fixtures" / "updates").glob("*.new.yaml"))
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))
 CRD_NAME = "grpojobs.grpo.dev"
 IMMUTABLE_TRAINER = ("replicas", "processesPerPod", "expertParallelSize")
 
@@ -140,7 +140,7 @@ def test_forbidden_update_rejected_by_server_and_offline(
     kubectl(*apply, input=allowed)
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT / "examples")))
 def test_example_accepted_by_server_and_offline(
     crd_installed: None, kubectl: Any, namespace: str, path: Path
 ) -> None:
