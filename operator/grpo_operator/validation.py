@@ -238,7 +238,7 @@ def _program(rule: str) -> Any:
 
 
 def evaluate_rule(rule: str, activation: dict[str, Any]) -> str | None:
-    """None when the rule holds; otherwise why not (False, or the evaluation error)."""
+    """None when the rule holds, "" when it is false (say its message), else the evaluation error."""
     try:
         result = _program(rule).evaluate(activation)
     except celpy.CELEvalError as err:
@@ -346,12 +346,14 @@ def check_object(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list
     return out
 
 
-def validate_text(text: str, file: str = "<stdin>", old_text: str | None = None) -> list[Problem]:
+def validate_text(
+    text: str, file: str = "<stdin>", old_text: str | None = None, old_file: str = "<old>"
+) -> list[Problem]:
     """Every problem of every GRPOJob in `text`; with `old_text`, same-named jobs are checked as updates."""
     docs, problems = load_documents(text, file)
     olds: dict[tuple[Any, Any], dict[str, Any]] = {}
     if old_text is not None:
-        old_docs, old_problems = load_documents(old_text, f"{file} (old)")
+        old_docs, old_problems = load_documents(old_text, old_file)
         problems += old_problems
         olds = {_identity(d.data): d.data for d in old_docs if is_grpojob(d.data)}
     jobs = [d for d in docs if is_grpojob(d.data)]
@@ -370,4 +372,4 @@ def validate_file(path: str | Path, old: str | Path | None = None) -> list[Probl
     """validate_text on a file (and its old version); `-` reads standard input."""
     text = sys.stdin.read() if str(path) == "-" else Path(path).read_text(encoding="utf-8")
     old_text = Path(old).read_text(encoding="utf-8") if old is not None else None
-    return validate_text(text, str(path), old_text)
+    return validate_text(text, str(path), old_text, str(old))
