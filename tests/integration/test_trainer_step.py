@@ -29,6 +29,17 @@ from grpo_trainer.tiny_model import TinyConfig, build_model, build_tokenizer
 
 pytestmark = pytest.mark.slow
 GROUP = 3
+# every loss option at once, with terms that have gradients at step 1 (k1 KL, entropy, GSPO ratio)
+ALL_OPTIONS = {
+    "policyLoss": "gspo",
+    "lossAggregation": "sequence-mean",
+    "advantageNormalization": "group-mean",
+    "klCoef": 0.1,
+    "klEstimator": "k1",
+    "entropyCoef": 0.01,
+    "overlongPenalty": {"bufferTokens": 2},
+    "importanceSamplingCap": 1.5,
+}
 
 
 def rollouts() -> Rollouts:
@@ -47,12 +58,18 @@ def rollouts() -> Rollouts:
     return r
 
 
-def make_contract(model_dir: Path, world: int, ep: int):
+def make_contract(model_dir: Path, world: int, ep: int, options: dict):
     spec = {
         "model": {"path": str(model_dir), "dtype": "float32"},
         "dataset": {"path": "/unused.jsonl"},
         "reward": {"functions": [{"builtin": "exact_match"}]},
-        "algorithm": {"groupSize": GROUP, "promptsPerStep": 4, "microBatchSize": 3, "maxNewTokens": 4},
+        "algorithm": {
+            "groupSize": GROUP,
+            "promptsPerStep": 4,
+            "microBatchSize": 3,
+            "maxNewTokens": 4,
+            **options,
+        },
         "trainer": {"replicas": 1, "processesPerPod": world, "expertParallelSize": ep},
     }
     job = GRPOJob.model_validate(
@@ -61,16 +78,21 @@ def make_contract(model_dir: Path, world: int, ep: int):
     return render.contract(job, name="s", namespace="t", local_ports=render.LocalPorts(1, (2,)))
 
 
-def worker(rank: int, world: int, ep: int, port: int, model_dir: str, out: str) -> None:
+def worker(rank: int, world: int, ep: int, port: int, model_dir: str, out: str, options: dict) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    contract = make_contract(Path(model_dir), world, ep)
+    contract = make_contract(Path(model_dir), world, ep, options)
     info = RankInfo(rank=rank, local_rank=rank, world_size=world, pod_index=0, ep_size=ep)
     groups = make_groups(info)
     model = load_policy(model_dir, groups, "gloo", torch.device("cpu"))
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     algo = contract.spec.algorithm
-    run = Run(contract, info, groups, torch.device("cpu"), model, None, opt, LossConfig.from_spec(algo),
+    ref = (
+        load_policy(model_dir, groups, "gloo", torch.device("cpu")).requires_grad_(False)
+        if algo.kl_coef
+        else None
+    )
+    run = Run(contract, info, groups, torch.device("cpu"), model, ref, opt, LossConfig.from_spec(algo),
               None, 0, checkpoint.TrainState(), None, None)  # fmt: skip
     data = rollouts()
     ids = torch.tensor([data.prompt_tokens[0] + data.completion_tokens[0]])
@@ -84,11 +106,11 @@ def worker(rank: int, world: int, ep: int, port: int, model_dir: str, out: str) 
     dist.destroy_process_group()
 
 
-def run_gang(model_dir: Path, tmp: Path, world: int, ep: int) -> dict:
+def run_gang(model_dir: Path, tmp: Path, world: int, ep: int, options: dict | None = None) -> dict:
+    tmp.mkdir(parents=True, exist_ok=True)
     out = tmp / f"w{world}-ep{ep}.pt"
-    mp.start_processes(
-        worker, args=(world, ep, free_port(), str(model_dir), str(out)), nprocs=world, start_method="spawn"
-    )
+    args = (world, ep, free_port(), str(model_dir), str(out), options or {})
+    mp.start_processes(worker, args=args, nprocs=world, start_method="spawn")
     return torch.load(out, weights_only=False)
 
 
@@ -113,13 +135,23 @@ def test_single_process_step_moves_toward_positive_advantages(reference: dict) -
     assert reference["delta"] > 0  # sequence 0 scored best in its group: its log-prob rose
 
 
-@pytest.mark.parametrize(("world", "ep"), [(2, 2), (2, 1)])
-def test_distributed_step_equals_single_process_step(
-    model_dir: Path, tmp_path: Path, reference: dict, world: int, ep: int
-) -> None:
-    got = run_gang(model_dir, tmp_path, world, ep)
+def assert_same_step(got: dict, reference: dict) -> None:
     assert got["stats"]["loss"] == pytest.approx(reference["stats"]["loss"], rel=1e-4, abs=1e-6)
     assert got["stats"]["grad_norm"] == pytest.approx(reference["stats"]["grad_norm"], rel=1e-4)
     assert got["state"].keys() == reference["state"].keys()
     for name, tensor in reference["state"].items():
         torch.testing.assert_close(got["state"][name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize(("world", "ep"), [(2, 2), (2, 1)])
+def test_distributed_step_equals_single_process_step(
+    model_dir: Path, tmp_path: Path, reference: dict, world: int, ep: int
+) -> None:
+    assert_same_step(run_gang(model_dir, tmp_path, world, ep), reference)
+
+
+def test_every_loss_option_at_once_is_still_rank_invariant(model_dir: Path, tmp_path: Path) -> None:
+    single = run_gang(model_dir, tmp_path / "one", 1, 1, ALL_OPTIONS)
+    assert single["stats"]["kl"] == 0.0  # the reference is the initial policy
+    assert single["stats"]["entropy"] > 0
+    assert_same_step(run_gang(model_dir, tmp_path / "two", 2, 2, ALL_OPTIONS), single)

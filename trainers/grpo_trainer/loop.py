@@ -156,7 +156,7 @@ def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
         rollouts, mine, advantages, size=algo.micro_batch_size, count=count, pad_id=run.pad_id
     )
     run.optimizer.zero_grad(set_to_none=True)
-    loss_sum, metrics = torch.zeros((), device=run.device), {}
+    loss_sum, seen = torch.zeros((), device=run.device), []
     for mb in batches:
         mb = mb.to(run.device)
         with autocast(run):
@@ -166,7 +166,7 @@ def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
             with torch.no_grad(), autocast(run):
                 ref_logp, _ = forward_logp(run.ref, mb.input_ids, algo.temperature)
         entropy = token_entropy(logits) if run.loss_cfg.entropy_coef > 0 else None
-        loss, metrics = grpo_loss(
+        loss, mb_metrics = grpo_loss(
             run.loss_cfg,
             logp=logp,
             old_logp=logp.detach(),  # one update per batch: π_old is the policy before this step
@@ -179,6 +179,9 @@ def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
         )
         loss.backward()
         loss_sum += loss.detach()
+        if mb.mask.any():
+            seen.append(mb_metrics)
+    metrics = {k: sum(m[k] for m in seen) / len(seen) for k in seen[0]} if seen else {}  # this rank's
     sync_gradients(run.model, run.groups)
     grad_norm = clip_gradients(run.model, run.groups, MAX_GRAD_NORM)
     run.optimizer.step()
