@@ -240,13 +240,13 @@ class RolloutClient:
         alive = self._usable()
         tasks: dict[asyncio.Task, tuple[str, list[Prompt]]] = {}
 
-        def dispatch(batch: list[Prompt]) -> None:
+        def dispatch(batch: list[Prompt]) -> int:
+            """Send `batch` to the least busy servers not failed in this call; return prompts sent."""
             servers = [e for e in alive if e not in failures]
-            servers = servers or [
-                e for e in self.endpoints if e not in failures
-            ]  # last resort: cooled-down ones
+            # Last resort: servers still cooling down from an earlier call's failure.
+            servers = servers or [e for e in self.endpoints if e not in failures]
             if not servers:
-                return
+                return 0
             busy = {ep: 0 for ep in servers}
             for ep, chunk in tasks.values():
                 if ep in busy:
@@ -255,6 +255,7 @@ class RolloutClient:
             for ep, chunk in self._chunks(batch, order, n):
                 task = asyncio.ensure_future(self._generate_on(ep, chunk, n, sampling, min_weight_version))
                 tasks[task] = (ep, chunk)
+            return len(batch)
 
         dispatch(list(prompts))
         try:
@@ -264,8 +265,7 @@ class RolloutClient:
                     ep, chunk = tasks.pop(task)
                     again = self._collect(task, ep, chunk, results, failures)
                     if again:
-                        self.resent_prompts += len(again)
-                        dispatch(again)
+                        self.resent_prompts += dispatch(again)
         finally:
             for task in tasks:
                 task.cancel()
