@@ -335,6 +335,8 @@ def check_object(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list
         )
     schema = _schema()
     new = {k: _json_value(v) for k, v in obj.items() if k != "status"}
+    if not name:  # the server validates the name it generates: generateName (cut to 58) + 5 characters
+        new["metadata"]["name"] = f"{str(meta['generateName'])[:58]}x7b2q"
     apply_defaults(new, schema)
     problems, blocking = _schema_problems(new)
     out += problems

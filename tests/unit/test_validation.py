@@ -120,6 +120,13 @@ def test_other_kinds_are_skipped_but_a_file_needs_a_job() -> None:
     assert "no GRPOJob" in problem.message
 
 
+def test_generated_names_are_checked_as_the_server_generates_them() -> None:
+    short = JOB.replace("  name: tiny", "  generateName: run-")
+    assert validation.validate_text(short) == []
+    (problem,) = validation.validate_text(JOB.replace("  name: tiny", f"  generateName: {'g' * 40}-"))
+    assert "metadata.name must be a DNS-1035 label" in problem.message
+
+
 def test_wrong_api_version_is_rejected() -> None:
     (problem,) = validation.validate_text(JOB.replace("grpo.dev/v1alpha1", "grpo.dev/v1"), "v1.yaml")
     assert "grpo.dev/v1alpha1" in problem.message
