@@ -25,10 +25,11 @@ EXAMPLE = REPO / "examples" / "tiny-local.yaml"
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    subprocess.run(
-        [sys.executable, "-m", "grpo_operator.cli", "tiny-model", str(out)], check=True, timeout=600
-    )
+    """The demo's model, built once per session (the failure tests' module reuses the same folder)."""
+    out = tmp_path_factory.getbasetemp() / "tiny-model"
+    if not (out / "addition.jsonl").exists():
+        cmd = [sys.executable, "-m", "grpo_operator.cli", "tiny-model", str(out)]
+        subprocess.run(cmd, check=True, timeout=600)
     return out
 
 
@@ -91,24 +92,30 @@ class Run:
     def summary(self) -> dict[str, Any]:
         return json.loads(self.summary_path.read_text())
 
-    def pod_pids(self) -> dict[str, list[int]]:
-        """Live processes started for this run, by the module they run (their env names the contract)."""
+    def processes(self) -> list[tuple[int, str, dict[str, str]]]:
+        """Live processes started for this run (their env names its contract): pid, command line, env."""
         marker = f"GRPO_CONTRACT={self.workdir / 'job.json'}".encode()
-        found: dict[str, list[int]] = {}
+        found = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
-                if marker not in (entry / "environ").read_bytes().split(b"\0"):
+                environ = (entry / "environ").read_bytes().split(b"\0")
+                if marker not in environ:
                     continue
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                state = next(
-                    ln for ln in (entry / "status").read_text().splitlines() if ln.startswith("State:")
-                )
-            except (OSError, StopIteration):
+                status = (entry / "status").read_text()
+            except OSError:
                 continue
-            if "zombie" in state:
-                continue
+            if "zombie" not in status:
+                env = dict(kv.decode(errors="replace").partition("=")[::2] for kv in environ if b"=" in kv)
+                found.append((int(entry.name), cmdline, env))
+        return found
+
+    def pod_pids(self) -> dict[str, list[int]]:
+        """Live processes of this run by role (rollout, trainer), launchers and ranks alike."""
+        found: dict[str, list[int]] = {}
+        for pid, cmdline, _ in self.processes():
             role = (
                 "trainer"
                 if "grpo_trainer" in cmdline
@@ -116,7 +123,7 @@ class Run:
                 if "grpo_rollout" in cmdline
                 else "other"
             )
-            found.setdefault(role, []).append(int(entry.name))
+            found.setdefault(role, []).append(pid)
         return found
 
 

@@ -114,20 +114,19 @@ class PodProcess:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def first_error_line(self) -> str:
-        """The most telling line of the latest attempt: its first exception or error message.
+    def why(self) -> str:
+        """Why the latest attempt ended, from its log: its last line and its first error.
 
-        The first, not the last: when one rank fails, its peers fail next with "connection
-        closed by peer", and the runtime should quote the cause, not the echo.
+        The last line is usually the launcher's verdict ("rank 1 exited with code -9"); the
+        first error is usually the cause, not the peers' echo ("connection reset by peer")
+        that follows it. Both are quoted when they differ.
         """
-        text = self.log_tail(400)
-        attempt = text.rsplit(ATTEMPT_HEADER, 1)[-1].splitlines()[1:]
+        attempt = self.log_tail(400).rsplit(ATTEMPT_HEADER, 1)[-1].splitlines()[1:]
         lines = [ln.strip() for ln in attempt if ln.strip()]
-        for pattern in (_EXCEPTION_LINE, _ERROR_LINE):
-            found = next((ln for ln in lines if pattern.search(ln)), None)
-            if found:
-                return found
-        return lines[-1] if lines else "(no output)"
+        if not lines:
+            return "(no output)"
+        first = next((ln for p in (_EXCEPTION_LINE, _ERROR_LINE) for ln in lines if p.search(ln)), lines[-1])
+        return lines[-1] if first == lines[-1] else f"{lines[-1]} (first error in its log: {first})"
 
 
 def stop_all(procs: list[PodProcess], grace_s: float | None = None) -> None:

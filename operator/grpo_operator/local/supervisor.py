@@ -153,7 +153,7 @@ class Supervisor:
                 proc = self.rollout[i]
                 if (code := proc.poll()) is not None:
                     name = proc.command.name
-                    what = f"{_exit_text(code)} before it became healthy: {proc.first_error_line()}"
+                    what = f"{_exit_text(code)} before it became healthy: {proc.why()}"
                     raise RunFailed(f"{name} {what}", {name: (proc.log_path, proc.log_tail())})
                 if self._healthy(endpoints[i]):
                     pending.discard(i)
@@ -180,7 +180,7 @@ class Supervisor:
                 continue
             name = proc.command.name
             if self._rollout_restarts[i] >= ROLLOUT_RESTART_LIMIT:
-                what = f"{_exit_text(code)} after {ROLLOUT_RESTART_LIMIT} restarts: {proc.first_error_line()}"
+                what = f"{_exit_text(code)} after {ROLLOUT_RESTART_LIMIT} restarts: {proc.why()}"
                 raise RunFailed(f"{name} {what}", {name: (proc.log_path, proc.log_tail())})
             stop_all([proc], grace_s=2.0)  # whatever it forked goes with it
             self._rollout_restarts[i] += 1
@@ -196,7 +196,7 @@ class Supervisor:
             return all(c == 0 for c in codes)
         proc, code = failed[0]
         name = proc.command.name
-        what = f"{name} {_exit_text(code)} at step {self._step()}: {proc.first_error_line()}"
+        what = f"{name} {_exit_text(code)} at step {self._step()}: {proc.why()}"
         tails = {p.command.name: (p.log_path, p.log_tail()) for p, _ in failed}
         if code == EXIT_PERMANENT:
             raise RunFailed(f"permanent error, not retried: {what}", tails)

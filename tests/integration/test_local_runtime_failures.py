@@ -1,0 +1,65 @@
+"""The local runtime under failure: a trainer rank or a rollout server killed mid-run.
+
+Real processes, killed with SIGKILL as a node loss or an OOM kill would: a lost trainer
+rank must bring the whole gang back from its last checkpoint (step count continuing, one
+restart in the summary); a lost rollout server must not stop the job (the trainer sends
+its prompts to the other server while the runtime replaces it alone).
+"""
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from test_local_runtime import job_manifest, run_job, tiny_model  # noqa: F401 - tiny_model is a fixture
+
+pytestmark = pytest.mark.slow
+EVERY = 3  # checkpoint interval of these runs
+MAX_STEPS = 12
+
+
+def test_killed_trainer_rank_restarts_the_gang_from_its_checkpoint(tmp_path: Path, tiny_model: Path) -> None:  # noqa: F811
+    manifest = job_manifest(tiny_model, maxSteps=MAX_STEPS)
+    manifest["spec"]["checkpoint"]["everySteps"] = EVERY
+    run = run_job(tmp_path, manifest)
+    run.wait_until("a step past the first checkpoint", lambda: len(run.steps()) >= EVERY + 2)
+    ranks = [
+        pid for pid, cmdline, env in run.processes() if "grpo_trainer rank" in cmdline and env["RANK"] == "1"
+    ]
+    assert len(ranks) == 1, run.processes()
+    os.kill(ranks[0], signal.SIGKILL)
+
+    assert run.finish() == 0, run.output()
+    summary = run.summary()
+    assert summary["restarts"] == 1 and summary["steps"] == MAX_STEPS, summary
+    seq = [s["step"] for s in run.steps()]
+    assert set(seq) == set(range(1, MAX_STEPS + 1)), seq
+    resumed = [seq[i] for i in range(1, len(seq)) if seq[i] <= seq[i - 1]]
+    assert len(resumed) <= 1, seq  # at most one rewind: the one restart
+    if resumed:  # the gang went back to its last checkpoint, not to step 1
+        assert resumed[0] > 1 and (resumed[0] - 1) % EVERY == 0, seq
+    assert "restarting the trainer gang from its last checkpoint (1/2)" in run.output()
+    assert "attempt 1" in (run.workdir / "logs" / "trainer-0.log").read_text()
+    assert run.pod_pids() == {}
+
+
+def test_killed_rollout_server_is_replaced_and_the_job_finishes(tmp_path: Path, tiny_model: Path) -> None:  # noqa: F811
+    manifest = job_manifest(tiny_model, maxSteps=MAX_STEPS)
+    manifest["spec"]["rollout"]["replicas"] = 2
+    run = run_job(tmp_path, manifest)
+    run.wait_until("a few steps", lambda: len(run.steps()) >= 3)
+    servers = [
+        pid
+        for pid, cmdline, env in run.processes()
+        if "grpo_rollout" in cmdline and env["GRPO_POD_INDEX"] == "1"
+    ]
+    assert len(servers) == 1, run.processes()
+    os.kill(servers[0], signal.SIGKILL)
+
+    assert run.finish() == 0, run.output()
+    summary = run.summary()
+    assert summary["steps"] == MAX_STEPS and summary["restarts"] == 0, summary  # the gang never went down
+    assert [s["step"] for s in run.steps()] == list(range(1, MAX_STEPS + 1))
+    assert "rollout-1 was killed by SIGKILL" in run.output()
+    assert "restarting it alone" in run.output()
+    assert run.pod_pids() == {}
