@@ -319,20 +319,62 @@ def _schema() -> dict[str, Any]:
     return crd.openapi_schema()
 
 
+_OBJECT_META = {
+    "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
+    "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations",
+    "ownerReferences", "finalizers", "managedFields",
+}  # fmt: skip
+_QUALIFIED = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def _qualified_name(key: str) -> bool:
+    """A label or annotation key: [DNS-subdomain prefix/]name, the name at most 63 characters."""
+    prefix, slash, name = key.rpartition("/")
+    good_prefix = not slash or (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix) is not None)
+    return good_prefix and 0 < len(name) <= 63 and _QUALIFIED.match(name) is not None
+
+
+def metadata_problems(meta: dict[str, Any]) -> list[tuple[Path_, str]]:
+    """The API server's ObjectMeta checks that a manifest can get wrong: names, labels, annotations."""
+    out: list[tuple[Path_, str]] = []
+    for key in meta:
+        if key not in _OBJECT_META:
+            out.append((("metadata", key), f'unknown field "metadata.{key}"'))
+    for key in ("name", "namespace"):
+        value = meta.get(key)
+        limit = 253 if key == "name" else 63
+        if value is not None and (
+            not isinstance(value, str) or len(value) > limit or not _DNS_SUBDOMAIN.match(value)
+        ):
+            out.append((("metadata", key), f"Invalid value: {json.dumps(value)}: a lowercase RFC 1123 name"))
+    for kind in ("labels", "annotations"):
+        entries = meta.get(kind) or {}
+        if not isinstance(entries, dict):
+            out.append((("metadata", kind), f"Invalid value: {_short(entries)}: must be a map of strings"))
+            continue
+        for key, value in entries.items():  # the server names the map, not the key
+            where = ("metadata", kind)
+            if not _qualified_name(key):
+                out.append((where, f"Invalid value: {json.dumps(key)}: not a qualified name"))
+            if not isinstance(value, str):
+                out.append((where, f"Invalid value: {_short(value)} (key {key!r}): must be a string"))
+            elif kind == "labels" and value and (len(value) > 63 or not _QUALIFIED.match(value)):
+                out.append(
+                    (where, f"Invalid value: {json.dumps(value)} (key {key!r}): not a valid label value")
+                )
+    return out
+
+
 def check_object(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[tuple[Path_, str]]:
     """All problems of one GRPOJob object (an update of `old` when given), as (path, message)."""
     if obj.get("apiVersion") != job.API_VERSION or obj.get("kind") != job.KIND:
         got = f"{obj.get('apiVersion')}, Kind={obj.get('kind')}"
         return [((), f"no matches for {got}: want apiVersion {job.API_VERSION}, kind {job.KIND}")]
-    out: list[tuple[Path_, str]] = []
     meta = obj.get("metadata")
     name = meta.get("name") if isinstance(meta, dict) else None
     if not isinstance(meta, dict) or not (name or meta.get("generateName")):
         return [(("metadata", "name"), "Required value: name or generateName is required")]
-    if name is not None and (not isinstance(name, str) or len(name) > 253 or not _DNS_SUBDOMAIN.match(name)):
-        out.append(
-            (("metadata", "name"), f"Invalid value: {json.dumps(name)}: a lowercase RFC 1123 subdomain")
-        )
+    out = metadata_problems(meta)
     schema = _schema()
     new = {k: _json_value(v) for k, v in obj.items() if k != "status"}
     if not name:  # the server validates the name it generates: generateName (cut to 58) + 5 characters

@@ -127,6 +127,23 @@ def test_generated_names_are_checked_as_the_server_generates_them() -> None:
     assert "metadata.name must be a DNS-1035 label" in problem.message
 
 
+@pytest.mark.parametrize(
+    ("metadata", "path"),
+    [
+        ("  labels: {app: bad value}", "metadata.labels"),
+        ("  labels: {/app: x}", "metadata.labels"),
+        ("  annotations: {note: 5}", "metadata.annotations"),
+        ("  owner: me", "metadata.owner"),
+    ],
+)
+def test_object_metadata_is_checked_as_the_server_does(metadata: str, path: str) -> None:
+    (problem,) = validation.validate_text(JOB.replace("  name: tiny\n", f"  name: tiny\n{metadata}\n"))
+    assert problem.path == path
+    assert (
+        validation.validate_text(JOB.replace("  name: tiny\n", "  name: tiny\n  labels: {team: ml}\n")) == []
+    )
+
+
 def test_wrong_api_version_is_rejected() -> None:
     (problem,) = validation.validate_text(JOB.replace("grpo.dev/v1alpha1", "grpo.dev/v1"), "v1.yaml")
     assert "grpo.dev/v1alpha1" in problem.message
