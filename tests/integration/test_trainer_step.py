@@ -24,6 +24,7 @@ from grpo_trainer.batch import Rollouts
 from grpo_trainer.config import RankInfo
 from grpo_trainer.loop import Run, forward_logp, train_step
 from grpo_trainer.losses import LossConfig
+from grpo_trainer.optim import GangAdamW
 from grpo_trainer.parallel import load_policy, make_groups
 from grpo_trainer.tiny_model import TinyConfig, build_model, build_tokenizer
 
@@ -78,14 +79,22 @@ def make_contract(model_dir: Path, world: int, ep: int, options: dict):
     return render.contract(job, name="s", namespace="t", local_ports=render.LocalPorts(1, (2,)))
 
 
-def worker(rank: int, world: int, ep: int, port: int, model_dir: str, out: str, options: dict) -> None:
+def worker(
+    rank: int, world: int, ep: int, port: int, model_dir: str, out: str, options: dict, zero: int | None
+) -> None:
+    """One rank: a train_step with SGD (zero None) or with the gang's AdamW at ZeRO stage `zero`."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     contract = make_contract(Path(model_dir), world, ep, options)
     info = RankInfo(rank=rank, local_rank=rank, world_size=world, pod_index=0, ep_size=ep)
     groups = make_groups(info)
     model = load_policy(model_dir, groups, "gloo", torch.device("cpu"))
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    lr = 1e-2
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=1.0)
+        if zero is None
+        else GangAdamW(model, groups, lr=lr, zero_stage=zero)
+    )
     algo = contract.spec.algorithm
     ref = (
         load_policy(model_dir, groups, "gloo", torch.device("cpu")).requires_grad_(False)
@@ -101,17 +110,26 @@ def worker(rank: int, world: int, ep: int, port: int, model_dir: str, out: str, 
     state = moe.full_state_dict(model) if groups.ep is not None else model.state_dict()
     if rank == 0:
         after = forward_logp(model, ids, 1.0)[0].sum().item() if world == 1 else 0.0
-        torch.save({"state": state, "stats": stats, "delta": after - before}, out)
+        local = opt.local_state_size() if zero is not None else 0
+        torch.save({"state": state, "stats": stats, "delta": after - before, "local_state": local}, out)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def run_gang(model_dir: Path, tmp: Path, world: int, ep: int, options: dict | None = None) -> dict:
+def run_gang(
+    model_dir: Path, tmp: Path, world: int, ep: int, options: dict | None = None, zero: int | None = None
+) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
-    out = tmp / f"w{world}-ep{ep}.pt"
-    args = (world, ep, free_port(), str(model_dir), str(out), options or {})
+    out = tmp / f"w{world}-ep{ep}-z{zero}.pt"
+    args = (world, ep, free_port(), str(model_dir), str(out), options or {}, zero)
     mp.start_processes(worker, args=args, nprocs=world, start_method="spawn")
     return torch.load(out, weights_only=False)
+
+
+def initial_state(model_dir: Path) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).state_dict()
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +173,12 @@ def test_every_loss_option_at_once_is_still_rank_invariant(model_dir: Path, tmp_
     assert single["stats"]["kl"] == 0.0  # the reference is the initial policy
     assert single["stats"]["entropy"] > 0
     assert_same_step(run_gang(model_dir, tmp_path / "two", 2, 2, ALL_OPTIONS), single)
+
+
+def test_zero1_shards_adam_state_and_takes_the_same_step(model_dir: Path, tmp_path: Path) -> None:
+    plain = run_gang(model_dir, tmp_path, 2, 1, zero=0)
+    zero = run_gang(model_dir, tmp_path, 2, 1, zero=1)
+    assert 0 < zero["local_state"] < plain["local_state"]  # rank 0 keeps Adam moments for its part only
+    for name, tensor in plain["state"].items():
+        torch.testing.assert_close(zero["state"][name], tensor, rtol=0, atol=1e-7, msg=name)
+    assert any(not torch.equal(t, zero["state"][n]) for n, t in initial_state(model_dir).items())

@@ -19,13 +19,22 @@ import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from grpo_trainer.config import ConfigError, RankInfo
+
+
+class Stateful(Protocol):
+    """An optimizer as checkpoints see it (torch optimizers and `grpo_trainer.optim.GangAdamW`)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 META = "meta.json"
@@ -71,7 +80,7 @@ def save(
     root: str | Path,
     state: TrainState,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Stateful,
     info: RankInfo,
     *,
     keep_last: int,
@@ -111,7 +120,7 @@ def _prune(root: Path, keep_last: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, info: RankInfo) -> TrainState:
+def load(path: Path, model: nn.Module, optimizer: Stateful, info: RankInfo) -> TrainState:
     """Restore this rank's shard, optimizer and RNG from a save; ConfigError if the gang's shape changed."""
     meta = json.loads((path / META).read_text())
     if (meta["world_size"], meta["ep_size"]) != (info.world_size, info.ep_size):

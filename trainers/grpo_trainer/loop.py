@@ -29,6 +29,7 @@ from grpo_trainer.config import ENV_PROGRESS_FILE, MAX_GRAD_NORM, RankInfo, job_
 from grpo_trainer.data import PromptOrder, load_rows
 from grpo_trainer.generation import Generator
 from grpo_trainer.losses import LossConfig, Totals, grpo_loss, token_entropy, token_logprobs
+from grpo_trainer.optim import GangAdamW
 from grpo_trainer.parallel import (
     Groups,
     clip_gradients,
@@ -52,7 +53,7 @@ class Run:
     device: torch.device
     model: nn.Module
     ref: nn.Module | None
-    optimizer: torch.optim.Optimizer
+    optimizer: GangAdamW
     loss_cfg: LossConfig
     order: PromptOrder
     pad_id: int
@@ -74,7 +75,7 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     if algo.kl_coef > 0:
         ref = load_policy(spec.model.reference_path or spec.model.path, groups, backend, device)
         ref.eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=algo.learning_rate, weight_decay=0.0)
+    optimizer = GangAdamW(model, groups, lr=algo.learning_rate, zero_stage=spec.trainer.zero_stage)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     state, cfg = checkpoint.TrainState(), LossConfig.from_spec(algo)
     run = Run(contract, info, groups, device, model, ref, optimizer, cfg, order, pad_id, state, None, None)

@@ -1,0 +1,82 @@
+"""AdamW for the trainer gang, with ZeRO stage 1 (optimizer state sharded over replicas).
+
+Built by the training loop (`grpo_trainer.loop.setup`). Parameters come in two families with
+different replica groups (see `grpo_trainer.parallel`): dense ones are replicated over the whole
+world, expert shards over the expert data-parallel group. With `trainer.zeroStage >= 1` each
+family's AdamW state (2x the weights in float32, the largest memory item of training) is split
+over its replica group by `torch.distributed.optim.ZeroRedundancyOptimizer`: every rank updates
+its part and broadcasts it. Stages 2 and 3 (sharded gradients and weights) are not implemented;
+they run as stage 1. Checkpoints hold each rank's own part, which is why resuming needs the
+same gang shape.
+"""
+
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from grpo_trainer.parallel import Groups, split_parameters
+
+log = logging.getLogger(__name__)
+
+
+def _adamw(
+    params: list[nn.Parameter], group: dist.ProcessGroup | None, replicas: int, lr: float, zero: bool
+) -> torch.optim.Optimizer | None:
+    if not params:
+        return None
+    if zero and replicas > 1:
+        return ZeroRedundancyOptimizer(
+            params, torch.optim.AdamW, process_group=group, lr=lr, weight_decay=0.0
+        )
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+
+
+class GangAdamW:
+    """AdamW over both parameter families; the loop and checkpoints use it like one optimizer."""
+
+    def __init__(self, model: nn.Module, groups: Groups, *, lr: float, zero_stage: int) -> None:
+        if zero_stage > 1:
+            log.warning(
+                "zeroStage %d: gradients and weights are not sharded here; running ZeRO stage 1", zero_stage
+            )
+        dense, experts = split_parameters(model)
+        world = dist.get_world_size()
+        expert_replicas = dist.get_world_size(groups.expert_dp) if groups.expert_dp is not None else 1
+        zero = zero_stage >= 1
+        self.parts = {
+            "dense": _adamw(dense, None, world, lr, zero),
+            "experts": _adamw(experts, groups.expert_dp, expert_replicas, lr, zero),
+        }
+
+    def _each(self) -> list[tuple[str, torch.optim.Optimizer]]:
+        return [(k, o) for k, o in self.parts.items() if o is not None]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for _, opt in self._each():
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        """Collective under ZeRO: every rank of each replica group must call it."""
+        for _, opt in self._each():
+            opt.step()
+
+    @staticmethod
+    def _local(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer over this rank's own parameters (its ZeRO shard, or all of them)."""
+        return opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's part only: no gather, so saving costs no communication."""
+        return {k: self._local(opt).state_dict() for k, opt in self._each()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for k, opt in self._each():
+            self._local(opt).load_state_dict(state[k])
+
+    def local_state_size(self) -> int:
+        """Number of optimizer-state tensors held by this rank (what ZeRO shrinks)."""
+        return sum(len(self._local(opt).state) for _, opt in self._each())
