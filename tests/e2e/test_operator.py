@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "grpojobs.grpo.dev.yaml"
+CRD = Path(os.environ.get("GRPO_E2E_CRD", ROOT / "crds" / "grpojobs.grpo.dev.yaml"))
 GROUP, VERSION, PLURAL = "grpo.dev", "v1alpha1", "grpojobs"
 CHILD_KINDS = (
     "configmap,serviceaccount,role,rolebinding,service,statefulset,poddisruptionbudget,networkpolicy,secret"
@@ -100,7 +100,7 @@ def manifest(name: str, *, trainer: dict | None = None, rollout: dict | None = N
         "kind": "GRPOJob",
         "metadata": {"name": name},
         "spec": {
-            "model": {"path": "pvc://models/qwen3-30b-a3b"},
+            "model": {"path": "s3://models/qwen3-30b-a3b"},
             "dataset": {"path": "s3://datasets/gsm8k.jsonl"},
             "reward": {"functions": [{"builtin": "math"}]},
             "trainer": trainer or {"replicas": 2, "instanceType": "p5.48xlarge", "processesPerPod": 8},
@@ -149,11 +149,16 @@ class Cluster:
         return pods if ok else []
 
     def wait_phase(self, name: str, phase: str, timeout: float = 90) -> dict:
-        return self.wait_for(
-            lambda: (s := self.status(name)).get("phase") == phase and s,
-            what=f"{name} phase {phase}",
-            timeout=timeout,
-        )
+        try:
+            return self.wait_for(
+                lambda: (s := self.status(name)).get("phase") == phase and s, what="", timeout=timeout
+            )
+        except TimeoutError:
+            pods = self.core.list_namespaced_pod(self.ns).items
+            seen = [(p.metadata.name, p.status.phase, p.spec.node_name, p.metadata.labels) for p in pods]
+            raise TimeoutError(
+                f"{name} not {phase} after {timeout}s: status {self.status(name)}; pods {seen}"
+            ) from None
 
     def condition(self, name: str, ctype: str) -> dict:
         return next(c for c in self.status(name).get("conditions", []) if c["type"] == ctype)

@@ -231,3 +231,11 @@ def test_long_names_are_refused():
 
 def test_render_is_deterministic():
     assert rendered().children == rendered().children
+
+
+def test_zone_pins_the_trainer_gang_only():
+    r = rendered(zone="us-west-2a")
+    trainer = by_kind(r, "StatefulSet", "moe-trainer")["spec"]["template"]["spec"]["nodeSelector"]
+    rollout = by_kind(r, "StatefulSet", "moe-rollout")["spec"]["template"]["spec"]["nodeSelector"]
+    assert trainer["topology.kubernetes.io/zone"] == "us-west-2a"
+    assert "topology.kubernetes.io/zone" not in rollout

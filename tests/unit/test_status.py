@@ -4,7 +4,7 @@ from datetime import UTC, datetime, timedelta
 
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.api.status import GRPOJobStatus, Phase, Reason
-from grpo_operator.controller import observe, status
+from grpo_operator.controller import observe, placement, status
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -192,3 +192,26 @@ def test_invalid_spec_fails_with_message():
     )
     assert d.status.phase == Phase.FAILED and cond(d.status, "Failed").message == "bad type"
     assert d.events == [("Warning", Reason.INVALID_SPEC, "New → Failed: bad type")]
+
+
+def node(name: str, zone: str, ready: bool = True, cordoned: bool = False) -> dict:
+    return {
+        "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": zone}},
+        "spec": {"unschedulable": cordoned},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def test_gang_zone_is_one_that_holds_the_whole_gang():
+    fleet = [node("b0", "us-west-2b"), node("a0", "us-west-2a"), node("a1", "us-west-2a")]
+    assert placement.choose_zone(fleet, replicas=2) == "us-west-2a"
+    # not-ready and cordoned nodes do not count; ties go to the first name
+    fleet += [
+        node("b1", "us-west-2b"),
+        node("b2", "us-west-2b", ready=False),
+        node("a2", "us-west-2a", cordoned=True),
+    ]
+    assert placement.choose_zone(fleet, replicas=2) == "us-west-2a"
+    assert placement.choose_zone([*fleet, node("b3", "us-west-2b")], replicas=2) == "us-west-2b"
+    assert placement.choose_zone([node("c0", "us-east-1c")], replicas=4) == "us-east-1c"
+    assert placement.choose_zone([], replicas=2) is None

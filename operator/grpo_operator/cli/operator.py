@@ -57,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose, log_format=LOG_FORMATS[args.log_format])
     logging.getLogger("grpo_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    if not args.verbose:  # kopf logs every handler success at INFO: one line per pod event
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     config.load_config()
     api = client.ApiClient()
     table = instance_types.load(args.instance_types)

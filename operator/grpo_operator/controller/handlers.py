@@ -58,7 +58,7 @@ class Runtime:
     resync_seconds: float = 60.0
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_backoff=None)
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
 async def job_worker(namespace: str, name: str, memo: kopf.Memo, logger: kopf.Logger, **_) -> None:
     """Reconcile this job whenever woken, and at least every resync period."""
     rt: Runtime = memo.runtime
@@ -69,7 +69,9 @@ async def job_worker(namespace: str, name: str, memo: kopf.Memo, logger: kopf.Lo
             try:
                 delay = await asyncio.to_thread(rt.reconciler.reconcile, namespace, name, memory)
             except Exception as e:  # a transient API error must not kill the worker
-                logger.warning(f"reconcile failed, retrying in {ERROR_BACKOFF_SECONDS:g}s: {e!r}")
+                logger.warning(
+                    f"reconcile failed, retrying in {ERROR_BACKOFF_SECONDS:g}s: {type(e).__name__}: {e}"
+                )
                 delay = ERROR_BACKOFF_SECONDS
             timeout = rt.resync_seconds if delay is None else min(delay, rt.resync_seconds)
             with contextlib.suppress(TimeoutError):

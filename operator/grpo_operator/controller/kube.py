@@ -64,7 +64,8 @@ class Kube:
         kind: str = "",
     ) -> dict | None:
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        data = json.dumps(body) if body is not None else None
+        # The client serialises dicts for JSON content types itself; apply-patch YAML goes as text.
+        data = json.dumps(body) if body is not None and not content_type.endswith("json") else body
         method_, full, headers, _, _ = self.api.param_serialize(
             method, url, query_params=query or [], header_params=headers, auth_settings=["BearerToken"]
         )
@@ -108,6 +109,10 @@ class Kube:
 
     def list_pods(self, namespace: str, selector: str) -> list[dict]:
         out = self.request("GET", path("v1", "Pod", namespace), query=[("labelSelector", selector)])
+        return (out or {}).get("items", [])
+
+    def list_nodes(self, selector: str) -> list[dict]:
+        out = self.request("GET", "/api/v1/nodes", query=[("labelSelector", selector)])
         return (out or {}).get("items", [])
 
     def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:

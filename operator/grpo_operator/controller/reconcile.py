@@ -20,10 +20,11 @@ from pydantic import ValidationError
 from grpo_operator import render
 from grpo_operator.api.job import API_VERSION, KIND, GRPOJob
 from grpo_operator.api.status import GRPOJobStatus
-from grpo_operator.controller import metrics, observe, status
+from grpo_operator.controller import metrics, observe, placement, status
 from grpo_operator.controller.kube import Kube
-from grpo_operator.instance_types import InstanceTable
+from grpo_operator.instance_types import INSTANCE_TYPE_LABEL, InstanceTable
 from grpo_operator.render import names
+from grpo_operator.render.pods import ZONE_KEY
 
 HASH_ANNOTATION = "grpo.dev/applied-hash"
 OPERATOR_STATUS_FIELDS = (
@@ -48,6 +49,7 @@ class JobMemory:
     verified_at: float = float("-inf")
     token_ok: bool = False
     warned_generation: int | None = None
+    zone: tuple[int, str | None] | None = None  # (attempt, zone) of the trainer gang
     verdicts: deque = field(default_factory=deque)
     phase: str | None = None
 
@@ -95,7 +97,7 @@ class Reconciler:
         generation = meta.get("generation", 1)
         now = datetime.now(UTC)
         old = _old_status(body)
-        job, error, rendered = self._render(body, attempt=old.restarts)
+        job, error, rendered = self._render(body, memory, attempt=old.restarts)
         pods = self.kube.list_pods(namespace, names.label_selector(name))
         obs = observe.summarize(pods, attempt=old.restarts, lost_nodes=frozenset(self.lost_nodes))
         obs.verdicts += pending
@@ -114,7 +116,7 @@ class Reconciler:
         if job is not None and error is None:
             if not decision.running or decision.status.restarts != old.restarts:
                 _, _, rendered = self._render(
-                    body, attempt=decision.status.restarts, running=decision.running
+                    body, memory, attempt=decision.status.restarts, running=decision.running
                 )
             self._apply_children(rendered, memory, body)
             self._delete_stale(
@@ -130,11 +132,12 @@ class Reconciler:
             self.kube.delete_job(namespace, name)
         return decision.requeue_after
 
-    def _render(self, body: dict, *, attempt: int, running: bool = True):
+    def _render(self, body: dict, memory: JobMemory, *, attempt: int, running: bool = True):
         """(job, error, rendered): a bad object becomes an error message, never an exception."""
         meta = body["metadata"]
         try:
             job = GRPOJob.model_validate({"metadata": {}, "spec": body.get("spec") or {}})
+            zone = self._zone(job, memory, attempt) if running else None
             out = render.render(
                 job,
                 name=meta["name"],
@@ -143,6 +146,7 @@ class Reconciler:
                 generation=meta.get("generation", 1),
                 attempt=attempt,
                 running=running,
+                zone=zone,
                 instance_types=self.table,
             )
             return job, None, out
@@ -150,6 +154,16 @@ class Reconciler:
             return None, f"invalid spec: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}", None
         except render.RenderError as e:
             return None, str(e), None
+
+    def _zone(self, job: GRPOJob, memory: JobMemory, attempt: int) -> str | None:
+        """The gang's zone, chosen once per attempt from the nodes of its instance type."""
+        trainer = job.spec.trainer
+        if trainer.instance_type is None or ZONE_KEY in trainer.node_selector:
+            return None
+        if memory.zone is None or memory.zone[0] != attempt:
+            nodes = self.kube.list_nodes(f"{INSTANCE_TYPE_LABEL}={trainer.instance_type}")
+            memory.zone = (attempt, placement.choose_zone(nodes, trainer.replicas))
+        return memory.zone[1]
 
     def _apply_children(self, rendered: render.Rendered, memory: JobMemory, body: dict) -> None:
         """Server-side apply each child whose desired hash differs from what the cluster has."""

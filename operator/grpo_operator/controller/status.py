@@ -182,7 +182,10 @@ def _progress_phase(
         status.phase = Phase.RUNNING
         status.message = f"{obs.trainer.ready}/{t} trainer and {obs.rollout.ready}/{r} rollout pods ready"
         set_condition(status, ConditionType.RUNNING, True, Reason.ALL_READY, status.message, now)
-        _clear(status, ConditionType.RESTARTING, Reason.ALL_READY, "trainer gang is back", now)
+        restarting = next((c for c in status.conditions if c.type == ConditionType.RESTARTING), None)
+        if restarting is not None and restarting.status == "True":
+            back = f"trainer gang running again after: {restarting.message}"
+            set_condition(status, ConditionType.RESTARTING, False, Reason.ALL_READY, back, now)
         return
     if old.phase == Phase.RESTARTING:
         status.phase = Phase.RESTARTING

@@ -38,13 +38,17 @@ def render(
     generation: int = 1,
     attempt: int = 0,
     running: bool = True,
+    zone: str | None = None,
     instance_types: InstanceTable | None = None,
 ) -> Rendered:
     """Render all children. `attempt` labels the trainer gang (bumped per gang restart);
-    `running=False` (suspended or finished) scales both StatefulSets to zero pods."""
+    `running=False` (suspended or finished) scales both StatefulSets to zero pods; `zone`
+    pins the trainer gang to one availability zone chosen by the caller (see pods)."""
     table = instance_types or load_instance_types()
     run = render_contract(job, name=name, namespace=namespace, generation=generation, instance_types=table)
-    trainer_tpl, w1 = pods.pod_template(job, name=name, role=names.ROLE_TRAINER, attempt=attempt, table=table)
+    trainer_tpl, w1 = pods.pod_template(
+        job, name=name, role=names.ROLE_TRAINER, attempt=attempt, table=table, zone=zone
+    )
     rollout_tpl, w2 = pods.pod_template(job, name=name, role=names.ROLE_ROLLOUT, attempt=attempt, table=table)
     trainer_n = job.spec.trainer.replicas if running else 0
     rollout_n = job.spec.rollout.replicas if running else 0

@@ -70,9 +70,14 @@ def hardware(job: GRPOJob, role: str, table: InstanceTable) -> Hardware:
 
 
 def pod_template(
-    job: GRPOJob, *, name: str, role: str, attempt: int, table: InstanceTable
+    job: GRPOJob, *, name: str, role: str, attempt: int, table: InstanceTable, zone: str | None = None
 ) -> tuple[dict, list[str]]:
-    """(pod template, override conflicts) for one role's StatefulSet."""
+    """(pod template, override conflicts) for one role's StatefulSet.
+
+    `zone` (trainer only) becomes a node selector. The gang's required one-zone affinity
+    alone lets rank 0 pick a zone too small for the rest (a deadlock the e2e fleet shows:
+    one p5 in us-west-2b), so the controller chooses a zone with room for the whole gang.
+    """
     spec = job.spec.trainer if role == names.ROLE_TRAINER else job.spec.rollout
     hw = hardware(job, role, table)
     volumes, mounts = _volumes(job, name=name, role=role)
@@ -104,7 +109,7 @@ def pod_template(
         labels[names.LABEL_ATTEMPT] = str(attempt)
         pod_spec["affinity"] = _gang_affinity(name) if hw.instance_type else None
         _gang_scheduling(job, name, labels, annotations, pod_spec)
-    _placement(spec, hw, pod_spec)
+    _placement(spec, hw, pod_spec, zone if role == names.ROLE_TRAINER else None)
     sched = job.spec.scheduling
     if sched.priority_class_name:
         pod_spec["priorityClassName"] = sched.priority_class_name
@@ -204,11 +209,13 @@ def _volumes(job: GRPOJob, *, name: str, role: str) -> tuple[list[dict], list[di
     return volumes, mounts
 
 
-def _placement(spec: RoleCommon, hw: Hardware, pod_spec: dict) -> None:
-    """Node selector (instance type first) and tolerations for the devices the pod asks for."""
+def _placement(spec: RoleCommon, hw: Hardware, pod_spec: dict, zone: str | None) -> None:
+    """Node selector (instance type, zone) and tolerations for the devices the pod asks for."""
     selector = dict(spec.node_selector)
     if hw.instance_type:
         selector[INSTANCE_TYPE_LABEL] = hw.instance_type.name
+    if zone and ZONE_KEY not in selector:
+        selector[ZONE_KEY] = zone
     tolerations = []
     if hw.gpus:
         tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
