@@ -47,9 +47,9 @@ def group_of(doc: dict[str, Any]) -> str:
 
 
 def install_crds(kubectl: Callable[..., subprocess.CompletedProcess[str]]) -> None:
-    """The chart's CRDs for real (cluster-scoped, idempotent), so their kinds can be dry-run."""
-    for crd in sorted((CHART / "crds").glob("*.yaml")):
-        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    """The chart's CRDs for real, so their kinds can be dry-run, applied server-side as `helm
+    install` does (forcing: a cluster kept from an older checkout may hold an older CRD)."""
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
     for crd in ("grpojobs.grpo.dev", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
         kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
 

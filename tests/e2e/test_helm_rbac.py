@@ -59,6 +59,12 @@ class Call:
     resource: str
     namespace: str
     status: int
+    message: str = ""
+
+    @property
+    def denied(self) -> bool:
+        """Refused by RBAC (not, say, a 403 for writing into a terminating namespace)."""
+        return self.status == 401 or (self.status == 403 and "forbidden: User" in self.message)
 
 
 def classify(method: str, path: str, query: dict[str, str]) -> tuple[str, str, str, str] | None:
@@ -97,6 +103,7 @@ class RecordingProxy:
     ca_file: str
     calls: list[Call] = field(default_factory=list)
     port: int = 0
+    _handlers: set[asyncio.Task] = field(default_factory=set)
 
     def start(self) -> None:
         ready = threading.Event()
@@ -124,6 +131,10 @@ class RecordingProxy:
         self.port = site._server.sockets[0].getsockname()[1]
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         body = await request.read()
         async with self._session.request(
@@ -132,10 +143,15 @@ class RecordingProxy:
             headers=headers,
             data=body or None,
             auto_decompress=False,
+            skip_auto_headers=("Content-Type",),  # the python client sends none; neither may we
         ) as upstream:
             kind = classify(request.method, request.path, dict(request.query))
+            error = (await upstream.read()) if upstream.status >= 400 else None
             if kind is not None:
-                self.calls.append(Call(*kind, status=upstream.status))
+                message = error.decode(errors="replace") if error else ""
+                self.calls.append(Call(*kind, status=upstream.status, message=message))
+                if kind[0] == "patch" and upstream.status == 201:  # an apply that created the object
+                    self.calls.append(Call("create", *kind[1:], status=upstream.status))
             response = web.StreamResponse(status=upstream.status)
             for k, v in upstream.headers.items():
                 if k.lower() not in HOP_HEADERS:
@@ -143,6 +159,9 @@ class RecordingProxy:
             if upstream.headers.get("Content-Encoding"):
                 response.headers["Content-Encoding"] = upstream.headers["Content-Encoding"]
             await response.prepare(request)
+            if error is not None:
+                await response.write(error)
+                return response
             try:
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
@@ -152,10 +171,12 @@ class RecordingProxy:
 
     def stop(self) -> None:
         async def close() -> None:
+            for task in list(self._handlers):  # watches stream until cancelled
+                task.cancel()
             await self._runner.cleanup()
             await self._session.close()
 
-        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
 
 
@@ -232,6 +253,18 @@ class OperatorRun:
     granted: set[tuple[str, str, str]]
     metrics_port: int
     log: Path
+    proc: subprocess.Popen[bytes]
+
+    def alive(self) -> None:
+        """Fail at once, with the operator's log, when the operator process has exited."""
+        if self.proc.poll() is not None:
+            pytest.fail(f"the operator exited with {self.proc.returncode}\n{self.diagnose()}")
+
+    def refused(self) -> list[tuple[str, str, str, int]]:
+        return sorted({(c.verb, c.group, c.resource, c.status) for c in self.proxy.calls if c.denied})
+
+    def diagnose(self) -> str:
+        return f"refused calls: {self.refused()}\noperator log (tail):\n{self.log.read_text()[-4000:]}"
 
 
 @pytest.fixture(params=["cluster", "namespaces"])
@@ -257,6 +290,8 @@ def operator_run(
     if scope == "namespaces":
         sets.append(f"watch.namespaces={{{namespace}}}")
     set_args = [a for s in sets for a in ("--set", s)]
+    # The chart's CRDs as they are in this checkout (the cluster may hold an older GRPOJob CRD).
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
     helm(bin_dir, kubeconfig, "install", release, str(CHART), "--namespace", namespace, *set_args)
     manifest = helm(bin_dir, kubeconfig, "get", "manifest", release, "--namespace", namespace)
     docs = [d for d in yaml.safe_load_all(manifest) if d]
@@ -284,16 +319,23 @@ def operator_run(
             start_new_session=True,
         )
     try:
-        yield OperatorRun(proxy=proxy, granted=granted(docs, namespace), metrics_port=metrics_port, log=log)
+        yield OperatorRun(
+            proxy=proxy, granted=granted(docs, namespace), metrics_port=metrics_port, log=log, proc=proc
+        )
     finally:
-        proc.send_signal(signal.SIGINT)
         try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proxy.stop()
-        helm(bin_dir, kubeconfig, "uninstall", release, "--namespace", namespace)
+            # While the operator still runs, so kopf can lift its finalizers: a job left behind
+            # would keep the namespace Terminating forever.
+            kubectl("delete", "grpojobs", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=90)
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            proxy.stop()
+        finally:
+            helm(bin_dir, kubeconfig, "uninstall", release, "--namespace", namespace)
 
 
 def apply_example(namespace: str, kubectl) -> dict[str, Any]:
@@ -339,25 +381,38 @@ def test_operator_under_chart_identity_runs_and_restarts_a_job(
     applied_spec = read_job(k8s_api, namespace, name)["spec"]
 
     def phase() -> str | None:
+        operator_run.alive()
         return (read_job(k8s_api, namespace, name).get("status") or {}).get("phase")
 
-    wait_for(lambda: phase() == "Running", what=f"{name} Running", timeout=120)
+    try:
+        wait_for(lambda: phase() == "Running", what=f"{name} Running", timeout=120)
+    except TimeoutError as e:
+        pytest.fail(f"{e}\n{operator_run.diagnose()}")
     health = urllib.request.urlopen(f"http://127.0.0.1:{operator_run.metrics_port}/healthz", timeout=5)
     assert health.status == 200, "the chart's probes hit this endpoint"
     pods = trainer_pods(k8s_api, namespace, name)
     assert len(pods) == 2
-    fail_pod(namespace, pods[1].metadata.name, exit_code=1)
+    victim = pods[1].metadata.name
 
     def restarted() -> bool:
+        operator_run.alive()
         status = read_job(k8s_api, namespace, name).get("status") or {}
-        fresh = [
-            p
-            for p in trainer_pods(k8s_api, namespace, name)
-            if p.metadata.labels.get("grpo.dev/attempt") == "1"
-        ]
+        pods = trainer_pods(k8s_api, namespace, name)
+        if not status.get("restarts"):
+            # kwok may still be writing the pod's Running status when we fail it: fail it again
+            # until the operator has seen the failure.
+            old = [p for p in pods if p.metadata.name == victim and p.status.phase != "Failed"]
+            if old and old[0].metadata.labels.get("grpo.dev/attempt") == "0":
+                fail_pod(namespace, victim, exit_code=1)
+        fresh = [p for p in pods if p.metadata.labels.get("grpo.dev/attempt") == "1"]
         return status.get("restarts") == 1 and status.get("phase") == "Running" and len(fresh) == 2
 
-    wait_for(restarted, what=f"{name} back to Running after a gang restart", timeout=120)
+    try:
+        wait_for(restarted, what=f"{name} back to Running after a gang restart", timeout=120)
+    except TimeoutError as e:
+        pods = kubectl("get", "pods", "-n", namespace, "-o", "wide", "--show-labels").stdout
+        status = read_job(k8s_api, namespace, name).get("status")
+        pytest.fail(f"{e}\npods:\n{pods}\nstatus: {status}\n{operator_run.diagnose()}")
     metrics = urllib.request.urlopen(
         f"http://127.0.0.1:{operator_run.metrics_port}/metrics", timeout=5
     ).read()
@@ -369,10 +424,7 @@ def test_operator_under_chart_identity_runs_and_restarts_a_job(
     diff = kubectl("diff", "--server-side", "-n", namespace, "-f", str(EXAMPLE), check=False)
     assert diff.returncode == 0, f"drift after the operator ran:\n{diff.stdout}"
 
-    calls = operator_run.proxy.calls
-    refused = sorted({(c.verb, c.group, c.resource, c.status) for c in calls if c.status in (401, 403)})
-    log = operator_run.log.read_text()
-    assert not refused, f"the chart lacks permissions: {refused}\n{log[-3000:]}"
-    used = {(c.verb, c.group, c.resource) for c in calls}
+    assert not operator_run.refused(), f"the chart lacks permissions: {operator_run.diagnose()}"
+    used = {(c.verb, c.group, c.resource) for c in operator_run.proxy.calls}
     unused = operator_run.granted - used - set(NOT_EXERCISED)
     assert not unused, f"the chart grants permissions the operator never used: {sorted(unused)}"

@@ -151,10 +151,10 @@ def test_cluster_scope_rbac_and_peering() -> None:
     assert arg_value(args, "--peering") == [peering["metadata"]["name"]]
 
 
-def test_namespace_scope_reads_only_nodes_and_crds_cluster_wide() -> None:
+def test_namespace_scope_reads_only_nodes_namespaces_and_crds_cluster_wide() -> None:
     docs = render("watch.scope=namespaces", "watch.namespaces={ml,research}")
     assert "ClusterKopfPeering" not in kinds(docs)
-    assert cluster_resources(docs) == {"nodes", "customresourcedefinitions"}
+    assert cluster_resources(docs) == {"nodes", "namespaces", "customresourcedefinitions"}
     roles = {d["metadata"]["namespace"] for d in docs if d["kind"] == "Role"}
     bindings = {d["metadata"]["namespace"] for d in docs if d["kind"] == "RoleBinding"}
     peerings = {d["metadata"]["namespace"] for d in docs if d["kind"] == "KopfPeering"}

@@ -24,8 +24,6 @@ KSM = yaml.safe_load((CHART / "monitoring" / "kube-state-metrics-values.yaml").r
 ]
 RESOURCE = KSM["customResourceState"]["config"]["spec"]["resources"][0]
 DASHBOARD = json.loads((CHART / "dashboards" / "grpo-operator.json").read_text())
-# Progress fields the dashboard's timing panels need from trainer rank 0; not in the API yet.
-PENDING_PROGRESS = {"rolloutSeconds", "trainSeconds", "epAllToAllSeconds"}
 SERIES_SUFFIXES = {"Counter": ("_total", "_created"), "Histogram": ("_bucket", "_sum", "_count", "_created")}
 
 
@@ -92,21 +90,7 @@ def metric_path(metric: dict[str, Any]) -> list[str]:
     return each["gauge"]["path"] if each["type"] == "Gauge" else each["stateSet"]["path"]
 
 
-@pytest.mark.parametrize(
-    "metric",
-    [
-        pytest.param(
-            m,
-            marks=pytest.mark.xfail(
-                strict=True, reason="status.progress lacks the per-step timings (trainer/API owners)"
-            ),
-        )
-        if metric_path(m)[-1] in PENDING_PROGRESS
-        else m
-        for m in RESOURCE["metrics"]
-    ],
-    ids=lambda m: m["name"],
-)
+@pytest.mark.parametrize("metric", RESOURCE["metrics"], ids=lambda m: m["name"])
 def test_kube_state_metrics_paths_exist_in_the_status_model(metric: dict[str, Any]) -> None:
     path = metric_path(metric)
     assert path[0] == "status" and status_path_exists(path[1:]), path

@@ -141,9 +141,7 @@ def test_default_images_name_dockerfile_targets_at_the_project_version() -> None
         target = repo.rsplit("/", 1)[-1]
         assert target in ROLE_TARGETS, f"{role} image {image} names no Dockerfile target"
         assert tag == version, f"{role} image {image} is not tagged with the project version {version}"
-        if role == names.ROLE_ROLLOUT and target == names.ROLE_TRAINER:
-            # Rollout pods default to the trainer image (torch engine): it must import the rollout too.
-            assert "grpo_rollout" in all_runs(names.ROLE_TRAINER)
+        assert target == role, f"the {role} image defaults to the {target} target"
 
 
 def test_operator_image_is_slim_and_non_root() -> None:

@@ -115,11 +115,6 @@ def test_vllm_rollouts_use_the_rollout_image(path: Path) -> None:
         assert rollout.image.rsplit("/", 1)[-1].startswith("rollout:"), "vLLM lives in the rollout image only"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RolloutSpec.image defaults to the trainer image, which has no vLLM (it pins another torch); "
-    "the API's default should be ghcr.io/grpo-operator/rollout:<version> (api owner)",
-)
 def test_default_rollout_image_serves_the_default_engine() -> None:
     rollout = RolloutSpec()
     assert rollout.engine == "vllm" and rollout.image.rsplit("/", 1)[-1].startswith("rollout:")
