@@ -52,3 +52,13 @@ def test_without_a_progress_file_lines_go_to_stdout(capsys: pytest.CaptureFixtur
     reporter.report(RECORD)
     reporter.close()
     assert json.loads(capsys.readouterr().out) == RECORD
+
+
+def test_a_cluster_without_credentials_never_stops_the_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # in_cluster config cannot load
+    reporter = ProgressReporter(contract(), str(tmp_path / "p.jsonl"), in_cluster=True)
+    reporter.report(RECORD)
+    reporter.close()
+    assert json.loads((tmp_path / "p.jsonl").read_text()) == RECORD

@@ -62,7 +62,12 @@ class ProgressReporter:
     def __init__(self, contract: RunContract, path: str | None, in_cluster: bool) -> None:
         self._out: TextIO = open(path, "a") if path else sys.stdout  # noqa: SIM115 - lives as long as training
         self._max_steps = contract.spec.algorithm.max_steps
-        self._patcher = StatusPatcher(contract.namespace, contract.job_name) if in_cluster else None
+        self._patcher: StatusPatcher | None = None
+        if in_cluster:
+            try:
+                self._patcher = StatusPatcher(contract.namespace, contract.job_name)
+            except Exception as e:  # no client, no ServiceAccount token: the JSON lines still flow
+                log.warning("GRPOJob status progress disabled: %s", e)
 
     @classmethod
     def from_env(cls, contract: RunContract, env_name: str) -> "ProgressReporter":
