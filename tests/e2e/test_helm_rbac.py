@@ -428,3 +428,41 @@ def test_operator_under_chart_identity_runs_and_restarts_a_job(
     used = {(c.verb, c.group, c.resource) for c in operator_run.proxy.calls}
     unused = operator_run.granted - used - set(NOT_EXERCISED)
     assert not unused, f"the chart grants permissions the operator never used: {sorted(unused)}"
+
+
+@pytest.mark.parametrize("operator_run", ["namespaces"], indirect=True)
+def test_a_missing_permission_is_caught(
+    operator_run: OperatorRun,
+    namespace: str,
+    kubectl,
+    k8s_api: client.ApiClient,
+    wait_for: Callable[..., Any],
+    fail_pod: Callable[..., None],
+) -> None:
+    """Take `delete pods` away from the chart's Role: the gang restart must hit a recorded 403."""
+    rbac = client.RbacAuthorizationV1Api(k8s_api)
+    (role,) = rbac.list_namespaced_role(
+        namespace, label_selector="app.kubernetes.io/name=grpo-operator"
+    ).items
+    for rule in role.rules:
+        if "pods" in rule.resources:
+            rule.verbs = [v for v in rule.verbs if v != "delete"]
+    rbac.replace_namespaced_role(role.metadata.name, namespace, role)
+    job = apply_example(namespace, kubectl)
+    name = job["metadata"]["name"]
+
+    def running() -> bool:
+        operator_run.alive()
+        return (read_job(k8s_api, namespace, name).get("status") or {}).get("phase") == "Running"
+
+    wait_for(running, what=f"{name} Running", timeout=120)
+    victim = trainer_pods(k8s_api, namespace, name)[1].metadata.name
+
+    def refused_delete() -> bool:
+        operator_run.alive()
+        pod = client.CoreV1Api(k8s_api).read_namespaced_pod(victim, namespace)
+        if pod.status.phase != "Failed":
+            fail_pod(namespace, victim, exit_code=1)
+        return ("delete", "", "pods", 403) in operator_run.refused()
+
+    wait_for(refused_delete, what="the operator's pod delete refused and recorded", timeout=120)
