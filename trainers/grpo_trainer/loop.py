@@ -242,7 +242,9 @@ def loop(run: Run) -> None:
             version=run.state.version + 1,
             position=run.state.position + algo.prompts_per_step,
         )
+        t_train = time.time()
         push_weights(run, run.state.version)
+        t_push = time.time()
         if run.state.step % ckpt.every_steps == 0 or run.state.step == algo.max_steps:
             path = checkpoint.save(
                 contract.checkpoint_dir,
@@ -266,7 +268,9 @@ def loop(run: Run) -> None:
                 "staleness": staleness,
                 "weight_version": run.state.version,
                 "position": run.state.position,
-                "gen_wait_s": t_gen - t0,
+                "gen_wait_s": t_gen - t0,  # generation not hidden behind the previous step
+                "train_s": t_train - t_gen,
+                "push_s": t_push - t_train,
                 "step_s": wall,
                 "time": time.time(),
                 **stats,
