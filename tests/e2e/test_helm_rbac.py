@@ -336,12 +336,18 @@ def operator_run(
             proxy.stop()
         finally:
             helm(bin_dir, kubeconfig, "uninstall", release, "--namespace", namespace)
+            kubectl("delete", "pv", fsx_volume(namespace), "--ignore-not-found", "--wait=false", check=False)
+
+
+def fsx_volume(namespace: str) -> str:
+    """This test's copy of the example's FSx PersistentVolume (cluster-scoped, so per test)."""
+    return f"fsx-{namespace}"[:63]
 
 
 def apply_example(namespace: str, kubectl) -> dict[str, Any]:
     """The FSx claim (a PV unique to this test), the PriorityClass and the p5 job."""
     pv, pvc = (d for d in yaml.safe_load_all(FSX.read_text()) if d)
-    pv["metadata"]["name"] = f"fsx-{namespace}"[:63]
+    pv["metadata"]["name"] = fsx_volume(namespace)
     pvc["spec"]["volumeName"] = pv["metadata"]["name"]
     pvc["metadata"]["namespace"] = namespace
     job = yaml.safe_load(EXAMPLE.read_text())
