@@ -8,7 +8,9 @@ shapes and the same routing in three regimes:
 - fine: 64 experts, top-8, narrow experts (width 64), balanced routing (Qwen3-MoE/DeepSeek-V3-like);
 - skewed: 32 experts, top-4, width 128, Zipf-like expert popularity (RL without a balancing loss).
 The roofline is the busiest rank's expert FLOPs (forward+backward SwiGLU GEMMs) over the fp32
-matmul rate measured here at the same thread count. Prints a table; writes JSON rows
+matmul rate measured here at the same thread count: the same GEMMs as single large matmuls,
+timed interleaved with both layers so that load from other processes affects all three alike.
+Prints a table; writes JSON rows
 {regime, ep, tokens, ours_tokens_per_s, deepspeed_tokens_per_s, ratio, roofline_tokens_per_s,
 ours_bytes_sent_per_rank_per_s, ...}. Tokens/s are per rank (the slowest rank's time).
 """
@@ -62,18 +64,24 @@ class SwiGLU(nn.Module):
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def matmul_gflops(hidden: int, seconds: float = 1.0) -> float:
-    """fp32 GEMM rate at the current thread count, on expert-like shapes (best of a few)."""
-    best = 0.0
-    for m, k, n in ((2048, hidden, 512), (4096, hidden, 256), (2048, 512, hidden)):
-        a, b = torch.randn(m, k), torch.randn(k, n)
-        torch.mm(a, b)
-        reps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds / 3:
-            torch.mm(a, b)
-            reps += 1
-        best = max(best, 2 * m * k * n * reps / (time.perf_counter() - start) / 1e9)
-    return best
+def expert_gemms(rows: int, hidden: int, width: int):
+    """The roofline workload: the six GEMMs of a SwiGLU expert's forward+backward over `rows` rows,
+    as single large matmuls (18 * rows * hidden * width FLOPs, no routing, no elementwise work)."""
+    x, dy = torch.randn(rows, hidden), torch.randn(rows, hidden)
+    h, a = torch.randn(rows, 2 * width), torch.randn(rows, width)
+    gate_up, down = torch.randn(2 * width, hidden), torch.randn(hidden, width)
+    y, da, dx = torch.empty(rows, hidden), torch.empty(rows, width), torch.empty(rows, hidden)
+    d_gate_up, d_down = torch.empty(2 * width, hidden), torch.empty(hidden, width)
+
+    def step() -> None:
+        torch.mm(x, gate_up.t(), out=h)  # forward
+        torch.mm(a, down.t(), out=y)
+        torch.mm(dy, down, out=da)  # backward: activations and weights
+        torch.mm(dy.t(), a, out=d_down)
+        torch.mm(h.t(), x, out=d_gate_up)
+        torch.mm(h, gate_up, out=dx)
+
+    return step
 
 
 def make_inputs(regime: Regime, tokens: int, hidden: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,21 +100,24 @@ def make_inputs(regime: Regime, tokens: int, hidden: int, rank: int) -> tuple[to
     return x, weight
 
 
-def time_pair(step_a, step_b, iters: int) -> tuple[float, float]:
-    """Seconds per step of a and of b on the slowest rank, interleaved so that load from other
-    processes on the machine hits both alike; two warm-up steps each."""
+def time_steps(steps: list, iters: int) -> list[float]:
+    """Median seconds per call of each step, the slowest rank's time in each round.
+
+    Steps run interleaved, round after round, so that load from other processes on the machine
+    hits all of them alike; the median discards rounds hit by a burst. Two warm-up rounds.
+    """
     for _ in range(2):
-        step_a()
-        step_b()
-    totals = torch.zeros(2, dtype=torch.float64)
-    for _ in range(iters):
-        for i, step in enumerate((step_a, step_b)):
+        for step in steps:
+            step()
+    times = torch.zeros(iters, len(steps), dtype=torch.float64)
+    for i in range(iters):
+        for j, step in enumerate(steps):
             dist.barrier()
             start = time.perf_counter()
             step()
-            totals[i] += time.perf_counter() - start
-    dist.all_reduce(totals, op=dist.ReduceOp.MAX)
-    return float(totals[0]) / iters, float(totals[1]) / iters
+            times[i, j] = time.perf_counter() - start
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return times.median(dim=0).values.tolist()
 
 
 def ours(regime: Regime, x: torch.Tensor, weight: torch.Tensor, ep: int, rank: int):
@@ -153,17 +164,23 @@ def busiest_rank_rows(layer, x: torch.Tensor, regime: Regime, ep: int) -> int:
     return int(per_expert.view(ep, -1).sum(1).max())
 
 
-def measure_regime(regime: Regime, args: argparse.Namespace, ep: int, rank: int, rate: float) -> dict:
+def measure_regime(regime: Regime, args: argparse.Namespace, ep: int, rank: int) -> dict:
     x, weight = make_inputs(regime, args.tokens, args.hidden, rank)
     layer = ours(regime, x, weight, ep, rank)
     ds = deepspeed_layer(regime, x, weight, ep)
+    busiest = busiest_rank_rows(layer, x, regime, ep)
     xs, xd = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     bytes_before = layer.dispatcher.bytes_sent
-    seconds_ours, seconds_ds = time_pair(
-        lambda: layer(xs).pow(2).mean().backward(), lambda: ds(xd)[0].pow(2).mean().backward(), args.iters
+    seconds_ours, seconds_ds, seconds_gemm = time_steps(
+        [
+            lambda: layer(xs).pow(2).mean().backward(),
+            lambda: ds(xd)[0].pow(2).mean().backward(),
+            expert_gemms(busiest, args.hidden, regime.width),
+        ],
+        args.iters,
     )
     sent_per_step = (layer.dispatcher.bytes_sent - bytes_before) / (args.iters + 2)
-    flops = 18 * busiest_rank_rows(layer, x, regime, ep) * args.hidden * regime.width
+    flops = 18 * busiest * args.hidden * regime.width
     return {
         "regime": regime.name,
         "ep": ep,
@@ -171,13 +188,15 @@ def measure_regime(regime: Regime, args: argparse.Namespace, ep: int, rank: int,
         "ours_tokens_per_s": args.tokens / seconds_ours,
         "deepspeed_tokens_per_s": args.tokens / seconds_ds,
         "ratio": seconds_ds / seconds_ours,
-        "roofline_tokens_per_s": args.tokens * rate / flops,
+        "roofline_tokens_per_s": args.tokens / seconds_gemm,
         "ours_bytes_sent_per_rank_per_s": sent_per_step / seconds_ours,
         "experts": regime.experts,
         "top_k": regime.top_k,
         "expert_width": regime.width,
         "zipf": regime.zipf,
         "hidden": args.hidden,
+        "busiest_rank_rows": busiest,
+        "matmul_gflops": flops / seconds_gemm / 1e9,
     }
 
 
@@ -187,10 +206,7 @@ def worker(rank: int, ep: int, store: str, args: argparse.Namespace, out: str) -
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
-    rate = matmul_gflops(args.hidden, 0.3 if args.quick else 1.5) * 1e9
-    rows = [measure_regime(regime, args, ep, rank, rate) for regime in REGIMES]
-    for row in rows:
-        row["matmul_gflops"] = rate / 1e9
+    rows = [measure_regime(regime, args, ep, rank) for regime in REGIMES]
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
     dist.barrier()
@@ -223,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eps", default="1,2,4", help="EP sizes (comma separated)")
     parser.add_argument("--tokens", type=int, default=2048, help="tokens per rank")
     parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--iters", type=int, default=5, help="timed steps per layer and regime")
+    parser.add_argument("--iters", type=int, default=9, help="timed rounds per regime (median taken)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     args = parser.parse_args(argv)
     if args.quick:

@@ -18,10 +18,11 @@ def loop_reference(x, weights, gate_up, down, counts):
     return torch.cat(outs)
 
 
+@pytest.mark.parametrize("inter", [4, 8])  # routing weight applied before / after the down projection
 @pytest.mark.parametrize("counts", [[3, 0, 5, 1], [0, 0, 9, 0], [0, 0, 0, 0], [2, 2, 2, 2]])
-def test_grouped_swiglu_matches_loop(counts: list[int]) -> None:
+def test_grouped_swiglu_matches_loop(counts: list[int], inter: int) -> None:
     torch.manual_seed(0)
-    hidden, inter, n = 6, 4, sum(counts)
+    hidden, n = 6, sum(counts)
     leaves = [
         torch.randn(n, hidden, dtype=torch.float64),
         torch.rand(n, dtype=torch.float64),

@@ -38,43 +38,53 @@ def _empty_grad(weight: torch.Tensor, segs: list[tuple[int, int, int]]) -> torch
 
 
 class _SegmentSwiGLU(torch.autograd.Function):
-    """y[s] = down[e] · (w[s] * silu(gate[e] · x[s]) * (up[e] · x[s])) for each expert segment s.
+    """y[s] = w[s] * down[e] · (silu(gate[e] · x[s]) * (up[e] · x[s])) for each expert segment s.
 
-    The routing weight w scales the down projection's input (width I, usually < H), which is
-    the cheapest place to apply it. Elementwise work is a handful of full-width passes (fused
-    `silu_backward`, in-place products into preallocated halves): on a CPU those passes cost
-    about as much as the GEMMs.
+    The routing weight w is applied on the narrower side: to the down projection's input
+    (width I) for fine-grained experts, to its output (width H) for wide ones. Elementwise work
+    is a handful of full-width passes (fused `silu_backward`, in-place products into
+    preallocated halves): on a CPU those passes cost about as much as the GEMMs.
     """
 
     @staticmethod
     def forward(ctx, x, weights, gate_up, down, counts):  # type: ignore[override]
         segs = _segments(counts)
-        inter = down.shape[-1]
+        inter, hidden = down.shape[-1], down.shape[1]
         h = x.new_empty(x.shape[0], 2 * inter)  # (N, 2I): gate | up
         for e, a, b in segs:
             torch.mm(x[a:b], gate_up[e].t(), out=h[a:b])
         silu = F.silu(h[:, :inter])  # (N, I)
         act = silu * h[:, inter:]
-        scaled = act * weights.unsqueeze(1)
-        y = x.new_empty(x.shape[0], down.shape[1])  # (N, H)
+        ctx.weight_output = inter > hidden
+        down_input = act if ctx.weight_output else act * weights.unsqueeze(1)
+        y = x.new_empty(x.shape[0], hidden)  # (N, H)
         for e, a, b in segs:
-            torch.mm(scaled[a:b], down[e].t(), out=y[a:b])
+            torch.mm(down_input[a:b], down[e].t(), out=y[a:b])
         ctx.segs = segs
+        if ctx.weight_output:
+            ctx.save_for_backward(x, weights, gate_up, down, h, silu, act, y)
+            return y * weights.unsqueeze(1)
         ctx.save_for_backward(x, weights, gate_up, down, h, silu, act)
         return y
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
-        x, weights, gate_up, down, h, silu, act = ctx.saved_tensors
+        x, weights, gate_up, down, h, silu, act, *y = ctx.saved_tensors
         segs, inter = ctx.segs, down.shape[-1]
         dy = dy.contiguous()
-        d_scaled = x.new_empty(x.shape[0], inter)  # (N, I)
+        d_act = x.new_empty(x.shape[0], inter)  # (N, I)
         d_down = _empty_grad(down, segs)
-        for e, a, b in segs:
-            torch.mm(dy[a:b], down[e], out=d_scaled[a:b])
-        d_weights = torch.linalg.vecdot(d_scaled, act)  # (N,)
-        d_act = d_scaled.mul_(weights.unsqueeze(1))
-        act.mul_(weights.unsqueeze(1))  # the forward's `scaled`, rebuilt in place for d_down
+        if ctx.weight_output:
+            d_weights = torch.linalg.vecdot(dy, y[0])  # (N,)
+            dy = dy * weights.unsqueeze(1)
+            for e, a, b in segs:
+                torch.mm(dy[a:b], down[e], out=d_act[a:b])
+        else:
+            for e, a, b in segs:
+                torch.mm(dy[a:b], down[e], out=d_act[a:b])
+            d_weights = torch.linalg.vecdot(d_act, act)  # (N,)
+            d_act.mul_(weights.unsqueeze(1))
+            act.mul_(weights.unsqueeze(1))  # the forward's down input, rebuilt in place for d_down
         for e, a, b in segs:
             torch.mm(dy[a:b].t(), act[a:b], out=d_down[e])
         dh = torch.empty_like(h)  # (N, 2I): d gate | d up
