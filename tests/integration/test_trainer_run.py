@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 from grpo_operator import render
 from grpo_operator.api.job import GRPOJob
 from grpo_rollout.testing import free_port, start_server, wait_ready
@@ -127,7 +128,7 @@ def test_ep2_gang_pushes_versions_and_resumes_where_it_stopped(server, tiny: Pat
     assert all(0 <= r["reward_mean"] <= 1 and r["samples"] == 16 for r in first)
     assert live_version(url) == 4
     saves = sorted(p.name for p in (tmp_path / "ckpt" / "local" / "t").iterdir())
-    assert saves == ["step-00000004"]  # keepLast 1 pruned step 2, no .tmp left behind
+    assert saves == ["final", "step-00000004"]  # keepLast 1 pruned step 2, no .tmp left behind
 
     contract = write_contract(tmp_path, tiny, port, maxSteps=6)  # same checkpoint dir, more steps
     assert finish(start_trainer(contract, tmp_path), tmp_path) == 0, log_tail(tmp_path)
@@ -137,6 +138,19 @@ def test_ep2_gang_pushes_versions_and_resumes_where_it_stopped(server, tiny: Pat
     # the resumed gang re-sent its policy as version 5 (servers may hold newer weights than the save)
     assert [r["weight_version"] for r in resumed] == [6, 7]
     assert live_version(url) == 7
+    assert_exported(tmp_path / "ckpt" / "local" / "t" / "final", tiny)
+
+
+def assert_exported(final: Path, tiny: Path) -> None:
+    """The trained policy is a loadable HF model with every expert, and it moved from the start."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    trained = AutoModelForCausalLM.from_pretrained(final, local_files_only=True)
+    start = AutoModelForCausalLM.from_pretrained(tiny, local_files_only=True)
+    assert AutoTokenizer.from_pretrained(final, local_files_only=True)("3+4=").input_ids
+    a, b = trained.state_dict(), start.state_dict()
+    assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)
+    assert any(not torch.equal(a[k], b[k]) for k in a if ".experts." in k)
 
 
 def children(pid: int) -> list[int]:

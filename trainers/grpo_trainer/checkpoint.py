@@ -5,6 +5,7 @@ Layout under the contract's checkpointDir (shared storage in a cluster):
 
     step-00000010/rank-00000.pt ...   each rank's model shard, optimizer state and RNG
     step-00000010/meta.json           TrainState + the spec that made it; written last
+    final/                            the trained policy in Hugging Face format (end of training)
 
 A save is written into `step-N.tmp/` and renamed once every rank has finished and meta.json is
 on disk, so a crash mid-save leaves no directory that `latest` would pick. Older saves beyond
@@ -118,6 +119,24 @@ def _prune(root: Path, keep_last: int) -> None:
     stale = [d for d in root.iterdir() if d.name.endswith(".tmp") and STEP_DIR.match(d.name[:-4])]
     for old in saves[:-keep_last] + stale:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def export_hf(root: str | Path, state: dict[str, torch.Tensor], model: nn.Module, source: str) -> Path:
+    """Write the trained policy as a Hugging Face model directory `root/final` (rank 0 only).
+
+    `state` is the unsharded state dict (`grpo_trainer.moe.full_state_dict`); the tokenizer is
+    copied from the source model, so the result loads with `from_pretrained` like the input did.
+    """
+    from transformers import AutoTokenizer
+
+    final = Path(root) / "final"
+    tmp = final.with_name("final.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, state_dict=state)
+    AutoTokenizer.from_pretrained(source, local_files_only=True).save_pretrained(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
 
 
 def load(path: Path, model: nn.Module, optimizer: Stateful, info: RankInfo) -> TrainState:

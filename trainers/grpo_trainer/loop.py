@@ -90,14 +90,20 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     return run
 
 
-def push_weights(run: Run, version: int) -> None:
-    """Collective over rank 0's EP group: gather the unsharded weights; rank 0 sends them."""
+def full_state(run: Run) -> dict[str, torch.Tensor] | None:
+    """Collective over rank 0's EP group: the unsharded weights (HF names); None on other groups,
+    which hold the same weights (rank 0's group speaks for them)."""
     if run.info.rank >= run.info.ep_size:
-        return  # other EP groups hold the same weights; rank 0's group speaks for them
-    dtype = getattr(torch, str(run.contract.spec.model.dtype))
-    state = moe.full_state_dict(run.model) if run.groups.ep is not None else run.model.state_dict()
-    if run.generator is None:
+        return None
+    return moe.full_state_dict(run.model) if run.groups.ep is not None else run.model.state_dict()
+
+
+def push_weights(run: Run, version: int) -> None:
+    """Gather the unsharded weights (collective, see `full_state`); rank 0 sends them as `version`."""
+    state = full_state(run)
+    if state is None or run.generator is None:
         return
+    dtype = getattr(torch, str(run.contract.spec.model.dtype))
     seen: set[int] = set()
     out = {}
     for name, t in state.items():  # tied tensors share storage, which safetensors refuses
@@ -210,6 +216,9 @@ def train(contract: RunContract, info: RankInfo) -> None:
     run = setup(contract, info)
     try:
         loop(run)
+        state = full_state(run)
+        if info.is_main:
+            checkpoint.export_hf(contract.checkpoint_dir, state, run.model, contract.spec.model.path)
     except Exception as e:  # say where before the traceback: pod, rank and step
         log.error("rank %d (pod %d) failed at step %d: %s", info.rank, info.pod_index, run.state.step + 1, e)
         raise
