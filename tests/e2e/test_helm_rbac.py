@@ -254,6 +254,20 @@ class OperatorRun:
     metrics_port: int
     log: Path
     proc: subprocess.Popen[bytes]
+    command: list[str]
+    env: dict[str, str]
+
+    def another(self, log: Path, metrics_port: int) -> subprocess.Popen[bytes]:
+        """A second replica: the same command and identity, its own /metrics port."""
+        with log.open("w") as out:
+            return subprocess.Popen(
+                [*self.command, f"--metrics-port={metrics_port}"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=log.parent,
+                start_new_session=True,
+            )
 
     def alive(self) -> None:
         """Fail at once, with the operator's log, when the operator process has exited."""
@@ -309,9 +323,10 @@ def operator_run(
     )
     log = tmp_path / "operator.log"
     env = {**os.environ, "KUBECONFIG": str(kc), "HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "grpo_operator.cli", *container["args"]]
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "grpo_operator.cli", *container["args"]],
+            command,
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -320,7 +335,13 @@ def operator_run(
         )
     try:
         yield OperatorRun(
-            proxy=proxy, granted=granted(docs, namespace), metrics_port=metrics_port, log=log, proc=proc
+            proxy=proxy,
+            granted=granted(docs, namespace),
+            metrics_port=metrics_port,
+            log=log,
+            proc=proc,
+            command=command,
+            env=env,
         )
     finally:
         try:
@@ -472,3 +493,73 @@ def test_a_missing_permission_is_caught(
         return ("delete", "", "pods", 403) in operator_run.refused()
 
     wait_for(refused_delete, what="the operator's pod delete refused and recorded", timeout=120)
+
+
+def reconciles(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("grpo_operator_reconciles_total{")
+    )
+
+
+@pytest.mark.parametrize("operator_run", ["namespaces"], indirect=True)
+def test_two_replicas_elect_one_leader_and_fail_over(
+    operator_run: OperatorRun,
+    namespace: str,
+    kubectl,
+    k8s_api: client.ApiClient,
+    wait_for: Callable[..., Any],
+    fail_pod: Callable[..., None],
+    tmp_path: Path,
+) -> None:
+    """The chart's peering: of two replicas one acts, the other waits; stop the leader and the
+    standby takes over the running job."""
+    second_log, second_port = tmp_path / "second.log", free_port()
+    second = operator_run.another(second_log, second_port)
+    replicas = {
+        operator_run.log: (operator_run.proc, operator_run.metrics_port),
+        second_log: (second, second_port),
+    }
+    try:
+
+        def paused() -> list[Path]:
+            return [log for log in replicas if "Pausing operations in favour of" in log.read_text()]
+
+        (standby_log,) = wait_for(paused, what="one replica pausing in favour of the other", timeout=60)
+        (leader_log,) = set(replicas) - {standby_log}
+        leader, leader_port = replicas[leader_log]
+        standby, standby_port = replicas[standby_log]
+        job = apply_example(namespace, kubectl)
+        name = job["metadata"]["name"]
+
+        def phase() -> str | None:
+            return (read_job(k8s_api, namespace, name).get("status") or {}).get("phase")
+
+        wait_for(lambda: phase() == "Running", what=f"{name} Running under the leader", timeout=120)
+        assert reconciles(leader_port) > 0 and reconciles(standby_port) == 0, "only the leader reconciles"
+
+        leader.send_signal(signal.SIGTERM)  # a rolling update or an eviction
+        leader.wait(timeout=30)
+        wait_for(
+            lambda: "Resuming operations" in standby_log.read_text(), what="the standby resuming", timeout=60
+        )
+        victim = trainer_pods(k8s_api, namespace, name)[1].metadata.name
+
+        def restarted_by_standby() -> bool:
+            assert standby.poll() is None, standby_log.read_text()[-3000:]
+            status = read_job(k8s_api, namespace, name).get("status") or {}
+            pod = client.CoreV1Api(k8s_api).read_namespaced_pod(victim, namespace)
+            if not status.get("restarts") and pod.status.phase != "Failed":
+                fail_pod(namespace, victim, exit_code=1)
+            return status.get("restarts") == 1
+
+        wait_for(restarted_by_standby, what="a gang restart done by the former standby", timeout=120)
+        assert reconciles(standby_port) > 0
+    finally:
+        # The surviving replica lifts kopf's finalizers; then the second one goes.
+        kubectl("delete", "grpojobs", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=90)
+        if second.poll() is None:
+            second.send_signal(signal.SIGINT)
+            second.wait(timeout=30)
