@@ -8,7 +8,9 @@ recording reverse proxy, so the test knows every (verb, resource) it used and ev
 It drives the p5 example job to Running, fails a trainer pod and waits for the gang restart,
 then asserts: no request was refused (a missing permission fails here), and every rule the
 chart grants was exercised (a permission the operator never uses fails here too), apart from
-the few listed in NOT_EXERCISED with the reason this run cannot reach them.
+the few listed in NOT_EXERCISED with the reason this run cannot reach them. Both watch scopes
+run. Two more tests: a permission taken from the chart's Role shows up as a recorded 403, and
+two replicas (the chart's peering) elect one leader whose stop hands the job to the standby.
 """
 
 import asyncio
