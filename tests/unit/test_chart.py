@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from grpo_operator import instance_types
 from grpo_operator.cli import build_parser
 from kopf._cogs.structs import references
 
@@ -117,7 +118,9 @@ def test_operator_pod_is_hardened_and_probed() -> None:
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert {"cpu", "memory"} <= set(c["resources"]["requests"])
-    assert {m["mountPath"] for m in c["volumeMounts"]} == {"/tmp"}, "only /tmp is writable"
+    assert {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")} == {"/tmp"}, (
+        "only /tmp is writable"
+    )
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     for probe in ("livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
@@ -263,3 +266,17 @@ def test_dashboard_configmap_carries_the_dashboard() -> None:
 def test_pdb_only_with_several_replicas() -> None:
     assert "PodDisruptionBudget" in kinds(render())
     assert "PodDisruptionBudget" not in kinds(render("replicaCount=1"))
+
+
+def test_instance_types_reach_the_operator_as_a_file_it_loads() -> None:
+    docs = render("instanceTypes.p6e-gb200\\.36xlarge.gpus=4", "instanceTypes.p6e-gb200\\.36xlarge.efa=8")
+    cm = next(
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-instance-types")
+    )
+    c = container(docs)
+    (path,) = arg_value(c["args"], "--instance-types")
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "instance-types")
+    assert path == f"{mount['mountPath']}/instance-types.yaml"
+    table = instance_types.BUILTIN.merged(yaml.safe_load(cm["data"]["instance-types.yaml"]))
+    assert (table.get("p6e-gb200.36xlarge").gpus, table.get("p6e-gb200.36xlarge").efa) == (4, 8)
+    assert not arg_value(container(render())["args"], "--instance-types"), "off by default"
