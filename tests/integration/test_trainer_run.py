@@ -37,8 +37,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def write_contract(work: Path, tiny: Path, rollout_port: int | tuple[int, ...], **algorithm: object) -> Path:
-    """Render the contract for a 1-pod x 2-rank, EP = 2 job with the given rollout server port(s)."""
+def write_contract(
+    work: Path, tiny: Path, rollout_port: int | tuple[int, ...], pods: int = 1, **algorithm: object
+) -> Path:
+    """Render the contract for an EP = 2 job of 2 ranks (1 pod x 2, or 2 pods x 1) and the given
+    rollout server port(s)."""
     rollout_ports = rollout_port if isinstance(rollout_port, tuple) else (rollout_port,)
     spec = {
         "model": {"path": str(tiny), "dtype": "float32"},
@@ -46,7 +49,8 @@ def write_contract(work: Path, tiny: Path, rollout_port: int | tuple[int, ...], 
         "reward": {"functions": [{"builtin": "exact_match"}]},
         "algorithm": {"groupSize": 4, "promptsPerStep": 4, "microBatchSize": 4, "maxNewTokens": 4,
                       "learningRate": 1e-3, "maxStaleness": 1, **algorithm},
-        "trainer": {"replicas": 1, "processesPerPod": 2, "expertParallelSize": 2, "epBackend": "gloo"},
+        "trainer": {"replicas": pods, "processesPerPod": 2 // pods, "expertParallelSize": 2,
+                    "epBackend": "gloo"},
         "rollout": {"replicas": len(rollout_ports), "engine": "torch"},
         "checkpoint": {"path": str(work / "ckpt"), "everySteps": 2, "keepLast": 1},
     }  # fmt: skip
@@ -86,10 +90,10 @@ def server(launch) -> tuple[int, str]:
     return port, f"http://127.0.0.1:{port}"
 
 
-def start_trainer(contract: Path, work: Path) -> subprocess.Popen:
-    env = {**os.environ, "GRPO_CONTRACT": str(contract), "GRPO_POD_INDEX": "0", "GRPO_TOKEN": TOKEN}
+def start_trainer(contract: Path, work: Path, pod: int = 0) -> subprocess.Popen:
+    env = {**os.environ, "GRPO_CONTRACT": str(contract), "GRPO_POD_INDEX": str(pod), "GRPO_TOKEN": TOKEN}
     env.update(GRPO_PROGRESS_FILE=str(work / "progress.jsonl"), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    log = open(work / "trainer.log", "ab")  # noqa: SIM115 - owned by the child
+    log = open(work / ("trainer.log" if pod == 0 else f"trainer-{pod}.log"), "ab")  # noqa: SIM115 - the child's
     return subprocess.Popen([sys.executable, "-m", "grpo_trainer", "train"], env=env, stdout=log, stderr=log)
 
 
@@ -219,3 +223,12 @@ def test_lost_rollout_server_is_routed_around_and_catches_up_when_back(
     steps = [r["step"] for r in progress(tmp_path)]
     assert steps == list(range(1, 201))
     assert live_version(f"http://127.0.0.1:{ports[1]}") == 200  # brought up to date by the trainer
+
+
+def test_two_pods_of_one_rank_form_one_gang(server, tiny: Path, tmp_path: Path) -> None:
+    port, url = server
+    contract = write_contract(tmp_path, tiny, port, pods=2, maxSteps=3)
+    pods = [start_trainer(contract, tmp_path, pod) for pod in (0, 1)]
+    assert [finish(p, tmp_path) for p in pods] == [0, 0], log_tail(tmp_path)
+    assert [r["step"] for r in progress(tmp_path)] == [1, 2, 3]  # pod 1's rank is not rank 0: no lines
+    assert live_version(url) == 3
