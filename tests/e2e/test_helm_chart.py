@@ -66,9 +66,14 @@ def dry_run(kubectl: Callable[..., subprocess.CompletedProcess[str]], docs: list
     [
         (),
         ("watch.scope=namespaces",),
-        ("metrics.serviceMonitor.enabled=true", "metrics.prometheusRule.enabled=true"),
+        (
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.prometheusRule.enabled=true",
+            "instanceTypes.p6e-gb200\\.36xlarge.gpus=4",
+            "instanceTypes.p6e-gb200\\.36xlarge.efa=8",
+        ),
     ],
-    ids=["cluster", "namespaced", "monitoring"],
+    ids=["cluster", "namespaced", "monitoring-and-instance-types"],
 )
 def test_helm_template_is_accepted_by_the_api_server(
     sets: tuple[str, ...], namespace: str, bin_dir: Path, kubeconfig: Path, kubectl
