@@ -72,7 +72,7 @@ FROM cuda-efa AS ep-build
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu129
 ARG GDRCOPY_VERSION=2.5.1
-ARG NVSHMEM_VERSION=3.4.5
+ARG NVSHMEM_VERSION=3.8.0
 ARG DEEPEP_REF=v1.2.1
 ENV TORCH_CUDA_ARCH_LIST=9.0 \
     CUDA_HOME=/usr/local/cuda
@@ -101,10 +101,12 @@ RUN mkdir deepep \
 
 # ---------------------------------------------------------------------------------------
 # trainer: torch, DeepSpeed (ops JIT-built on first use, so nvcc stays), DeepEP, NVSHMEM,
-# GDRCopy and the project with its trainer extra.
+# GDRCopy and the project with its trainer extra. NCCL is raised past torch's pin to a release
+# whose GIN path DeepEP v2 uses through aws-ofi-nccl (NCCL keeps its ABI across 2.x).
 FROM cuda-efa AS trainer
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu129
+ARG NCCL_VERSION=2.32.3
 ENV TORCH_CUDA_ARCH_LIST=9.0 \
     CUDA_HOME=/usr/local/cuda \
     DS_BUILD_OPS=0 \
@@ -117,7 +119,8 @@ RUN --mount=type=bind,from=ep-build,source=/wheels,target=/ep-wheels \
     --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
       "torch==${TORCH_VERSION}" /ep-wheels/deep_ep-*.whl "$(ls /wheels/grpo_operator-*.whl)[trainer]" \
- && python -c "import torch, deepspeed, deep_ep, grpo_trainer, grpo_rollout"
+ && pip install --no-cache-dir --no-deps "nvidia-nccl-cu12==${NCCL_VERSION}" \
+ && python -c "import torch, deepspeed, deep_ep, grpo_trainer, grpo_rollout; print(torch.cuda.nccl.version())"
 RUN useradd --uid 1000 --create-home grpo
 USER 1000
 WORKDIR /home/grpo

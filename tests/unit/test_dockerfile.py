@@ -162,6 +162,7 @@ def test_trainer_image_has_the_efa_and_deepep_stack() -> None:
         "NVSHMEM_LIBFABRIC_SUPPORT=ON",
         "DeepEP",
         "[trainer]",
+        "nvidia-nccl-cu12==${NCCL_VERSION}",
     ):
         assert needle in runs, needle
     env = " ".join(v for s in chain("ep-build") for v in s.values("ENV"))
