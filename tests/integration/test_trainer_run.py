@@ -38,7 +38,12 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def write_contract(
-    work: Path, tiny: Path, rollout_port: int | tuple[int, ...], pods: int = 1, **algorithm: object
+    work: Path,
+    tiny: Path,
+    rollout_port: int | tuple[int, ...],
+    pods: int = 1,
+    checkpoint_every: int = 2,
+    **algorithm: object,
 ) -> Path:
     """Render the contract for an EP = 2 job of 2 ranks (1 pod x 2, or 2 pods x 1) and the given
     rollout server port(s)."""
@@ -52,7 +57,7 @@ def write_contract(
         "trainer": {"replicas": pods, "processesPerPod": 2 // pods, "expertParallelSize": 2,
                     "epBackend": "gloo"},
         "rollout": {"replicas": len(rollout_ports), "engine": "torch"},
-        "checkpoint": {"path": str(work / "ckpt"), "everySteps": 2, "keepLast": 1},
+        "checkpoint": {"path": str(work / "ckpt"), "everySteps": checkpoint_every, "keepLast": 1},
     }  # fmt: skip
     job = GRPOJob.model_validate({"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob",
                                   "metadata": {"name": "t"}, "spec": spec})  # fmt: skip
@@ -232,3 +237,22 @@ def test_two_pods_of_one_rank_form_one_gang(server, tiny: Path, tmp_path: Path) 
     assert [finish(p, tmp_path) for p in pods] == [0, 0], log_tail(tmp_path)
     assert [r["step"] for r in progress(tmp_path)] == [1, 2, 3]  # pod 1's rank is not rank 0: no lines
     assert live_version(url) == 3
+
+
+def test_sigterm_saves_the_current_step_and_a_restart_continues_from_it(
+    server, tiny: Path, tmp_path: Path
+) -> None:
+    port, _ = server
+    contract = write_contract(tmp_path, tiny, port, maxSteps=400, checkpoint_every=1000)
+    proc = start_trainer(contract, tmp_path)
+    wait_for_step(proc, tmp_path, 3)
+    proc.send_signal(signal.SIGTERM)  # what the kubelet sends on pod deletion, suspend or preemption
+    assert finish(proc, tmp_path, timeout=120) == 143
+    last = progress(tmp_path)[-1]["step"]
+    assert 3 <= last < 400
+    assert (
+        checkpoint.latest(tmp_path / "ckpt" / "local" / "t").name == f"step-{last:08d}"
+    )  # no periodic save ran
+    contract = write_contract(tmp_path, tiny, port, maxSteps=last + 1, checkpoint_every=1000)
+    assert finish(start_trainer(contract, tmp_path), tmp_path) == 0, log_tail(tmp_path)
+    assert progress(tmp_path)[-1]["step"] == last + 1 and progress(tmp_path)[-2]["step"] == last

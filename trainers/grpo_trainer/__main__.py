@@ -2,13 +2,14 @@
 
 `train` is the per-pod launcher (`grpo_trainer.launcher`); `rank` is one rank process it
 spawns (`grpo_trainer.loop.train`), with RANK/WORLD_SIZE in its env. A `ConfigError` exits
-with `EXIT_CONFIG` so the gang is not restarted for a mistake a restart cannot fix.
+with `EXIT_CONFIG` so the gang is not restarted for a mistake a restart cannot fix; a rank
+stopped by SIGTERM/SIGINT saves a checkpoint and exits with `EXIT_STOPPED` (128 + SIGTERM).
 """
 
 import logging
 import sys
 
-from grpo_trainer.config import EXIT_CONFIG, ConfigError, RankInfo, load_contract
+from grpo_trainer.config import EXIT_CONFIG, EXIT_STOPPED, ConfigError, RankInfo, load_contract
 
 
 def rank_main() -> int:
@@ -18,11 +19,11 @@ def rank_main() -> int:
         info = RankInfo.from_env(contract)
         from grpo_trainer.loop import train  # torch and transformers load only for real work
 
-        train(contract, info)
+        finished = train(contract, info)
     except ConfigError as e:
         print(f"grpo-trainer: configuration error: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    return 0
+    return 0 if finished else EXIT_STOPPED
 
 
 def main(argv: list[str]) -> int:

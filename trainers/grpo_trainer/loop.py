@@ -14,6 +14,7 @@ launcher `grpo_trainer.launcher`). Per step, in this order:
 import contextlib
 import logging
 import math
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -212,12 +213,13 @@ def next_rollouts(run: Run, pending: Any) -> tuple[Rollouts, Any]:
     return rollouts, nxt
 
 
-def train(contract: RunContract, info: RankInfo) -> None:
+def train(contract: RunContract, info: RankInfo) -> bool:
+    """Set up, train, export the policy; False when a signal stopped training early."""
     run = setup(contract, info)
     try:
-        loop(run)
-        state = full_state(run)
-        if info.is_main:
+        finished = loop(run)
+        state = full_state(run) if finished else None
+        if finished and info.is_main:
             checkpoint.export_hf(contract.checkpoint_dir, state, run.model, contract.spec.model.path)
     except Exception as e:  # say where before the traceback: pod, rank and step
         log.error("rank %d (pod %d) failed at step %d: %s", info.rank, info.pod_index, run.state.step + 1, e)
@@ -229,17 +231,55 @@ def train(contract: RunContract, info: RankInfo) -> None:
             run.reporter.close()
     dist.barrier()  # before destroy: avoids gloo aborting peers still in flight
     dist.destroy_process_group()
+    return finished
 
 
-def loop(run: Run) -> None:
-    contract, info = run.contract, run.info
-    algo, ckpt = contract.spec.algorithm, contract.spec.checkpoint
+class StopRequest:
+    """SIGTERM/SIGINT (pod deletion, suspend, preemption, Ctrl-C): finish the step, save, stop.
+
+    Signals reach ranks at different moments, so the gang agrees through a one-element MAX
+    all-reduce after every step; then every rank saves the same step and exits together.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        log.warning("received %s: stopping after this step with a checkpoint", signal.Signals(signum).name)
+        self.requested = True
+
+    def agreed(self, device: torch.device) -> bool:
+        flag = torch.tensor([float(self.requested)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+def save(run: Run) -> tuple[str, int]:
+    ckpt = run.contract.spec.checkpoint
+    path = checkpoint.save(
+        run.contract.checkpoint_dir,
+        run.state,
+        run.model,
+        run.optimizer,
+        run.info,
+        keep_last=ckpt.keep_last,
+        spec=run.contract.spec.wire(),
+    )
+    return str(path), run.state.step
+
+
+def loop(run: Run) -> bool:
+    """Train to maxSteps; False when stopped early by a signal (after saving a checkpoint)."""
+    algo, every = run.contract.spec.algorithm, run.contract.spec.checkpoint.every_steps
+    stop = StopRequest()
     pending = None
     last_save: tuple[str, int] | None = None
     while run.state.step < algo.max_steps:
         t0 = time.time()
         box = [None]
-        if info.is_main:
+        if run.info.is_main:
             box[0], pending = next_rollouts(run, pending)
         dist.broadcast_object_list(box, src=0)
         rollouts: Rollouts = box[0]
@@ -254,34 +294,39 @@ def loop(run: Run) -> None:
         t_train = time.time()
         push_weights(run, run.state.version)
         t_push = time.time()
-        if run.state.step % ckpt.every_steps == 0 or run.state.step == algo.max_steps:
-            path = checkpoint.save(
-                contract.checkpoint_dir,
-                run.state,
-                run.model,
-                run.optimizer,
-                info,
-                keep_last=ckpt.keep_last,
-                spec=contract.spec.wire(),
-            )
-            last_save = (str(path), run.state.step)
+        stopping = stop.agreed(run.device)
+        if run.state.step % every == 0 or run.state.step == algo.max_steps or stopping:
+            last_save = save(run)
         if run.reporter is not None:
-            wall = time.time() - t0
-            tokens = sum(map(len, rollouts.prompt_tokens)) + rollouts.completion_tokens_total()
-            record = {
-                "step": run.state.step,
-                "reward_mean": sum(rollouts.rewards) / len(rollouts),
-                "tokens_per_s": tokens / wall,
-                "samples_per_s": len(rollouts) / wall,
-                "samples": len(rollouts),
-                "staleness": staleness,
-                "weight_version": run.state.version,
-                "position": run.state.position,
-                "gen_wait_s": t_gen - t0,  # generation not hidden behind the previous step
-                "train_s": t_train - t_gen,
-                "push_s": t_push - t_train,
-                "step_s": wall,
-                "time": time.time(),
-                **stats,
-            }
-            run.reporter.report(record, checkpoint=last_save)
+            times = {"gen_wait_s": t_gen - t0, "train_s": t_train - t_gen, "push_s": t_push - t_train}
+            report(run.reporter, run.state, rollouts, staleness, times | stats, time.time() - t0, last_save)
+        if stopping:
+            return False
+    return True
+
+
+def report(
+    reporter: ProgressReporter,
+    state: checkpoint.TrainState,
+    rollouts: Rollouts,
+    staleness: int,
+    extra: dict[str, float],
+    wall: float,
+    last_save: tuple[str, int] | None,
+) -> None:
+    """Rank 0's line for the step just finished (gen_wait_s: generation not hidden behind training)."""
+    tokens = sum(map(len, rollouts.prompt_tokens)) + rollouts.completion_tokens_total()
+    record = {
+        "step": state.step,
+        "reward_mean": sum(rollouts.rewards) / len(rollouts),
+        "tokens_per_s": tokens / wall,
+        "samples_per_s": len(rollouts) / wall,
+        "samples": len(rollouts),
+        "staleness": staleness,
+        "weight_version": state.version,
+        "position": state.position,
+        "step_s": wall,
+        "time": time.time(),
+        **extra,
+    }
+    reporter.report(record, checkpoint=last_save)
