@@ -5,13 +5,17 @@ unless --model is given). Both sides train the same tiny Qwen3-MoE model on the 
 addition task with the same hyperparameters (group size, prompts per step, max new tokens,
 learning rate, clip range, steps, temperature, no KL), each in a child process of this one:
 ours as `grpo-operator run` (1 rollout server + 2 trainer ranks at EP 2, 1 thread each),
-TRL as `GRPOTrainer` (use_vllm=False, use_cpu=True, bf16=False) with torch using every core.
+TRL as `GRPOTrainer` (use_vllm=False, use_cpu=True, bf16=False) with --trl-threads torch threads
+(default 1: on this tiny model TRL runs as fast with one thread as with two on an idle 2-core
+machine, and several times slower with two on a busy one).
 
 Measured the same way on both sides:
   wall_s         seconds from spawning the child to its exit (imports, model load included)
   samples_per_s  completions of steps 2..N over the time between step 1's and step N's end
   reward_last    mean reward over the last 10% of steps (reward_first: the first 10%)
-and `speedup` = ours.samples_per_s / trl.samples_per_s. Prints a table; writes JSON.
+and `speedup` = ours.samples_per_s / trl.samples_per_s. Each side records the 1-minute load
+average when it started: on a shared machine other work skews the comparison (ours runs three
+processes, TRL one, so a busy machine lends ours a larger share). Prints a table; writes JSON.
 """
 
 import argparse
@@ -70,7 +74,7 @@ def run_ours(model: Path, args: argparse.Namespace, work: Path) -> dict[str, Any
     summary = work / "ours-summary.json"
     cmd = [sys.executable, "-m", "grpo_operator.cli", "run", str(job), "--summary-json", str(summary)]
     cmd += ["--workdir", str(work / "ours")]
-    start = time.monotonic()
+    load, start = os.getloadavg()[0], time.monotonic()
     with open(work / "ours.out", "wb") as out:
         code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT)
     wall = time.monotonic() - start
@@ -78,13 +82,13 @@ def run_ours(model: Path, args: argparse.Namespace, work: Path) -> dict[str, Any
         sys.exit(f"our run failed (exit {code}); its output is in {work / 'ours.out'}")
     s = json.loads(summary.read_text())
     return {"wall_s": wall, "samples_per_s": s["samples_per_s"], "reward_first": s["reward_first"],
-            "reward_last": s["reward_last"], "steps": s["steps"]}  # fmt: skip
+            "reward_last": s["reward_last"], "steps": s["steps"], "loadavg_1m_at_start": load}  # fmt: skip
 
 
 def run_trl(model: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--trl-worker", str(model), "--json", str(work / "trl.json")]
     cmd += [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in HYPER]
-    start = time.monotonic()
+    load, start = os.getloadavg()[0], time.monotonic()
     with open(work / "trl.out", "wb") as out:
         code = subprocess.call(
             cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -92,7 +96,7 @@ def run_trl(model: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]
     wall = time.monotonic() - start
     if code != 0:
         sys.exit(f"the TRL run failed (exit {code}); its output is in {work / 'trl.out'}")
-    return {"wall_s": wall, **json.loads((work / "trl.json").read_text())}
+    return {"wall_s": wall, **json.loads((work / "trl.json").read_text()), "loadavg_1m_at_start": load}
 
 
 def trl_worker(model: Path, args: argparse.Namespace) -> None:
@@ -103,6 +107,7 @@ def trl_worker(model: Path, args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    torch.set_num_threads(args.trl_threads)
     torch.manual_seed(0)
     rows = [json.loads(line) for line in (model / "addition.jsonl").read_text().splitlines() if line.strip()]
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -159,7 +164,7 @@ def trl_worker(model: Path, args: argparse.Namespace) -> None:
     Path(args.json).write_text(json.dumps(result))
 
 
-HYPER = ("steps", "prompts_per_step", "group_size", "max_new_tokens", "lr", "max_staleness")
+HYPER = ("steps", "prompts_per_step", "group_size", "max_new_tokens", "lr", "max_staleness", "trl_threads")
 
 
 def main() -> None:
@@ -168,12 +173,15 @@ def main() -> None:
     parser.add_argument(
         "--model", type=Path, help="tiny model dir (default: build one with grpo-operator tiny-model)"
     )
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--prompts-per-step", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--max-staleness", type=int, default=1, help="ours only: rollout/train overlap")
+    parser.add_argument(
+        "--trl-threads", type=int, default=1, help="TRL's torch threads (1 is its fastest on this tiny model)"
+    )
     parser.add_argument("--trl-worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.trl_worker:
