@@ -130,19 +130,17 @@ def test_examples_pass_server_side_dry_run(namespace: str, kubectl) -> None:
 
 
 def test_helm_install_creates_every_object(namespace: str, bin_dir: Path, kubeconfig: Path, kubectl) -> None:
+    """Installed into a namespace that enforces the `restricted` Pod Security Standard, so the
+    API server itself judges the operator pod's hardening; kwok then runs its replicas."""
+    kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
     release = f"g{uuid.uuid4().hex[:8]}"
     sets = ["--set", "watch.scope=namespaces", "--set", f"watch.namespaces={{{namespace}}}"]
     helm(bin_dir, kubeconfig, "install", release, str(CHART), "--namespace", namespace, *sets)
     try:
         manifest = helm(bin_dir, kubeconfig, "get", "manifest", release, "--namespace", namespace)
         docs = [d for d in yaml.safe_load_all(manifest) if d]
-        assert {d["kind"] for d in docs} >= {
-            "Deployment",
-            "ServiceAccount",
-            "Role",
-            "RoleBinding",
-            "KopfPeering",
-        }
+        expected = {"Deployment", "ServiceAccount", "Role", "RoleBinding", "KopfPeering"}
+        assert {d["kind"] for d in docs} >= expected
         for doc in docs:
             ns = [] if doc["kind"] in CLUSTER_SCOPED else ["-n", doc["metadata"].get("namespace", namespace)]
             resource = doc["kind"].lower() + (f".{group_of(doc)}" if group_of(doc) else "")
@@ -150,5 +148,8 @@ def test_helm_install_creates_every_object(namespace: str, bin_dir: Path, kubeco
         crds = kubectl("get", "crd", "-o", "name").stdout
         for crd in ("grpojobs.grpo.dev", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
             assert crd in crds
+        deployment = next(d for d in docs if d["kind"] == "Deployment")["metadata"]["name"]
+        rollout = ["rollout", "status", f"deployment/{deployment}", "-n", namespace, "--timeout=120s"]
+        kubectl(*rollout, timeout=150)
     finally:
         helm(bin_dir, kubeconfig, "uninstall", release, "--namespace", namespace)
