@@ -373,3 +373,33 @@ def test_bad_object_fails_clearly_and_operator_keeps_running(operator, cluster):
     cluster.create(manifest("good"))
     cluster.wait_phase("good", "Running")
     assert cluster.children() and "statefulset.apps/bad-trainer" not in cluster.children()
+
+
+def test_one_leader_among_replicas(crd, kubeconfig, kubectl, namespace, cluster, tmp_path):
+    """Two replicas with peering: only the higher priority one writes; when it stops, the other takes over."""
+    low = Operator(
+        kubeconfig, namespace, tmp_path / "low.log", "--peering", "grpo", "--priority", "10"
+    ).start()
+    high = Operator(
+        kubeconfig, namespace, tmp_path / "high.log", "--peering", "grpo", "--priority", "20"
+    ).start()
+    try:
+        cluster.wait_for(
+            lambda: high.get("/healthz")[0] == 200 and low.get("/healthz")[0] == 200,
+            what="both up",
+            ignore=(OSError,),
+        )
+        time.sleep(3)  # let the peers see each other before there is work
+        cluster.create(manifest("lead"))
+        cluster.wait_phase("lead", "Running")
+        assert high.writes() > 0 and low.writes() == 0
+        high.kill(signal.SIGTERM)  # a clean exit removes its peering record
+        cluster.patch("lead", {"runPolicy": {"suspend": True}})
+        cluster.wait_phase("lead", "Suspended", timeout=120)
+        assert low.writes() > 0
+        assert len(cluster.children()) == 12
+        kubectl("delete", "grpojobs", "--all", "-n", namespace, "--timeout=60s")
+    finally:
+        high.kill(signal.SIGTERM)
+        low.kill(signal.SIGTERM)
+        print(low.log.read_text()[-4000:], high.log.read_text()[-4000:])

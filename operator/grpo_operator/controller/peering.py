@@ -5,10 +5,13 @@ keeps the one with the highest priority active and pauses the others; that needs
 KopfPeering (namespaced) and ClusterKopfPeering resources, which we create if missing.
 """
 
+import logging
 import time
+from collections.abc import Callable
 
 from kubernetes import client
 
+log = logging.getLogger("grpo_operator.peering")
 _SCHEMA = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 
 
@@ -35,45 +38,51 @@ def crd(kind: str, scope: str) -> dict:
 
 
 def ensure(api: client.ApiClient, *, clusterwide: bool, namespaces: list[str], name: str) -> None:
-    """Create the peering CRD and the peering object for `name` when they are missing."""
+    """Create the peering CRDs and the peering object for `name` when they are missing.
+
+    A 403 is not fatal: the Helm chart installs the CRDs and an operator without the right
+    to create them should still start."""
     ext = client.ApiextensionsV1Api(api)
     custom = client.CustomObjectsApi(api)
     for kind, scope in (("KopfPeering", "Namespaced"), ("ClusterKopfPeering", "Cluster")):
-        try:
-            ext.create_custom_resource_definition(crd(kind, scope))
-        except client.ApiException as e:
-            if e.status != 409:
-                raise
+        _tolerate(
+            lambda kind=kind, scope=scope: ext.create_custom_resource_definition(crd(kind, scope)), kind
+        )
     _wait_established(ext, ["kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"])
     peer = {"metadata": {"name": name}, "apiVersion": "kopf.dev/v1"}
-    creates = (
-        [
-            lambda: custom.create_cluster_custom_object(
-                "kopf.dev", "v1", "clusterkopfpeerings", peer | {"kind": "ClusterKopfPeering"}
-            )
-        ]
-        if clusterwide
-        else []
-    )
-    for ns in namespaces:
-        creates.append(
-            lambda ns=ns: custom.create_namespaced_custom_object(
-                "kopf.dev", "v1", ns, "kopfpeerings", peer | {"kind": "KopfPeering"}
-            )
+    if clusterwide:
+        body = peer | {"kind": "ClusterKopfPeering"}
+        _tolerate(
+            lambda: custom.create_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", body), name
         )
-    for create in creates:
-        try:
-            create()
-        except client.ApiException as e:
-            if e.status != 409:
-                raise
+    for ns in namespaces:
+        body = peer | {"kind": "KopfPeering"}
+        _tolerate(
+            lambda ns=ns, body=body: custom.create_namespaced_custom_object(
+                "kopf.dev", "v1", ns, "kopfpeerings", body
+            ),
+            f"{ns}/{name}",
+        )
+
+
+def _tolerate(create: Callable[[], object], what: str) -> None:
+    try:
+        create()
+    except client.ApiException as e:
+        if e.status == 403:
+            log.warning("not allowed to create peering %s; assuming it is installed", what)
+        elif e.status != 409:
+            raise
 
 
 def _wait_established(ext: client.ApiextensionsV1Api, names: list[str], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     for n in names:
         while time.monotonic() < deadline:
-            conds = ext.read_custom_resource_definition(n).status.conditions or []
+            try:
+                conds = ext.read_custom_resource_definition(n).status.conditions or []
+            except client.ApiException:
+                return  # cannot read CRDs: kopf will say clearly if peering is missing
             if any(c.type == "Established" and c.status == "True" for c in conds):
                 break
             time.sleep(0.2)
