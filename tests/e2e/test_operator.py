@@ -373,6 +373,13 @@ def test_bad_object_fails_clearly_and_operator_keeps_running(operator, cluster):
     cluster.create(manifest("good"))
     cluster.wait_phase("good", "Running")
     assert cluster.children() and "statefulset.apps/bad-trainer" not in cluster.children()
+    # an edit that no longer renders fails the running job and stops its pods
+    cluster.patch("good", {"rollout": {"instanceType": "p9.bogus"}})
+    cluster.wait_phase("good", "Failed")
+    assert "rollout.instanceType: unknown instance type" in cluster.condition("good", "Failed")["message"]
+    cluster.wait_for(
+        lambda: not cluster.pods("good", "trainer") and not cluster.pods("good", "rollout"), what="stopped"
+    )
 
 
 def test_one_leader_among_replicas(crd, kubeconfig, kubectl, namespace, cluster, tmp_path):

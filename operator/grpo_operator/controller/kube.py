@@ -134,6 +134,18 @@ class Kube:
             if e.status != 404:
                 raise
 
+    def scale_statefulset(self, namespace: str, name: str, replicas: int) -> None:
+        """Set replicas through the scale subresource (no field ownership taken)."""
+        url = path("apps/v1", "StatefulSet", namespace, name, "scale")
+        try:
+            body = {"spec": {"replicas": replicas}}
+            self.request(
+                "PATCH", url, body=body, content_type="application/merge-patch+json", kind="StatefulSet"
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
     def patch_status(self, namespace: str, name: str, status: dict) -> None:
         url = path(API_VERSION, "GRPOJob", namespace, name, "status")
         self.request(

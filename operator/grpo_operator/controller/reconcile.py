@@ -122,6 +122,11 @@ class Reconciler:
             self._delete_stale(
                 namespace, pods, attempt=decision.status.restarts, obs=obs, running=decision.running
             )
+        elif any(not p["metadata"].get("deletionTimestamp") for p in pods):
+            # The spec no longer renders (say an edit named an unknown instance type): a
+            # Failed job must not keep GPUs, so stop what the last good spec started.
+            for role in (names.ROLE_TRAINER, names.ROLE_ROLLOUT):
+                self.kube.scale_statefulset(namespace, names.statefulset(name, role), 0)
         if not decision.gang_restart:
             self._write_status(body, decision.status)
         self._emit(body, decision.events, memory, rendered, generation, now)
