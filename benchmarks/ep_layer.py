@@ -7,9 +7,10 @@ shapes and the same routing in three regimes:
 - coarse: 8 experts, top-2, wide experts (width 512), balanced routing;
 - fine: 64 experts, top-8, narrow experts (width 64), balanced routing (Qwen3-MoE/DeepSeek-V3-like);
 - skewed: 32 experts, top-4, width 128, Zipf-like expert popularity (RL without a balancing loss).
-The roofline is the busiest rank's expert FLOPs (forward+backward SwiGLU GEMMs) over the fp32
-matmul rate measured here at the same thread count: the same GEMMs as single large matmuls,
-timed interleaved with both layers so that load from other processes affects all three alike.
+The roofline is the expert FLOPs (forward+backward SwiGLU GEMMs) over the fp32 matmul rate
+measured here at the same thread count: each rank runs its own experts' GEMMs as single large
+matmuls, timed (slowest rank) interleaved with both layers, so that load from other processes
+affects all three alike.
 Prints a table; writes JSON rows
 {regime, ep, tokens, ours_tokens_per_s, deepspeed_tokens_per_s, ratio, roofline_tokens_per_s,
 ours_bytes_sent_per_rank_per_s, ...}. Tokens/s are per rank (the slowest rank's time).
@@ -154,33 +155,33 @@ def deepspeed_layer(regime: Regime, x: torch.Tensor, weight: torch.Tensor, ep: i
     return layer
 
 
-def busiest_rank_rows(layer, x: torch.Tensor, regime: Regime, ep: int) -> int:
-    """Rows (token, expert) pairs the busiest rank's experts process in one step."""
+def rows_per_rank(layer, x: torch.Tensor, regime: Regime, ep: int) -> list[int]:
+    """(token, expert) rows each rank's experts process in one step, all ranks' batches together."""
     with torch.no_grad():
         idx = layer.gate(x)[2]
     per_expert = torch.bincount(idx.reshape(-1), minlength=regime.experts)
     if ep > 1:
         dist.all_reduce(per_expert)
-    return int(per_expert.view(ep, -1).sum(1).max())
+    return per_expert.view(ep, -1).sum(1).tolist()
 
 
 def measure_regime(regime: Regime, args: argparse.Namespace, ep: int, rank: int) -> dict:
     x, weight = make_inputs(regime, args.tokens, args.hidden, rank)
     layer = ours(regime, x, weight, ep, rank)
     ds = deepspeed_layer(regime, x, weight, ep)
-    busiest = busiest_rank_rows(layer, x, regime, ep)
+    rows = rows_per_rank(layer, x, regime, ep)  # the roofline step: each rank its own expert GEMMs
     xs, xd = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     bytes_before = layer.dispatcher.bytes_sent
     seconds_ours, seconds_ds, seconds_gemm = time_steps(
         [
             lambda: layer(xs).pow(2).mean().backward(),
             lambda: ds(xd)[0].pow(2).mean().backward(),
-            expert_gemms(busiest, args.hidden, regime.width),
+            expert_gemms(rows[rank], args.hidden, regime.width),
         ],
         args.iters,
     )
     sent_per_step = (layer.dispatcher.bytes_sent - bytes_before) / (args.iters + 2)
-    flops = 18 * busiest * args.hidden * regime.width
+    flops = 18 * max(rows) * args.hidden * regime.width
     return {
         "regime": regime.name,
         "ep": ep,
@@ -195,7 +196,7 @@ def measure_regime(regime: Regime, args: argparse.Namespace, ep: int, rank: int)
         "expert_width": regime.width,
         "zipf": regime.zipf,
         "hidden": args.hidden,
-        "busiest_rank_rows": busiest,
+        "busiest_rank_rows": max(rows),
         "matmul_gflops": flops / seconds_gemm / 1e9,
     }
 
