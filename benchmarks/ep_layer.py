@@ -89,13 +89,17 @@ def make_inputs(regime: Regime, tokens: int, hidden: int, rank: int) -> tuple[to
     """Inputs and a router weight whose softmax top-k follows the regime's expert popularity.
 
     Column 0 of the input is a constant 1 and column 0 of the router weight holds the log
-    popularity, so logits = log p_e + noise; the rest is random (identical on every rank).
+    popularity, so logits = log p_e + per-token noise (the other columns, identical weights on
+    every rank). With skew the noise has the spread of a Gumbel variable (std pi/sqrt(6)), so
+    top-k picks experts roughly in proportion to p_e (the Gumbel top-k trick).
     """
     gen = torch.Generator().manual_seed(1234)
-    weight = torch.randn(regime.experts, hidden, generator=gen) * 0.5 / hidden**0.5
+    noise_std = 1.28 if regime.zipf else 0.5
+    weight = torch.randn(regime.experts, hidden, generator=gen) * noise_std / (hidden - 1) ** 0.5
+    weight[:, 0] = 0.0
     if regime.zipf:
         popularity = torch.arange(1, regime.experts + 1, dtype=torch.float32) ** -regime.zipf
-        weight[:, 0] = 3.0 * popularity.log()
+        weight[:, 0] = popularity.log()
     x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(rank))
     x[:, 0] = 1.0
     return x, weight
