@@ -5,6 +5,7 @@ gang restart and backoff, rollout-only replacement, suspend/resume, deletion, re
 safety, bad objects, live rollout scaling, success, and a steady state that writes nothing.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -410,3 +411,70 @@ def test_one_leader_among_replicas(crd, kubeconfig, kubectl, namespace, cluster,
         high.kill(signal.SIGTERM)
         low.kill(signal.SIGTERM)
         print(low.log.read_text()[-4000:], high.log.read_text()[-4000:])
+
+
+def fake_p5_node(name: str, zone: str) -> dict:
+    """A kwok node shaped like hack/fleet.sh's p5.48xlarge, in a zone of the test's own."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+            "labels": {
+                "type": "kwok",
+                "kubernetes.io/hostname": name,
+                "node.kubernetes.io/instance-type": "p5.48xlarge",
+                "topology.kubernetes.io/zone": zone,
+            },
+        },
+        "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]},
+        "status": {
+            "allocatable": {
+                "cpu": "191450m",
+                "memory": "1990Gi",
+                "pods": "110",
+                "hugepages-2Mi": "10Gi",
+                "nvidia.com/gpu": "8",
+                "vpc.amazonaws.com/efa": "32",
+            },
+            "capacity": {
+                "cpu": "192",
+                "memory": "2048Gi",
+                "pods": "110",
+                "hugepages-2Mi": "10Gi",
+                "nvidia.com/gpu": "8",
+                "vpc.amazonaws.com/efa": "32",
+            },
+        },
+    }
+
+
+def test_node_loss_restarts_the_gang(operator, cluster, wait_for):
+    suffix = cluster.ns[-6:]
+    zone = f"us-test-{suffix}"
+    nodes = [f"lost-{suffix}-{i}" for i in range(3)]
+    try:
+        for n in nodes:
+            cluster.core.create_node(fake_p5_node(n, zone))
+        trainer = {
+            "replicas": 2,
+            "instanceType": "p5.48xlarge",
+            "nodeSelector": {"topology.kubernetes.io/zone": zone},
+        }
+        cluster.create(manifest("node", trainer=trainer))
+        cluster.wait_phase("node", "Running")
+        victim = next(
+            p.spec.node_name for p in cluster.pods("node", "trainer") if p.metadata.name == "node-trainer-1"
+        )
+        cluster.core.delete_node(victim)
+        wait_for(lambda: cluster.status("node").get("restarts") == 1, what="restarts == 1")
+        restarting = cluster.condition("node", "Restarting")
+        assert restarting["reason"] == "NodeLost" and victim in restarting["message"]
+        st = cluster.wait_phase("node", "Running")
+        assert st["restarts"] == 1
+        assert {p.spec.node_name for p in cluster.pods("node", "trainer")} <= set(nodes) - {victim}
+    finally:
+        for n in nodes:
+            with contextlib.suppress(client.ApiException):
+                cluster.core.delete_node(n)
