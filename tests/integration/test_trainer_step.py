@@ -4,7 +4,8 @@ Spawns world = 2 with EP = 2 (experts sharded, all-to-all dispatch) and world = 
 (pure data parallel), runs `grpo_trainer.loop.train_step` on the same rollouts, gathers the
 full state dict and compares it with a single-process step. SGD (not Adam) keeps the
 comparison linear in the gradient, so it checks loss normalisation over micro-batches and
-ranks, gradient sync over the world and the expert-DP group, and the EP-aware global clip.
+ranks (rank 1's 4 sequences in 2 micro-batches plus the all-masked one that keeps it in step
+with rank 0's 3), gradient sync over the world and the expert-DP group, and the EP-aware global clip.
 The single-process run also checks the direction: sequences with positive advantage gain
 log-probability.
 """
@@ -67,7 +68,7 @@ def make_contract(model_dir: Path, world: int, ep: int, options: dict):
         "algorithm": {
             "groupSize": GROUP,
             "promptsPerStep": 4,
-            "microBatchSize": 3,
+            "microBatchSize": 2,
             "maxNewTokens": 4,
             **options,
         },

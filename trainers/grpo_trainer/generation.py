@@ -45,7 +45,8 @@ class Generator:
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-client", daemon=True)
         self._thread.start()
         self._client = RolloutClient(endpoints, token, request_timeout_s=request_timeout_s)
-        self._buckets: list[bytes] | None = None  # latest pushed version, for servers that missed it
+        self._latest: tuple[list[bytes], int] | None = None  # last pushed (buckets, version), for laggards
+        self._repair_task: asyncio.Task | None = None
         self.version = 0
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> "concurrent.futures.Future[T]":
@@ -74,7 +75,7 @@ class Generator:
     ) -> Rollouts:
         deadline = time.monotonic() + GENERATE_DEADLINE_S
         while True:
-            await self._repair()
+            self._start_repair()
             try:
                 results = await self._client.generate(
                     prompts, n=self._algo.group_size, sampling=sampling, min_weight_version=min_version
@@ -86,32 +87,35 @@ class Generator:
                 log.warning("generation failed, retrying in %.0fs: %s", RETRY_PAUSE_S, e)
                 await asyncio.sleep(RETRY_PAUSE_S)
 
-    async def _repair(self) -> None:
-        """Re-send the latest weights to ready servers that run an older version."""
-        if self._buckets is None:
-            return
+    def _start_repair(self) -> None:
+        """Check for lagging servers in the background: a slow or dead server's health probe must
+        not delay generation on the others (min_weight_version keeps laggards out meanwhile)."""
+        if self._latest is not None and (self._repair_task is None or self._repair_task.done()):
+            self._repair_task = asyncio.ensure_future(self._repair(*self._latest))
+
+    async def _repair(self, buckets: list[bytes], version: int) -> None:
+        """Re-send `version` to ready servers that run an older one (restarted or replaced pods)."""
         health = await self._client.health()
         behind = [
             ep
             for ep, h in health.items()
-            if isinstance(h, HealthResponse) and h.state == "ready" and h.weight_version < self.version
+            if isinstance(h, HealthResponse) and h.state == "ready" and h.weight_version < version
         ]
-        if behind:
-            log.warning(
-                "rollout servers %s are behind weight version %d; re-sending it", behind, self.version
-            )
-            async with RolloutClient(behind, self._token) as client:
-                try:
-                    await client.push_weights(self._buckets, self.version)
-                except Exception as e:  # the generate that follows reports what is still wrong
-                    log.warning("re-sending weights failed: %s", e)
+        if not behind:
+            return
+        log.warning("rollout servers %s are behind weight version %d; re-sending it", behind, version)
+        async with RolloutClient(behind, self._token) as client:
+            try:
+                await client.push_weights(buckets, version)
+            except Exception as e:  # the generate that follows reports what is still wrong
+                log.warning("re-sending weights failed: %s", e)
 
     def push(self, state_dict: Mapping[str, torch.Tensor], version: int) -> WeightPushResult:
         """Send weight `version` to every server; blocks until done (bounded); raises WeightSyncError
         when no server took it."""
         buckets = bucketize(state_dict)
         result = self._run(self._client.push_weights(buckets, version)).result(timeout=PUSH_DEADLINE_S)
-        self._buckets, self.version = buckets, version
+        self._latest, self.version = (buckets, version), version
         return result
 
     def live_versions(self) -> dict[str, int]:

@@ -16,8 +16,8 @@ import logging
 import math
 import signal
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,7 @@ from grpo_trainer.parallel import (
 from grpo_trainer.progress import ProgressReporter
 
 log = logging.getLogger(__name__)
+Prefetch = Future  # a Future[Rollouts] from `Generator.submit`
 
 
 @dataclass
@@ -197,7 +198,7 @@ def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
     return {"loss": float(loss_sum), "grad_norm": grad_norm, "kept": len(kept) / len(rollouts), **metrics}
 
 
-def next_rollouts(run: Run, pending: Any) -> tuple[Rollouts, Any]:
+def next_rollouts(run: Run, pending: Prefetch | None) -> tuple[Rollouts, Prefetch | None]:
     """Rank 0: this step's rollouts (prefetched or fresh) and the prefetch of the next step."""
     algo, state, gen = run.contract.spec.algorithm, run.state, run.generator
     assert gen is not None
