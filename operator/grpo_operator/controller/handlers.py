@@ -118,6 +118,8 @@ async def node_changed(name: str, body: kopf.Body, type: str | None, memo: kopf.
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     lost = type == "DELETED" or not ready
     known = name in rt.reconciler.lost_nodes
+    if type == "DELETED":
+        rt.reconciler.gone_nodes.add(name)
     if lost and not known:
         rt.reconciler.lost_nodes.add(name)
         rt.jobs.wake_all()

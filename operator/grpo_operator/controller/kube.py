@@ -115,9 +115,12 @@ class Kube:
         out = self.request("GET", "/api/v1/nodes", query=[("labelSelector", selector)])
         return (out or {}).get("items", [])
 
-    def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
-        """Delete one pod; with `uid`, only that incarnation (never its replacement)."""
-        body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+    def delete_pod(self, namespace: str, name: str, uid: str | None = None, force: bool = False) -> None:
+        """Delete one pod; with `uid`, only that incarnation (never its replacement); `force`
+        skips the grace period, for pods whose Node object is gone and cannot confirm."""
+        body: dict = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if force:
+            body["gracePeriodSeconds"] = 0
         if uid:
             body["preconditions"] = {"uid": uid}
         try:

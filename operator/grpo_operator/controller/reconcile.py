@@ -71,7 +71,8 @@ class Reconciler:
         self.kube = kube
         self.table = table
         self.verify_seconds = verify_seconds
-        self.lost_nodes: set[str] = set()
+        self.lost_nodes: set[str] = set()  # deleted or not Ready: their trainer pods fail the gang
+        self.gone_nodes: set[str] = set()  # deleted: their pods are force-deleted
 
     def reconcile(self, namespace: str, name: str, memory: JobMemory) -> float | None:
         """One pass; returns seconds until a pass is due anyway (deadline, TTL), or None."""
@@ -204,13 +205,14 @@ class Reconciler:
         """Delete trainer pods of older attempts (a gang restart) and failed rollout pods."""
         for pod in pods:
             meta = pod["metadata"]
-            if meta.get("deletionTimestamp"):
-                continue
+            gone = (pod.get("spec") or {}).get("nodeName") in self.gone_nodes
+            if meta.get("deletionTimestamp") and not gone:
+                continue  # already going; pods of deleted nodes would wait for the pod GC
             role = meta.get("labels", {}).get(names.LABEL_ROLE)
             stale = role == names.ROLE_TRAINER and observe.pod_attempt(pod) != attempt
             failed_rollout = running and meta["name"] in obs.failed_rollout_pods
-            if stale or failed_rollout:
-                self.kube.delete_pod(namespace, meta["name"], uid=meta.get("uid"))
+            if stale or failed_rollout or (gone and meta.get("deletionTimestamp")):
+                self.kube.delete_pod(namespace, meta["name"], uid=meta.get("uid"), force=gone)
 
     def _write_status(self, body: dict, new: GRPOJobStatus) -> None:
         """Merge-patch only the operator's fields that changed; progress belongs to rank 0."""
