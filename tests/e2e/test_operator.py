@@ -297,7 +297,7 @@ def test_rollout_failure_replaces_only_that_pod(operator, cluster, fail_pod, wai
 def test_permanent_exit_code_fails_at_once(operator, cluster, fail_pod):
     cluster.create(manifest("perm"))
     cluster.wait_phase("perm", "Running")
-    fail_pod(cluster.ns, "perm-trainer-1", exit_code=78)
+    fail_pod(cluster.ns, "perm-trainer-1", exit_code=3)
     cluster.wait_phase("perm", "Failed")
     assert cluster.condition("perm", "Failed")["reason"] == "PermanentError"
     assert cluster.status("perm").get("restarts", 0) == 0
