@@ -26,7 +26,9 @@ STOP_GRACE_S = 20.0
 def rank_env(contract: RunContract, pod_index: int, local_rank: int) -> dict[str, str]:
     topo = contract.trainer
     rank = pod_index * topo.processes_per_pod + local_rank
+    threads = max(1, (os.cpu_count() or 1) // topo.processes_per_pod)  # no oversubscription (as torchrun)
     return {
+        "OMP_NUM_THREADS": str(threads),
         **os.environ,
         "RANK": str(rank),
         "LOCAL_RANK": str(local_rank),

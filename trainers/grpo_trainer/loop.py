@@ -174,7 +174,12 @@ def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
         if run.ref is not None:
             with torch.no_grad(), autocast(run):
                 ref_logp, _ = forward_logp(run.ref, mb.input_ids, algo.temperature)
-        entropy = token_entropy(logits) if run.loss_cfg.entropy_coef > 0 else None
+        entropy = None
+        if run.loss_cfg.entropy_coef > 0:
+            entropy = token_entropy(logits)
+        elif not seen:  # metric only (entropy collapse is GRPO's classic failure): first micro-batch
+            with torch.no_grad():
+                entropy = token_entropy(logits.detach())
         loss, mb_metrics = grpo_loss(
             run.loss_cfg,
             logp=logp,
@@ -190,7 +195,8 @@ def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
         loss_sum += loss.detach()
         if mb.mask.any():
             seen.append(mb_metrics)
-    metrics = {k: sum(m[k] for m in seen) / len(seen) for k in seen[0]} if seen else {}  # this rank's
+    keys = {k for m in seen for k in m}
+    metrics = {k: sum(m[k] for m in seen if k in m) / sum(k in m for m in seen) for k in keys}  # this rank's
     sync_gradients(run.model, run.groups)
     grad_norm = clip_gradients(run.model, run.groups, MAX_GRAD_NORM)
     run.optimizer.step()
