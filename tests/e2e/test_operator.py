@@ -481,3 +481,19 @@ def test_node_loss_restarts_the_gang(operator, cluster, wait_for):
         for n in nodes:
             with contextlib.suppress(client.ApiException):
                 cluster.core.delete_node(n)
+
+
+def test_active_deadline_then_ttl_deletes_the_job(operator, cluster, wait_for):
+    cluster.create(manifest("short", runPolicy={"activeDeadlineSeconds": 4, "ttlSecondsAfterFinished": 3}))
+    cluster.wait_phase("short", "Failed", timeout=60)
+    assert cluster.condition("short", "Failed")["reason"] == "DeadlineExceeded"
+
+    def gone() -> bool:
+        try:
+            cluster.job("short")
+            return False
+        except client.ApiException as e:
+            return e.status == 404
+
+    wait_for(gone, what="job deleted by its TTL", timeout=60)
+    wait_for(lambda: not cluster.children(), what="children collected", timeout=90)
