@@ -46,3 +46,13 @@ def test_local_dispatch_groups_rows_by_expert_and_combine_sums_per_token() -> No
     assert sent.weights.tolist() == [0.5, 1.0, 0.5, 0.25, 2.0, 0.75]
     combined = dispatcher.combine(sent.rows * sent.weights[:, None], sent.handle)
     torch.testing.assert_close(combined, x * weights.sum(1, keepdim=True))
+
+
+def test_alltoall_packs_expert_ids_only_into_dtypes_that_hold_them_exactly() -> None:
+    from grpo_trainer.moe.alltoall import pack_dtype
+
+    assert pack_dtype(torch.float32, 4096) == torch.float32
+    assert pack_dtype(torch.bfloat16, 128) == torch.bfloat16
+    assert pack_dtype(torch.bfloat16, 512) == torch.float32  # bf16 holds integers exactly up to 256
+    assert torch.tensor(255.0, dtype=torch.bfloat16).item() == 255.0
+    assert torch.tensor(257.0, dtype=torch.bfloat16).item() != 257.0
