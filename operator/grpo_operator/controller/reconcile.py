@@ -51,7 +51,6 @@ class JobMemory:
     warned_generation: int | None = None
     zone: tuple[int, str | None] | None = None  # (attempt, zone) of the trainer gang
     verdicts: deque = field(default_factory=deque)
-    phase: str | None = None
 
 
 def child_key(obj: dict) -> str:
@@ -131,7 +130,6 @@ class Reconciler:
         if not decision.gang_restart:
             self._write_status(body, decision.status)
         self._emit(body, decision.events, memory, rendered, generation, now)
-        memory.phase = decision.status.phase
         metrics.set_phase(f"{namespace}/{name}", decision.status.phase)
         if decision.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished passed", namespace, name)
