@@ -143,9 +143,15 @@ def test_runs_to_completion_with_summary_plot_and_no_leftovers(tmp_path: Path, t
     assert set(summary) == {"steps", "reward_first", "reward_last", "samples_per_s", "wall_s", "restarts"}
     assert summary["steps"] == 4 and summary["restarts"] == 0
     assert 0.0 <= summary["reward_first"] <= 1.0 and 0.0 <= summary["reward_last"] <= 1.0
-    assert summary["samples_per_s"] > 0
     steps = run.steps()
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    # 10% of 4 steps rounds up to one step at each end; samples/s leaves step 1 (start-up) out
+    assert (
+        summary["reward_first"] == steps[0]["reward_mean"]
+        and summary["reward_last"] == steps[-1]["reward_mean"]
+    )
+    expected_rate = 3 * 4 * 4 / (steps[-1]["time"] - steps[0]["time"])
+    assert summary["samples_per_s"] == pytest.approx(expected_rate)
     versions = [s["weight_version"] for s in steps]
     assert versions == sorted(versions) and versions[-1] > versions[0], versions
     assert (run.workdir / "reward.png").read_bytes()[:4] == b"\x89PNG"

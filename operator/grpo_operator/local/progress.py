@@ -147,7 +147,14 @@ def plot_rewards(records: list[StepRecord], path: Path, title: str) -> Path | No
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, linewidth=1.5)
+    steps, rewards = [p[0] for p in points], [p[1] for p in points]
+    ax.plot(steps, rewards, marker="o", markersize=2, linewidth=0.8, alpha=0.5, label="per step")
+    window = max(1, len(points) // 20)  # a trend line: per-step rewards of small batches are noisy
+    if window > 1:
+        trend = [sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
+                 for i in range(len(rewards))]  # fmt: skip
+        ax.plot(steps, trend, linewidth=2, label=f"mean of last {window} steps")
+        ax.legend(loc="lower right")
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward")
     ax.set_title(title)
