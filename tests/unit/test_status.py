@@ -3,7 +3,7 @@
 from datetime import UTC, datetime, timedelta
 
 from grpo_operator.api.spec import GRPOJobSpec
-from grpo_operator.api.status import GRPOJobStatus, Phase, Reason
+from grpo_operator.api.status import GRPOJobStatus, Phase, Progress, Reason
 from grpo_operator.controller import observe, placement, status
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -103,12 +103,13 @@ def test_trainer_failure_restarts_the_gang_and_counts():
 
 
 def test_backoff_limit_fails_with_reason():
-    old = GRPOJobStatus(phase=Phase.RUNNING, restarts=2)
+    old = GRPOJobStatus(phase=Phase.RUNNING, restarts=2, progress=Progress(step=7))
     pods = [pod("trainer", 0, attempt=2, phase="Failed", term=137)]
     d = decide(pods, old=old, s=spec(backoffLimit=2))
     assert d.status.phase == Phase.FAILED and not d.running and not d.gang_restart
     failed = cond(d.status, "Failed")
     assert failed.reason == Reason.BACKOFF_LIMIT_EXCEEDED and "backoffLimit=2" in failed.message
+    assert "j-trainer-0 failed with exit code 137 [ranks 0-0, after step 7]" in failed.message
 
 
 def test_permanent_exit_code_fails_at_once():

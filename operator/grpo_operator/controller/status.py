@@ -144,11 +144,15 @@ def _on_failure(
     """Permanent errors fail at once; others restart the whole gang until backoffLimit."""
     first = failures[0]
     reason = Reason.NODE_LOST if first.kind == "node-lost" else Reason.TRAINER_FAILED
-    what = first.describe()
+    what = _where(spec, status, first)
     permanent = next((v for v in failures if v.permanent), None)
     if permanent is not None:
         _finish(
-            status, Phase.FAILED, Reason.PERMANENT_ERROR, f"{permanent.describe()}: a permanent error", now
+            status,
+            Phase.FAILED,
+            Reason.PERMANENT_ERROR,
+            f"{_where(spec, status, permanent)}: a permanent error",
+            now,
         )
         decision.running = False
         return decision
@@ -168,6 +172,18 @@ def _on_failure(
     )
     decision.gang_restart = True
     return decision
+
+
+def _where(spec: GRPOJobSpec, status: GRPOJobStatus, v: Verdict) -> str:
+    """Which pod, which ranks, which step: what on-call needs before opening any log."""
+    per_pod = spec.trainer.processes_per_pod
+    index = int(v.pod.rsplit("-", 1)[-1]) if v.pod.rsplit("-", 1)[-1].isdigit() else None
+    text = v.describe()
+    if index is not None:
+        text += f" [ranks {index * per_pod}-{index * per_pod + per_pod - 1}"
+        step = status.progress.step if status.progress else None
+        text += f", after step {step}]" if step is not None else "]"
+    return text
 
 
 def _progress_phase(
