@@ -138,8 +138,8 @@ class Kube:
                 raise
 
     def scale_statefulset(self, namespace: str, name: str, replicas: int) -> None:
-        """Set replicas through the scale subresource (no field ownership taken)."""
-        url = path("apps/v1", "StatefulSet", namespace, name, "scale")
+        """Set replicas with a merge patch (the RBAC the chart grants; the next apply forces them)."""
+        url = path("apps/v1", "StatefulSet", namespace, name)
         try:
             body = {"spec": {"replicas": replicas}}
             self.request(
