@@ -497,3 +497,25 @@ def test_active_deadline_then_ttl_deletes_the_job(operator, cluster, wait_for):
 
     wait_for(gone, what="job deleted by its TTL", timeout=60)
     wait_for(lambda: not cluster.children(), what="children collected", timeout=90)
+
+
+def test_recreated_namesake_is_not_blamed_for_old_pods(operator, cluster, wait_for):
+    """Deleting a job and creating one of the same name at once: the old pods, still being
+    collected, must not count as failures of the new job's gang."""
+    cluster.create(manifest("again"))
+    cluster.wait_phase("again", "Running")
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, cluster.ns, PLURAL, "again")
+
+    def gone() -> bool:
+        try:
+            cluster.job("again")
+            return False
+        except client.ApiException as e:
+            return e.status == 404
+
+    wait_for(gone, what="old job gone", interval=0.1)
+    cluster.create(manifest("again"))
+    cluster.wait_phase("again", "Running")
+    time.sleep(4)
+    assert cluster.status("again").get("restarts", 0) == 0
+    assert cluster.status("again")["phase"] == "Running"

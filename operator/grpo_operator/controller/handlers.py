@@ -104,8 +104,10 @@ async def pod_changed(
             pod=body.metadata.name,
             role=labels.get(names.LABEL_ROLE, ""),
             attempt=observe.pod_attempt(pod),
+            created=body.metadata.get("creationTimestamp", ""),
         )
-    if verdict is not None and verdict.role == names.ROLE_TRAINER:
+    # Only for live workers: a deleted job's pods must not leave news for a later namesake.
+    if verdict is not None and verdict.role == names.ROLE_TRAINER and (namespace, job) in rt.jobs.wakers:
         rt.jobs.memory(namespace, job).verdicts.append(verdict)
     rt.jobs.wake(namespace, job)
 

@@ -24,6 +24,8 @@ class Verdict:
     attempt: int
     exit_code: int | None = None
     reason: str = ""
+    created: str = ""
+    """created: the pod's creationTimestamp, to drop news of a same-named job's old pods."""
 
     @property
     def permanent(self) -> bool:
@@ -70,7 +72,12 @@ def verdict(pod: dict, lost_nodes: frozenset[str] | set[str] = frozenset()) -> V
     """The verdict on one pod, or None while it is fine (pending, starting or running)."""
     meta, status = pod.get("metadata", {}), pod.get("status") or {}
     role = (meta.get("labels") or {}).get(names.LABEL_ROLE, "")
-    base = {"pod": meta.get("name", "?"), "role": role, "attempt": pod_attempt(pod)}
+    base = {
+        "pod": meta.get("name", "?"),
+        "role": role,
+        "attempt": pod_attempt(pod),
+        "created": meta.get("creationTimestamp", ""),
+    }
     term = _terminated(pod)
     phase = status.get("phase")
     if (term is not None and term.get("exitCode") == 0) or phase == "Succeeded":

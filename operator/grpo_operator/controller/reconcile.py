@@ -98,9 +98,11 @@ class Reconciler:
         now = datetime.now(UTC)
         old = _old_status(body)
         job, error, rendered = self._render(body, memory, attempt=old.restarts)
+        born = meta.get("creationTimestamp", "")  # RFC 3339 in UTC: compares as text
         pods = self.kube.list_pods(namespace, names.label_selector(name))
+        pods = [p for p in pods if p["metadata"].get("creationTimestamp", "") >= born]  # not a namesake's
         obs = observe.summarize(pods, attempt=old.restarts, lost_nodes=frozenset(self.lost_nodes))
-        obs.verdicts += pending
+        obs.verdicts += [v for v in pending if v.created >= born]
         decision = status.decide(
             spec=job.spec if job else None,
             generation=generation,
