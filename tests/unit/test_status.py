@@ -67,8 +67,13 @@ def cond(st: GRPOJobStatus, ctype: str):
 
 
 def test_phases_follow_the_pods():
-    d = decide([pod("trainer", 0, node=None, ready=False)])
+    pending = pod("trainer", 0, node=None, ready=False)
+    pending["status"]["conditions"].append(
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/9 nodes: no GPU"}
+    )
+    d = decide([pending])
     assert d.status.phase == Phase.PENDING and d.running
+    assert d.status.message.endswith("unschedulable j-trainer-0: 0/9 nodes: no GPU")
     assert d.status.observed_generation == 3 and d.status.start_time == "2026-01-01T12:00:00Z"
     starting = [pod(r, i, ready=False) for r in ("trainer", "rollout") for i in range(2)]
     assert decide(starting, old=d.status).status.phase == Phase.STARTING

@@ -104,6 +104,8 @@ class RoleSummary:
     existing: int = 0
     scheduled: int = 0
     ready: int = 0
+    unschedulable: str = ""
+    """unschedulable: the scheduler's reason for the first pod it cannot place, if any."""
 
 
 @dataclass
@@ -118,6 +120,13 @@ class Observation:
 def _is_ready(pod: dict) -> bool:
     conds = (pod.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def _unschedulable(pod: dict) -> str:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":
+            return f"{pod['metadata']['name']}: {c.get('message', 'unschedulable')}"
+    return ""
 
 
 def summarize(
@@ -142,5 +151,6 @@ def summarize(
             continue
         summary.existing += 1
         summary.scheduled += bool((pod.get("spec") or {}).get("nodeName"))
+        summary.unschedulable = summary.unschedulable or _unschedulable(pod)
         summary.ready += _is_ready(pod) and (v is None or v.kind == "succeeded")
     return obs

@@ -213,6 +213,9 @@ def _progress_phase(
         f"trainer {obs.trainer.ready}/{t} ready ({obs.trainer.scheduled} scheduled), "
         f"rollout {obs.rollout.ready}/{r} ready ({obs.rollout.scheduled} scheduled)"
     )
+    blocked = obs.trainer.unschedulable or obs.rollout.unschedulable
+    if blocked:  # pods pending forever should say why, not stay silent
+        status.message += f"; unschedulable {blocked}"
     set_condition(status, ConditionType.RUNNING, False, reason, status.message, now)
 
 
