@@ -45,6 +45,12 @@ class Regime:
     zipf: float  # 0: balanced; s > 0: expert e is chosen with weight (e + 1) ** -s
 
 
+# glibc serves blocks above a dynamic threshold with fresh mmap()s and gives freed heap back
+# early, so every step page-faults its multi-MB activations in again (kernel time, worse under
+# load). PyTorch's CPU tuning guides use jemalloc/tcmalloc for this; these two settings do the
+# same for glibc. Applied to the whole process, i.e. to DeepSpeed and to our layer alike.
+TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
+
 REGIMES = (
     Regime("coarse", experts=8, top_k=2, width=512, zipf=0.0),
     Regime("fine", experts=64, top_k=8, width=64, zipf=0.0),
@@ -246,12 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--iters", type=int, default=9, help="timed rounds per regime (median taken)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="keep glibc's allocator defaults (see TUNED_MALLOC) for both layers",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.eps, args.tokens, args.hidden, args.iters = "1,2", 128, 64, 1
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/grpo-operator/torch_extensions"))
     os.environ.setdefault("DS_BUILD_OPS", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if not args.default_malloc:
+        for key, value in TUNED_MALLOC.items():  # inherited by the spawned ranks, both layers alike
+            os.environ.setdefault(key, value)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for ep in (int(e) for e in args.eps.split(",")):
@@ -269,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__,
             "threads_per_rank": args.threads,
             "quick": args.quick,
+            "malloc": {key: os.environ.get(key) for key in TUNED_MALLOC},
         }
         args.json.write_text(json.dumps({"rows": rows, **meta}, indent=2))
     return 0
