@@ -167,6 +167,9 @@ def test_ctrl_c_stops_every_process(tmp_path: Path, tiny_model: Path) -> None:
     assert run.finish(timeout=120) == 128 + signal.SIGINT, run.output()
     assert run.pod_pids() == {}
     assert "stopped by SIGINT" in run.output()
+    logs = run.workdir / "logs"
+    assert "Traceback" not in (logs / "trainer-0.log").read_text()  # stopped, not crashed
+    assert "Traceback" not in (logs / "rollout-0.log").read_text()
 
 
 def test_reward_plugin_that_raises_scores_zero_and_the_job_goes_on(tmp_path: Path, tiny_model: Path) -> None:

@@ -91,8 +91,12 @@ class Supervisor:
                 except Interrupted as e:
                     interrupted = e
                 finally:
-                    self.state.phase = "Stopping"
-                    stop_all(self.trainer + self.rollout)
+                    # Trainer first: it checkpoints on SIGTERM and may still push weights, which
+                    # draining rollout servers would refuse; then the servers drain an idle queue.
+                    stop_all(self.trainer)
+                    stop_all(self.rollout)
+                    self.state.phase = "Failed" if failure else "Interrupted" if interrupted else "Succeeded"
+                    self.state.elapsed_s = time.monotonic() - start
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
@@ -109,6 +113,10 @@ class Supervisor:
         return RunResult(summary, records, self.state, failure, interrupted)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
+        """First signal: stop gracefully (pods get their grace period). Second: kill them now."""
+        if self._signal is not None:
+            for proc in self.trainer + self.rollout:
+                proc.signal_group(signal.SIGKILL)
         self._signal = signum
 
     def _check_signal(self) -> None:
@@ -133,7 +141,6 @@ class Supervisor:
             view.update(self.state, self.progress.poll())
             if self._gang_finished(view):
                 view.update(self.state, self.progress.poll())
-                self.state.phase = "Succeeded"
                 return
             time.sleep(POLL_S)
 
