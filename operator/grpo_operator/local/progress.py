@@ -17,52 +17,39 @@ from typing import Any
 
 ENV_PROGRESS_FILE = "GRPO_PROGRESS_FILE"
 
-# Spellings of each field the runtime reads; the first present one wins.
-_KEYS: dict[str, tuple[str, ...]] = {
-    "reward": ("reward_mean", "reward", "rewardMean"),
-    "tokens_per_s": ("tokens_per_s", "tokens_per_second", "tokensPerSecond"),
-    "samples_per_s": ("samples_per_s", "samples_per_second", "samplesPerSecond"),
-    "staleness": ("staleness", "max_staleness", "staleness_max"),
-    "weight_version": ("weight_version", "weightVersion", "version"),
-    "samples": ("samples", "num_samples"),
-    "time": ("time", "ts", "timestamp", "wall_time"),
-}
-
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One optimizer step as reported by trainer rank 0 (fields the runtime shows or sums)."""
+    """One optimizer step as rank 0 reports it (grpo_trainer.progress), the fields the runtime uses.
+
+    Only `step` is required: a field the trainer leaves out (or reports as NaN) shows as "-".
+    """
 
     step: int
-    reward: float | None
+    reward: float | None  # "reward_mean"
     tokens_per_s: float | None
     samples_per_s: float | None
     staleness: float | None
     weight_version: int | None
-    samples: int | None
-    time: float  # wall-clock seconds (the trainer's own stamp when it gives one)
-    raw: dict[str, Any]
+    samples: int | None  # completions in the step
+    time: float  # the trainer's wall-clock stamp, else when the runtime read the line
 
     @classmethod
     def parse(cls, obj: dict[str, Any], seen_at: float) -> "StepRecord":
-        def pick(name: str) -> Any:
-            return next((obj[k] for k in _KEYS[name] if obj.get(k) is not None), None)
-
-        def num(name: str) -> float | None:
-            v = pick(name)
+        def num(key: str) -> float | None:
+            v = obj.get(key)
             return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
 
         version, samples, stamp = num("weight_version"), num("samples"), num("time")
         return cls(
             step=int(obj["step"]),
-            reward=num("reward"),
+            reward=num("reward_mean"),
             tokens_per_s=num("tokens_per_s"),
             samples_per_s=num("samples_per_s"),
             staleness=num("staleness"),
             weight_version=None if version is None else int(version),
             samples=None if samples is None else int(samples),
             time=seen_at if stamp is None else stamp,
-            raw=obj,
         )
 
 
