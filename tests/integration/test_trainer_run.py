@@ -256,3 +256,14 @@ def test_sigterm_saves_the_current_step_and_a_restart_continues_from_it(
     contract = write_contract(tmp_path, tiny, port, maxSteps=last + 1, checkpoint_every=1000)
     assert finish(start_trainer(contract, tmp_path), tmp_path) == 0, log_tail(tmp_path)
     assert progress(tmp_path)[-1]["step"] == last + 1 and progress(tmp_path)[-2]["step"] == last
+
+
+def test_trainer_started_before_its_rollout_server_waits_for_it(launch, tiny: Path, tmp_path: Path) -> None:
+    port = free_port()
+    contract = write_contract(tmp_path, tiny, port, maxSteps=2)
+    proc = start_trainer(contract, tmp_path)  # as in a cluster where trainer pods schedule first
+    time.sleep(5)
+    assert proc.poll() is None
+    launch(port)
+    assert finish(proc, tmp_path) == 0, log_tail(tmp_path)
+    assert [r["step"] for r in progress(tmp_path)] == [1, 2]

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import torch
 from grpo_operator.api.spec import AlgorithmSpec
-from grpo_rollout.client import GenerateError, RolloutClient, WeightPushResult, bucketize
+from grpo_rollout.client import GenerateError, RolloutClient, RolloutError, WeightPushResult, bucketize
 from grpo_rollout.protocol import HealthResponse, Prompt, Sampling
 
 from grpo_trainer.batch import Rollouts
@@ -118,10 +118,23 @@ class Generator:
         self._latest, self.version = (buckets, version), version
         return result
 
-    def live_versions(self) -> dict[str, int]:
-        """Each answering server's live weight version (start-up: pick a version above all of them)."""
-        health = self._run(self._client.health()).result(timeout=60)
-        return {ep: h.weight_version for ep, h in health.items() if isinstance(h, HealthResponse)}
+    def live_versions(self, wait_s: float = GENERATE_DEADLINE_S) -> dict[str, int]:
+        """Each ready server's live weight version, waiting (bounded) until at least one is ready:
+        trainer pods often start before the rollout pods have loaded their model."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            health = self._run(self._client.health()).result(timeout=60)
+            ready = {
+                ep: h for ep, h in health.items() if isinstance(h, HealthResponse) and h.state == "ready"
+            }
+            if ready:
+                return {ep: h.weight_version for ep, h in ready.items()}
+            if time.monotonic() > deadline:
+                why = "; ".join(f"{ep}: {h if isinstance(h, str) else h.state}" for ep, h in health.items())
+                raise RolloutError(
+                    f"no rollout server became ready in {wait_s:.0f}s: {why or 'none configured'}"
+                )
+            time.sleep(RETRY_PAUSE_S)
 
     def close(self) -> None:
         self._run(self._client.close()).result(timeout=10)
