@@ -198,6 +198,14 @@ def test_malformed_dataset_row_fails_with_file_and_line(tmp_path: Path, tiny_mod
     assert run.pod_pids() == {}
 
 
+def test_missing_model_is_reported_before_any_process_starts(tmp_path: Path) -> None:
+    manifest = job_manifest(tmp_path / "no-such-model")
+    run = run_job(tmp_path, manifest)
+    assert run.finish() == 2
+    assert f"spec.model.path: {tmp_path / 'no-such-model'} does not exist" in run.output()
+    assert not (run.workdir / "logs").exists()
+
+
 def test_example_job_learns(tmp_path: Path, tiny_model: Path) -> None:
     """examples/tiny-local.yaml as shipped (the README's demo), on the session's tiny model."""
     (tmp_path / ".tiny").symlink_to(tiny_model)

@@ -76,11 +76,18 @@ def load_job(path: Path) -> GRPOJob:
         raise PlanError(f"{path}: invalid GRPOJob:\n" + "\n".join(lines)) from e
 
 
-def _local_path(value: str, base: Path) -> str:
-    """Resolve a relative local path against `base`; URIs (s3://, pvc://) are refused locally."""
+def _local_path(value: str, base: Path, field: str, *, must_exist: bool = True) -> str:
+    """Resolve a relative local path against `base`; URIs (s3://, pvc://) are refused locally.
+
+    Inputs are checked here, before any process starts, so a missing model reads as one line
+    naming the field rather than as a rollout server's crash.
+    """
     if "://" in value:
-        raise PlanError(f"'{value}': the local runtime reads local paths only (no s3:// or pvc://)")
-    return str((base / value).resolve())
+        raise PlanError(f"{field}: '{value}': the local runtime reads local paths only (no s3:// or pvc://)")
+    path = (base / value).resolve()
+    if must_exist and not path.exists():
+        raise PlanError(f"{field}: {path} does not exist (paths are read from the job file's folder, {base})")
+    return str(path)
 
 
 def localize(job: GRPOJob, *, base: Path, workdir: Path) -> GRPOJob:
@@ -90,12 +97,14 @@ def localize(job: GRPOJob, *, base: Path, workdir: Path) -> GRPOJob:
     would silently resume the first one's finished checkpoint; the work directory is private.
     """
     spec = job.spec.model_copy(deep=True)
-    spec.model.path = _local_path(spec.model.path, base)
+    spec.model.path = _local_path(spec.model.path, base, "spec.model.path")
     if spec.model.reference_path:
-        spec.model.reference_path = _local_path(spec.model.reference_path, base)
-    spec.dataset.path = _local_path(spec.dataset.path, base)
+        spec.model.reference_path = _local_path(spec.model.reference_path, base, "spec.model.referencePath")
+    spec.dataset.path = _local_path(spec.dataset.path, base, "spec.dataset.path")
     if "path" in job.spec.checkpoint.model_fields_set:
-        spec.checkpoint.path = _local_path(spec.checkpoint.path, base)
+        spec.checkpoint.path = _local_path(
+            spec.checkpoint.path, base, "spec.checkpoint.path", must_exist=False
+        )
     else:
         spec.checkpoint.path = str(workdir / "checkpoints")
     return job.model_copy(update={"spec": spec})
@@ -145,7 +154,10 @@ def build_plan(job_file: Path, workdir: Path) -> LocalPlan:
     job_file = job_file.resolve()
     job = load_job(job_file)
     workdir.mkdir(parents=True, exist_ok=True)
-    job = localize(job, base=job_file.parent, workdir=workdir.resolve())
+    try:
+        job = localize(job, base=job_file.parent, workdir=workdir.resolve())
+    except PlanError as e:
+        raise PlanError(f"{job_file}: {e}") from None
     name = job.metadata.get("name") or job_file.stem
     ports = render.LocalPorts(
         trainer_master_port=free_port(),
