@@ -221,3 +221,17 @@ def test_gang_zone_is_one_that_holds_the_whole_gang():
     assert placement.choose_zone([*fleet, node("b3", "us-west-2b")], replicas=2) == "us-west-2b"
     assert placement.choose_zone([node("c0", "us-east-1c")], replicas=4) == "us-east-1c"
     assert placement.choose_zone([], replicas=2) is None
+
+
+def test_a_sidecar_exit_is_not_a_trainer_failure():
+    p = pod("trainer", 1)
+    p["status"]["containerStatuses"] = [
+        {"name": "trainer", "state": {"running": {}}},
+        {"name": "log-shipper", "lastState": {"terminated": {"exitCode": 2}}, "state": {"running": {}}},
+    ]
+    assert observe.verdict(p) is None
+    p["status"]["containerStatuses"][0]["lastState"] = {
+        "terminated": {"exitCode": 137, "reason": "OOMKilled"}
+    }
+    v = observe.verdict(p)
+    assert (v.kind, v.exit_code, v.reason) == ("failed", 137, "OOMKilled")

@@ -58,9 +58,11 @@ def pod_attempt(pod: dict) -> int:
     return int(value) if value.isdigit() else 0
 
 
-def _terminated(pod: dict) -> dict | None:
-    """The newest termination record of the pod's containers, if any."""
+def _terminated(pod: dict, role: str) -> dict | None:
+    """The newest termination record of the role's own container (sidecars do not count)."""
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") != role:
+            continue
         for key in ("state", "lastState"):
             term = (cs.get(key) or {}).get("terminated")
             if term:
@@ -78,7 +80,7 @@ def verdict(pod: dict, lost_nodes: frozenset[str] | set[str] = frozenset()) -> V
         "attempt": pod_attempt(pod),
         "created": meta.get("creationTimestamp", ""),
     }
-    term = _terminated(pod)
+    term = _terminated(pod, role)
     phase = status.get("phase")
     if (term is not None and term.get("exitCode") == 0) or phase == "Succeeded":
         if role == names.ROLE_TRAINER and pod_index(pod) == 0:
