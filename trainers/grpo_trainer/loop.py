@@ -14,7 +14,6 @@ launcher `grpo_trainer.launcher`). Per step, in this order:
 import contextlib
 import logging
 import math
-import signal
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -33,13 +32,14 @@ from grpo_trainer.losses import LossConfig, Totals, grpo_loss, token_entropy, to
 from grpo_trainer.optim import GangAdamW
 from grpo_trainer.parallel import (
     Groups,
+    StopRequest,
     clip_gradients,
     init_distributed,
     load_policy,
     make_groups,
     sync_gradients,
 )
-from grpo_trainer.progress import ProgressReporter
+from grpo_trainer.progress import ProgressReporter, step_record
 
 log = logging.getLogger(__name__)
 Prefetch = Future  # a Future[Rollouts] from `Generator.submit`
@@ -241,28 +241,6 @@ def train(contract: RunContract, info: RankInfo) -> bool:
     return finished
 
 
-class StopRequest:
-    """SIGTERM/SIGINT (pod deletion, suspend, preemption, Ctrl-C): finish the step, save, stop.
-
-    Signals reach ranks at different moments, so the gang agrees through a one-element MAX
-    all-reduce after every step; then every rank saves the same step and exits together.
-    """
-
-    def __init__(self) -> None:
-        self.requested = False
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, _frame: object) -> None:
-        log.warning("received %s: stopping after this step with a checkpoint", signal.Signals(signum).name)
-        self.requested = True
-
-    def agreed(self, device: torch.device) -> bool:
-        flag = torch.tensor([float(self.requested)], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-
-
 def save(run: Run) -> tuple[str, int]:
     ckpt = run.contract.spec.checkpoint
     path = checkpoint.save(
@@ -306,34 +284,8 @@ def loop(run: Run) -> bool:
             last_save = save(run)
         if run.reporter is not None:
             times = {"gen_wait_s": t_gen - t0, "train_s": t_train - t_gen, "push_s": t_push - t_train}
-            report(run.reporter, run.state, rollouts, staleness, times | stats, time.time() - t0, last_save)
+            record = step_record(run.state, rollouts, staleness, times | stats, time.time() - t0)
+            run.reporter.report(record, checkpoint=last_save)
         if stopping:
             return False
     return True
-
-
-def report(
-    reporter: ProgressReporter,
-    state: checkpoint.TrainState,
-    rollouts: Rollouts,
-    staleness: int,
-    extra: dict[str, float],
-    wall: float,
-    last_save: tuple[str, int] | None,
-) -> None:
-    """Rank 0's line for the step just finished (gen_wait_s: generation not hidden behind training)."""
-    tokens = sum(map(len, rollouts.prompt_tokens)) + rollouts.completion_tokens_total()
-    record = {
-        "step": state.step,
-        "reward_mean": sum(rollouts.rewards) / len(rollouts),
-        "tokens_per_s": tokens / wall,
-        "samples_per_s": len(rollouts) / wall,
-        "samples": len(rollouts),
-        "staleness": staleness,
-        "weight_version": state.version,
-        "position": state.position,
-        "step_s": wall,
-        "time": time.time(),
-        **extra,
-    }
-    reporter.report(record, checkpoint=last_save)

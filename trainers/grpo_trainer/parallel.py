@@ -7,10 +7,13 @@ parameters are averaged over the world; expert parameters, sharded over an EP gr
 `grpo_trainer.moe.expert_parallel`, already hold the gradient of every token routed to them
 within the EP group and are summed over the "expert data-parallel" group (same EP rank,
 other EP groups). Gradients are summed, not averaged: the loss is normalised by the step's
-global token/sequence totals (`grpo_trainer.losses.Totals`).
+global token/sequence totals (`grpo_trainer.losses.Totals`). `StopRequest` turns a signal
+into a decision the whole gang takes at the same step.
 """
 
 import datetime
+import logging
+import signal
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +26,7 @@ from transformers import AutoModelForCausalLM
 from grpo_trainer import moe
 from grpo_trainer.config import RankInfo
 
+log = logging.getLogger(__name__)
 PG_TIMEOUT = datetime.timedelta(minutes=30)  # a dead peer fails collectives instead of hanging forever
 # GRPOJob `epBackend` → `grpo_trainer.moe` dispatch backend (gloo and NCCL share all_to_all_single).
 EP_BACKENDS = {"auto": "auto", "deepep": "deepep", "nccl": "alltoall", "gloo": "alltoall"}
@@ -138,3 +142,25 @@ def clip_gradients(model: nn.Module, groups: Groups, max_norm: float) -> float:
             if p.grad is not None:
                 p.grad.mul_(scale)
     return norm
+
+
+class StopRequest:
+    """SIGTERM/SIGINT (pod deletion, suspend, preemption, Ctrl-C): finish the step, save, stop.
+
+    Signals reach ranks at different moments, so the gang agrees through a one-element MAX
+    all-reduce after every step; then every rank saves the same step and exits together.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        log.warning("received %s: stopping after this step with a checkpoint", signal.Signals(signum).name)
+        self.requested = True
+
+    def agreed(self, device: torch.device) -> bool:
+        flag = torch.tensor([float(self.requested)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())

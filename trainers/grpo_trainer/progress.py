@@ -1,7 +1,8 @@
 """Progress reports of trainer rank 0: one JSON line per step, and the GRPOJob status in a cluster.
 
-Called by the training loop after every optimizer step. Lines go to the file named by
-GRPO_PROGRESS_FILE (the local runtime follows it) or to stdout. Inside a Kubernetes pod the
+Called by the training loop after every optimizer step (`step_record` builds the line).
+Lines go to the file named by GRPO_PROGRESS_FILE (the local runtime follows it) or to stdout.
+Inside a Kubernetes pod the
 same numbers are patched into the GRPOJob's `status.progress` from a background thread that
 only ever holds the newest report: a slow or failing API server costs a log line, never a
 training step. The pod's ServiceAccount needs `patch` on `grpojobs/status`.
@@ -19,6 +20,9 @@ from typing import Any, TextIO
 from grpo_operator.api.contract import RunContract
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from grpo_operator.api.status import Progress
+
+from grpo_trainer.batch import Rollouts
+from grpo_trainer.checkpoint import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -93,3 +97,23 @@ class ProgressReporter:
     def close(self) -> None:
         if self._out is not sys.stdout:
             self._out.close()
+
+
+def step_record(
+    state: TrainState, rollouts: Rollouts, staleness: int, extra: dict[str, float], wall: float
+) -> dict[str, Any]:
+    """Rank 0's line for the step just finished (gen_wait_s: generation not hidden behind training)."""
+    tokens = sum(map(len, rollouts.prompt_tokens)) + rollouts.completion_tokens_total()
+    return {
+        "step": state.step,
+        "reward_mean": sum(rollouts.rewards) / len(rollouts),
+        "tokens_per_s": tokens / wall,
+        "samples_per_s": len(rollouts) / wall,
+        "samples": len(rollouts),
+        "staleness": staleness,
+        "weight_version": state.version,
+        "position": state.position,
+        "step_s": wall,
+        "time": time.time(),
+        **extra,
+    }
