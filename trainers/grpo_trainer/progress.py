@@ -2,10 +2,9 @@
 
 Called by the training loop after every optimizer step (`step_record` builds the line).
 Lines go to the file named by GRPO_PROGRESS_FILE (the local runtime follows it) or to stdout.
-Inside a Kubernetes pod the
-same numbers are patched into the GRPOJob's `status.progress` from a background thread that
-only ever holds the newest report: a slow or failing API server costs a log line, never a
-training step. The pod's ServiceAccount needs `patch` on `grpojobs/status`.
+Inside a Kubernetes pod the same numbers are patched into the GRPOJob's `status.progress`
+from a background thread that only ever holds the newest report: a slow or failing API server
+costs a log line, never a training step. The pod's ServiceAccount needs `patch` on `grpojobs/status`.
 """
 
 import json
