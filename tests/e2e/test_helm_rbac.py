@@ -22,6 +22,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -44,6 +45,13 @@ HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length"
 NOT_EXERCISED = {
     ("delete", "grpo.dev", "grpojobs"): "ttlSecondsAfterFinished after Succeeded/Failed",
     ("get", "grpo.dev", "grpojobs/status"): "held only to grant it to each job's trainer Role",
+}
+# Refusals the operator expects and tolerates (controller/peering.py tries to create what the
+# chart already installed); the chart deliberately withholds these rights.
+TOLERATED_DENIALS = {
+    ("create", "apiextensions.k8s.io", "customresourcedefinitions"),
+    ("create", "kopf.dev", "clusterkopfpeerings"),
+    ("create", "kopf.dev", "kopfpeerings"),
 }
 
 
@@ -270,7 +278,13 @@ class OperatorRun:
             pytest.fail(f"the operator exited with {self.proc.returncode}\n{self.diagnose()}")
 
     def refused(self) -> list[tuple[str, str, str, int]]:
-        return sorted({(c.verb, c.group, c.resource, c.status) for c in self.proxy.calls if c.denied})
+        return sorted(
+            {
+                (c.verb, c.group, c.resource, c.status)
+                for c in self.proxy.calls
+                if c.denied and (c.verb, c.group, c.resource) not in TOLERATED_DENIALS
+            }
+        )
 
     def diagnose(self) -> str:
         return f"refused calls: {self.refused()}\noperator log (tail):\n{self.log.read_text()[-4000:]}"
@@ -414,7 +428,7 @@ def test_operator_under_chart_identity_runs_and_restarts_a_job(
     assert health.status == 200, "the chart's probes hit this endpoint"
     pods = trainer_pods(k8s_api, namespace, name)
     assert len(pods) == 2
-    victim = pods[1].metadata.name
+    victim, victim_uid = pods[1].metadata.name, pods[1].metadata.uid
 
     def restarted() -> bool:
         operator_run.alive()
@@ -423,11 +437,12 @@ def test_operator_under_chart_identity_runs_and_restarts_a_job(
         if not status.get("restarts"):
             # kwok may still be writing the pod's Running status when we fail it: fail it again
             # until the operator has seen the failure.
-            old = [p for p in pods if p.metadata.name == victim and p.status.phase != "Failed"]
-            if old and old[0].metadata.labels.get("grpo.dev/attempt") == "0":
+            old = [p for p in pods if p.metadata.uid == victim_uid and p.status.phase != "Failed"]
+            if old:
                 fail_pod(namespace, victim, exit_code=1)
-        fresh = [p for p in pods if p.metadata.labels.get("grpo.dev/attempt") == "1"]
-        return status.get("restarts") == 1 and status.get("phase") == "Running" and len(fresh) == 2
+        restarts = status.get("restarts") or 0
+        fresh = [p for p in pods if p.metadata.labels.get("grpo.dev/attempt") == str(restarts)]
+        return restarts >= 1 and status.get("phase") == "Running" and len(fresh) == 2
 
     try:
         wait_for(restarted, what=f"{name} back to Running after a gang restart", timeout=120)
@@ -438,7 +453,8 @@ def test_operator_under_chart_identity_runs_and_restarts_a_job(
     metrics = urllib.request.urlopen(
         f"http://127.0.0.1:{operator_run.metrics_port}/metrics", timeout=5
     ).read()
-    assert b"grpo_operator_gang_restarts_total 1.0" in metrics
+    restarts = read_job(k8s_api, namespace, name)["status"]["restarts"]
+    assert f"grpo_operator_gang_restarts_total {restarts:.1f}".encode() in metrics
 
     # GitOps: the operator never writes spec, so what was applied is what is there.
     final = read_job(k8s_api, namespace, name)
@@ -519,28 +535,31 @@ def test_two_replicas_elect_one_leader_and_fail_over(
         second_log: (second, second_port),
     }
     try:
+        custom = client.CustomObjectsApi(k8s_api)
 
-        def paused() -> list[Path]:
-            return [log for log in replicas if "Pausing operations in favour of" in log.read_text()]
+        def peers() -> int:
+            objs = custom.list_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings")["items"]
+            return sum(len(o.get("status") or {}) for o in objs)
 
-        (standby_log,) = wait_for(paused, what="one replica pausing in favour of the other", timeout=60)
-        (leader_log,) = set(replicas) - {standby_log}
-        leader, leader_port = replicas[leader_log]
-        standby, standby_port = replicas[standby_log]
+        wait_for(lambda: peers() == 2, what="both replicas announced in the KopfPeering", timeout=60)
+        time.sleep(3)  # the peers' watches see each other within milliseconds; leave slack
         job = apply_example(namespace, kubectl)
         name = job["metadata"]["name"]
 
         def phase() -> str | None:
             return (read_job(k8s_api, namespace, name).get("status") or {}).get("phase")
 
-        wait_for(lambda: phase() == "Running", what=f"{name} Running under the leader", timeout=120)
-        assert reconciles(leader_port) > 0 and reconciles(standby_port) == 0, "only the leader reconciles"
+        wait_for(lambda: phase() == "Running", what=f"{name} Running", timeout=120)
+        counts = {log: reconciles(port) for log, (_, port) in replicas.items()}
+        active = [log for log, n in counts.items() if n > 0]
+        assert len(active) == 1, f"exactly one replica reconciles: {counts}"
+        (leader_log,) = active
+        (standby_log,) = set(replicas) - {leader_log}
+        leader, _ = replicas[leader_log]
+        standby, standby_port = replicas[standby_log]
 
         leader.send_signal(signal.SIGTERM)  # a rolling update or an eviction
         leader.wait(timeout=30)
-        wait_for(
-            lambda: "Resuming operations" in standby_log.read_text(), what="the standby resuming", timeout=60
-        )
         victim = trainer_pods(k8s_api, namespace, name)[1].metadata.name
 
         def restarted_by_standby() -> bool:
@@ -549,7 +568,7 @@ def test_two_replicas_elect_one_leader_and_fail_over(
             pod = client.CoreV1Api(k8s_api).read_namespaced_pod(victim, namespace)
             if not status.get("restarts") and pod.status.phase != "Failed":
                 fail_pod(namespace, victim, exit_code=1)
-            return status.get("restarts") == 1
+            return (status.get("restarts") or 0) >= 1
 
         wait_for(restarted_by_standby, what="a gang restart done by the former standby", timeout=120)
         assert reconciles(standby_port) > 0

@@ -126,6 +126,8 @@ def test_operator_pod_is_hardened_and_probed() -> None:
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert arg_value(c["args"], "--metrics-port") == [str(ports["metrics"])], "/healthz is served there"
     assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name", "kopf peering identity"
 
 
 def test_operator_args_parse_with_the_real_cli() -> None:
@@ -204,6 +206,8 @@ def test_rbac_has_no_wildcards_and_no_dangerous_verbs() -> None:
             for rule in role["rules"]:
                 assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
                 assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"])
+                if "customresourcedefinitions" in rule["resources"]:
+                    assert set(rule["verbs"]) <= {"get", "list", "watch"}, "never create or change CRDs"
                 assert "nodes" not in rule["resources"] or set(rule["verbs"]) <= {"list", "watch"}
                 if "secrets" in rule["resources"]:
                     assert not {"list", "watch"} & set(rule["verbs"]), "never list every secret"
