@@ -267,7 +267,7 @@ class OperatorRun:
                 [*self.command, f"--metrics-port={metrics_port}"],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=self.env,
+                env={**self.env, "POD_ID": self.env.get("POD_ID", "operator") + "-b"},
                 cwd=log.parent,
                 start_new_session=True,
             )
@@ -331,7 +331,13 @@ def operator_run(
         tmp_path / "operator.kubeconfig", f"http://127.0.0.1:{proxy.port}", token, namespace
     )
     log = tmp_path / "operator.log"
+    # The chart's env, with the values its fieldRefs would give a pod of the Deployment.
     env = {**os.environ, "KUBECONFIG": str(kc), "HOME": str(tmp_path)}
+    for var in container["env"]:
+        if var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
+            env[var["name"]] = f"{release}-operator-0"
+        elif "value" in var:
+            env[var["name"]] = var["value"]
     command = [sys.executable, "-m", "grpo_operator.cli", *container["args"]]
     with log.open("w") as out:
         proc = subprocess.Popen(
