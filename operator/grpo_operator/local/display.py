@@ -84,8 +84,9 @@ class ProgressView:
     def _render(self) -> Table:
         s, r = self._state, self._last
         table = Table(title=f"{self.title} — {s.phase}", show_header=True, expand=False)
-        for col in ("step", "reward", "tokens/s", "samples/s", "staleness", "weights", "restarts", "elapsed"):
-            table.add_column(col, justify="right")
+        # Narrow headers: the panel must fit an 80-column terminal without wrapping cells.
+        for col in ("step", "reward", "tok/s", "samples/s", "stale", "weights", "restarts", "elapsed"):
+            table.add_column(col, justify="right", no_wrap=True)
         table.add_row(
             f"{r.step if r else 0}/{s.max_steps}",
             _fmt(r.reward if r else None),
@@ -93,7 +94,7 @@ class ProgressView:
             _fmt(r.samples_per_s if r else None, ".1f"),
             _fmt(r.staleness if r else None, ".0f"),
             "-" if r is None or r.weight_version is None else str(r.weight_version),
-            f"{s.gang_restarts} gang / {s.rollout_restarts} rollout",
+            f"{s.gang_restarts}" + (f" +{s.rollout_restarts} rollout" if s.rollout_restarts else ""),
             f"{s.elapsed_s:.0f}s",
         )
         return table
