@@ -4,7 +4,10 @@ Run: `python benchmarks/grpo_vs_trl.py --json out/grpo_vs_trl.json` (builds the 
 unless --model is given). Both sides train the same tiny Qwen3-MoE model on the same
 addition task with the same hyperparameters (group size, prompts per step, max new tokens,
 learning rate, clip range, steps, temperature, no KL), each in a child process of this one:
-ours as `grpo-operator run` (1 rollout server + 2 trainer ranks at EP 2, 1 thread each),
+ours as `grpo-operator run` (1 rollout server + --trainer-ranks ranks at EP = ranks, 1 thread
+each; default 1 rank: on 2 cores one rollout server and one trainer rank is one process per
+core, and the EP all-to-all of 2 ranks costs more than it saves on a 229k-parameter model;
+--trainer-ranks 2 is the demo's layout),
 TRL as `GRPOTrainer` (use_vllm=False, use_cpu=True, bf16=False) with --trl-threads torch threads
 (default 1: on this tiny model TRL runs as fast with one thread as with two on an idle 2-core
 machine, and several times slower with two on a busy one).
@@ -69,7 +72,12 @@ def job_manifest(model: Path, args: argparse.Namespace) -> dict[str, Any]:
                 "maxStaleness": args.max_staleness,
                 "seed": 0,
             },
-            "trainer": {"replicas": 1, "processesPerPod": 2, "expertParallelSize": 2, "epBackend": "gloo"},
+            "trainer": {
+                "replicas": 1,
+                "processesPerPod": args.trainer_ranks,
+                "expertParallelSize": args.trainer_ranks,
+                "epBackend": "gloo",
+            },
             "rollout": {"replicas": 1, "engine": "torch"},
             "checkpoint": {"everySteps": args.steps},
         },
@@ -174,6 +182,7 @@ def trl_worker(model: Path, args: argparse.Namespace) -> None:
 
 
 HYPER = ("steps", "prompts_per_step", "group_size", "max_new_tokens", "lr", "max_staleness", "trl_threads")
+LAYOUT = ("trainer_ranks", "repeats")
 
 
 def main() -> None:
@@ -188,6 +197,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=4)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--max-staleness", type=int, default=1, help="ours only: rollout/train overlap")
+    parser.add_argument("--trainer-ranks", type=int, default=1, help="ours only: trainer ranks (EP size)")
     parser.add_argument(
         "--trl-threads", type=int, default=1, help="TRL's torch threads (1 is its fastest on this tiny model)"
     )
@@ -215,7 +225,7 @@ def main() -> None:
         "ours": ours,
         "trl": trl,
         "speedup": speedup,
-        "hyperparameters": {k: getattr(args, k) for k in HYPER},
+        "hyperparameters": {k: getattr(args, k) for k in HYPER + LAYOUT},
         "samples_per_s_of_every_run": {side: [r["samples_per_s"] for r in rs] for side, rs in runs.items()},
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
