@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 from grpo_operator import render
+from grpo_operator.api.contract import EXIT_CONFIG
 from grpo_operator.api.job import GRPOJob
-from grpo_trainer.config import EXIT_CONFIG, ConfigError, RankInfo, load_contract
+from grpo_trainer.config import ConfigError, RankInfo, load_contract
 from grpo_trainer.launcher import rank_env, supervise
 
 

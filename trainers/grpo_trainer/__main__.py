@@ -9,7 +9,9 @@ stopped by SIGTERM/SIGINT saves a checkpoint and exits with `EXIT_STOPPED` (128 
 import logging
 import sys
 
-from grpo_trainer.config import EXIT_CONFIG, EXIT_STOPPED, ConfigError, RankInfo, load_contract
+from grpo_operator.api.contract import EXIT_CONFIG, EXIT_STOPPED
+
+from grpo_trainer.config import ConfigError, RankInfo, load_contract
 
 
 def rank_main() -> int:

@@ -11,11 +11,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_operator.api.contract import ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN, RunContract
+from grpo_operator.api.contract import (
+    ENV_CONTRACT,
+    ENV_POD_INDEX,
+    ENV_TOKEN,
+    RunContract,
+)
 from pydantic import ValidationError
 
-EXIT_CONFIG = 3  # permanent configuration error: do not restart the gang
-EXIT_STOPPED = 143  # stopped by SIGTERM/SIGINT after saving a checkpoint (not finished)
 ENV_PROGRESS_FILE = "GRPO_PROGRESS_FILE"  # local runtime: rank 0 appends progress JSON lines here
 MAX_GRAD_NORM = 1.0  # global gradient-norm clip (TRL's default); not a GRPOJob field
 

@@ -15,9 +15,9 @@ import sys
 import time
 from types import FrameType
 
-from grpo_operator.api.contract import ENV_POD_INDEX, RunContract
+from grpo_operator.api.contract import ENV_POD_INDEX, EXIT_CONFIG, RunContract
 
-from grpo_trainer.config import EXIT_CONFIG, ConfigError, load_contract
+from grpo_trainer.config import ConfigError, load_contract
 
 POLL_S = 0.2
 STOP_GRACE_S = 20.0

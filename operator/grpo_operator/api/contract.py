@@ -18,6 +18,13 @@ ENV_CONTRACT = "GRPO_CONTRACT"
 ENV_POD_INDEX = "GRPO_POD_INDEX"
 ENV_TOKEN = "GRPO_TOKEN"
 
+# Exit codes of the trainer launcher, read by the operator and the local runtime alike.
+EXIT_CONFIG = 3  # a configuration error no restart can fix (bad contract, bad dataset row)
+EXIT_STOPPED = 143  # stopped by SIGTERM/SIGINT after saving a checkpoint (not finished)
+# Errors a restart cannot fix fail the job at once instead of burning its backoff limit:
+# EXIT_CONFIG, and sysexits' EX_USAGE, EX_DATAERR and EX_CONFIG for custom trainer images.
+PERMANENT_EXIT_CODES = frozenset({EXIT_CONFIG, 64, 65, 78})
+
 
 class TrainerTopology(ApiModel):
     service: str = Field(description="service: headless Service of the trainer gang.")

@@ -6,12 +6,8 @@ within milliseconds by replacing the pod) and by each reconcile (over a fresh po
 
 from dataclasses import dataclass, field
 
+from grpo_operator.api.contract import PERMANENT_EXIT_CODES
 from grpo_operator.render import names
-
-# Exit codes of errors a restart cannot fix: the job fails at once instead of burning its
-# backoff limit. 3 is grpo_trainer's EXIT_CONFIG (the launcher passes a rank's code on);
-# 64/65/78 are sysexits' EX_USAGE, EX_DATAERR and EX_CONFIG for custom trainer images.
-PERMANENT_EXIT_CODES = frozenset({3, 64, 65, 78})
 
 
 @dataclass(frozen=True)
