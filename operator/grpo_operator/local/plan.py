@@ -46,7 +46,6 @@ class LocalPlan:
     job: GRPOJob
     name: str
     contract: RunContract
-    contract_path: Path
     workdir: Path
     progress_path: Path
     rollout: list[PodCommand]
@@ -117,20 +116,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _container_env(container: dict[str, Any], index: int, token: str) -> dict[str, str]:
-    """The rendered env with the values a kubelet would fill in (pod index, secret token)."""
-    env: dict[str, str] = {}
-    for item in container.get("env", []):
-        name = item["name"]
-        if name.startswith(_CLUSTER_ONLY_ENV_PREFIXES):
-            continue
-        if "value" in item:
-            env[name] = str(item["value"])
-        elif name == ENV_POD_INDEX:
-            env[name] = str(index)
-        elif name == ENV_TOKEN:
-            env[name] = token
-    return env
+def _literal_env(container: dict[str, Any]) -> dict[str, str]:
+    """The rendered env's literal values; what a kubelet would resolve (valueFrom) is set per pod."""
+    return {
+        item["name"]: str(item["value"])
+        for item in container.get("env", [])
+        if "value" in item and not item["name"].startswith(_CLUSTER_ONLY_ENV_PREFIXES)
+    }
 
 
 def _argv(container: dict[str, Any]) -> list[str]:
@@ -175,6 +167,7 @@ def build_plan(job_file: Path, workdir: Path) -> LocalPlan:
 
     token = secrets.token_hex(24)
     base_env = dict(os.environ)
+    # Reward plugins (`module:function`) beside the job file import as they would from the image.
     base_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(job_file.parent), os.environ.get("PYTHONPATH")) if p
     )
@@ -192,7 +185,9 @@ def build_plan(job_file: Path, workdir: Path) -> LocalPlan:
         if role == "rollout" and probe.get("path"):
             health_path = probe["path"]
         for index in range(int(obj["spec"].get("replicas", 1))):
-            env = {**base_env, **_container_env(container, index, token)}
+            # The contract file stands in for the mounted ConfigMap, the index for the pod label,
+            # the token for the Secret.
+            env = {**base_env, **_literal_env(container)}
             env.update({ENV_CONTRACT: str(contract_path), ENV_POD_INDEX: str(index), ENV_TOKEN: token})
             if role == "trainer":
                 env[ENV_PROGRESS_FILE] = str(progress_path)
@@ -204,7 +199,6 @@ def build_plan(job_file: Path, workdir: Path) -> LocalPlan:
         job=job,
         name=name,
         contract=contract,
-        contract_path=contract_path,
         workdir=workdir,
         progress_path=progress_path,
         rollout=pods["rollout"],
