@@ -4,8 +4,9 @@ Called by `grpo-operator run` (`grpo_operator.cli.run`). It starts the rollout s
 waits for their health endpoints, starts the trainer gang and follows rank 0's progress.
 Failure handling mirrors the cluster: a dead rollout server is replaced alone (the trainer
 re-sends its prompts elsewhere); a trainer process that dies takes the whole gang down and
-the gang restarts from its last checkpoint, up to `runPolicy.backoffLimit` times; exit
-code 3 from a trainer is a permanent error and is never retried. Ctrl-C or SIGTERM stops
+the gang restarts from its last checkpoint, up to `runPolicy.backoffLimit` times; a
+permanent exit code (PERMANENT_EXIT_CODES of the run contract, e.g. 3 for a configuration
+error) is never retried. Ctrl-C or SIGTERM stops
 every process group before the runtime exits.
 """
 
@@ -19,12 +20,12 @@ from typing import Any
 
 from rich.console import Console
 
+from grpo_operator.api.contract import PERMANENT_EXIT_CODES
 from grpo_operator.local.display import ProgressView, RunState, print_failure
 from grpo_operator.local.plan import LocalPlan
 from grpo_operator.local.procs import PodProcess, stop_all
 from grpo_operator.local.progress import ProgressLog, StepRecord, summarize
 
-EXIT_PERMANENT = 3  # the trainer's "configuration error, do not retry" exit code
 ROLLOUT_RESTART_LIMIT = 5  # per server; a server that keeps dying is a bug, not bad luck
 POLL_S = 0.2
 
@@ -205,7 +206,7 @@ class Supervisor:
         name = proc.command.name
         what = f"{name} {_exit_text(code)} at step {self._step()}: {proc.why()}"
         tails = {p.command.name: (p.log_path, p.log_tail()) for p, _ in failed}
-        if code == EXIT_PERMANENT:
+        if code in PERMANENT_EXIT_CODES:
             raise RunFailed(f"permanent error, not retried: {what}", tails)
         limit = self.plan.job.spec.run_policy.backoff_limit
         if self.state.gang_restarts >= limit:
