@@ -27,7 +27,7 @@ test-unit: setup
 
 demo: setup
 	$(VENV)/bin/grpo-operator tiny-model $(TINY)
-	$(VENV)/bin/grpo-operator run examples/tiny-local.yaml --summary-json out/demo-summary.json
+	$(VENV)/bin/grpo-operator run examples/tiny-local.yaml --workdir out/demo --summary-json out/demo/summary.json
 
 crd: setup
 	$(VENV)/bin/grpo-operator crd > crds/grpojobs.grpo.dev.yaml

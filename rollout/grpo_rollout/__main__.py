@@ -2,11 +2,14 @@
 
 Reads the run contract from $GRPO_CONTRACT, this pod's index from $GRPO_POD_INDEX and the per-job
 token from $GRPO_TOKEN; listens on this pod's endpoint port from the contract (--host/--port
-override it for tests). Exits 0 after a drain (SIGTERM), non-zero with a clear message otherwise.
+override it for tests), on loopback only when that endpoint is a loopback address (the local
+runtime), on every interface otherwise (a pod behind its Service). Exits 0 after a drain
+(SIGTERM), non-zero with a clear message otherwise.
 """
 
 import argparse
 import asyncio
+import ipaddress
 import logging
 import os
 import sys
@@ -28,7 +31,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--contract", default=os.environ.get(ENV_CONTRACT), help=f"job.json (default ${ENV_CONTRACT})"
     )
     s.add_argument("--pod-index", type=int, default=int(os.environ.get(ENV_POD_INDEX, "0")))
-    s.add_argument("--host", default="0.0.0.0")
+    s.add_argument("--host", default=None, help="default: loopback for a loopback endpoint, else 0.0.0.0")
     s.add_argument("--port", type=int, default=None, help="default: this pod's endpoint port in the contract")
     s.add_argument("--drain-seconds", type=float, default=float(os.environ.get("GRPO_DRAIN_SECONDS", "25")))
     s.add_argument("--device", default="auto", help="torch engine device: auto, cpu, cuda, cuda:N")
@@ -36,6 +39,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     s.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
     s.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
+
+
+def listen_host(endpoint: str | None) -> str:
+    """Loopback endpoints (the local runtime) keep the server off the machine's other interfaces."""
+    host = urlparse(endpoint).hostname if endpoint else None
+    try:
+        return host if host and ipaddress.ip_address(host).is_loopback else "0.0.0.0"
+    except ValueError:
+        return "0.0.0.0"
 
 
 def service_config(contract: RunContract, args: argparse.Namespace) -> tuple[ServiceConfig, int]:
@@ -80,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    asyncio.run(serve(RolloutService(config), token, args.host, port))
+    endpoints = contract.rollout.endpoints
+    host = args.host or listen_host(endpoints[args.pod_index] if args.pod_index < len(endpoints) else None)
+    asyncio.run(serve(RolloutService(config), token, host, port))
     return 0
 
 

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from grpo_rollout.__main__ import listen_host
 from grpo_rollout.testing import write_contract
 
 
@@ -36,3 +37,17 @@ def test_model_path_must_be_a_local_directory(tmp_path, path, message):
     contract = write_contract(tmp_path / "job.json", path, ports=[18000])
     out = serve({"GRPO_CONTRACT": str(contract), "GRPO_TOKEN": "t"})
     assert out.returncode != 0 and message in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "host"),
+    [
+        ("http://127.0.0.1:8000", "127.0.0.1"),
+        ("http://[::1]:8000", "::1"),
+        ("http://job-rollout-0.job-rollout.ns.svc:8000", "0.0.0.0"),
+        ("http://10.0.3.7:8000", "0.0.0.0"),
+        (None, "0.0.0.0"),
+    ],
+)
+def test_server_binds_loopback_only_for_a_loopback_endpoint(endpoint: str | None, host: str) -> None:
+    assert listen_host(endpoint) == host
