@@ -27,6 +27,7 @@ test-unit: setup
 
 demo: setup
 	$(VENV)/bin/grpo-operator tiny-model $(TINY)
+	rm -rf out/demo  # a fresh run each time: its checkpoints would otherwise resume the last one
 	$(VENV)/bin/grpo-operator run examples/tiny-local.yaml --workdir out/demo --summary-json out/demo/summary.json
 
 crd: setup
