@@ -29,11 +29,14 @@ log = logging.getLogger(__name__)
 class StatusPatcher:
     """Latest-wins, best-effort patcher of `status.progress` (daemon thread)."""
 
-    def __init__(self, namespace: str, name: str) -> None:
-        from kubernetes import client, config  # only in a cluster: keeps local start-up lean
+    def __init__(self, namespace: str, name: str, api: Any = None) -> None:
+        """`api`: a kubernetes CustomObjectsApi; by default one with the pod's in-cluster identity."""
+        if api is None:
+            from kubernetes import client, config  # only in a cluster: keeps local start-up lean
 
-        config.load_incluster_config()
-        self._api = client.CustomObjectsApi()
+            config.load_incluster_config()
+            api = client.CustomObjectsApi()
+        self._api = api
         self._namespace, self._name = namespace, name
         self._pending: dict[str, Any] | None = None
         self._cv = threading.Condition()

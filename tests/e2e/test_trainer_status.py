@@ -1,0 +1,90 @@
+"""Trainer rank 0 reports progress into the GRPOJob status under the job's own identity.
+
+The Role the operator renders for the trainer ServiceAccount must allow exactly this patch
+(and nothing on other jobs), and the patch must pass the CRD's status schema: a real API
+server, a real TokenRequest token for that ServiceAccount, the trainer's own StatusPatcher.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from grpo_operator import render
+from grpo_operator.api.job import GROUP, PLURAL, VERSION, GRPOJob
+from grpo_operator.api.status import Progress
+from grpo_operator.render import names
+from grpo_trainer.progress import StatusPatcher
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def crd(kubectl: Any) -> None:
+    text = subprocess.run(
+        [sys.executable, "-m", "grpo_operator.cli", "crd"], capture_output=True, text=True, check=True
+    ).stdout
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text)
+    kubectl("wait", "--for=condition=Established", "crd/grpojobs.grpo.dev", "--timeout=60s")
+
+
+def create_job(api: client.CustomObjectsApi, namespace: str, name: str) -> dict:
+    body = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
+    body["metadata"] = {"name": name}
+    return api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+
+
+def trainer_api(
+    k8s_api: client.ApiClient, kubectl: Any, job: dict, namespace: str
+) -> client.CustomObjectsApi:
+    """A client that is the job's trainer ServiceAccount, with its rendered Role applied."""
+    name = job["metadata"]["name"]
+    spec = GRPOJob.model_validate({"spec": job["spec"]})
+    rendered = render.children(spec, name=name, namespace=namespace, uid=job["metadata"]["uid"])
+    rbac = [c for c in rendered if c["kind"] in ("ServiceAccount", "Role", "RoleBinding")]
+    kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
+    account = names.service_account(name, names.ROLE_TRAINER)
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[]))
+    core = client.CoreV1Api(k8s_api)
+    token = core.create_namespaced_service_account_token(account, namespace, request).status.token
+    config = client.Configuration()
+    config.host = k8s_api.configuration.host
+    config.ssl_ca_cert = k8s_api.configuration.ssl_ca_cert
+    config.verify_ssl = k8s_api.configuration.verify_ssl
+    config.api_key = {"authorization": f"Bearer {token}"}
+    return client.CustomObjectsApi(client.ApiClient(config))
+
+
+def test_rank0_progress_lands_in_status_and_only_for_its_own_job(
+    crd: None, k8s_api: client.ApiClient, kubectl: Any, namespace: str, wait_for: Any
+) -> None:
+    admin = client.CustomObjectsApi(k8s_api)
+    job = create_job(admin, namespace, "reporter")
+    other = create_job(admin, namespace, "neighbour")
+    as_trainer = trainer_api(k8s_api, kubectl, job, namespace)
+
+    patcher = StatusPatcher(namespace, "reporter", api=as_trainer)
+    progress = Progress(step=7, max_steps=1000, reward_mean=0.625, tokens_per_second=1234.5, weight_version=7)
+    patcher.submit(progress.wire())
+
+    def reported() -> bool:
+        got = admin.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "reporter")
+        return (got.get("status") or {}).get("progress", {}).get("step") == 7
+
+    wait_for(reported, what="status.progress.step == 7 written with the trainer's identity", timeout=30)
+    status = admin.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "reporter")["status"]
+    assert status["progress"]["rewardMean"] == 0.625 and status["progress"]["weightVersion"] == 7
+
+    body = {"status": {"progress": {"step": 99}}}
+    with pytest.raises(ApiException) as denied:
+        as_trainer.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, other["metadata"]["name"], body
+        )
+    assert denied.value.status == 403
+    with pytest.raises(ApiException) as spec_denied:
+        as_trainer.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "reporter", {"spec": {}})
+    assert spec_denied.value.status == 403
