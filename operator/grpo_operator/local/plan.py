@@ -143,11 +143,11 @@ def _role(obj: dict[str, Any]) -> str:
 
 def build_plan(job_file: Path, workdir: Path) -> LocalPlan:
     """Render the job's pods with the operator's renderer and turn them into local commands."""
-    job_file = job_file.resolve()
+    job_file, workdir = job_file.resolve(), workdir.resolve()  # pods run in other folders
     job = load_job(job_file)
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        job = localize(job, base=job_file.parent, workdir=workdir.resolve())
+        job = localize(job, base=job_file.parent, workdir=workdir)
     except PlanError as e:
         raise PlanError(f"{job_file}: {e}") from None
     name = job.metadata.get("name") or job_file.stem

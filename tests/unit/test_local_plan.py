@@ -1,0 +1,39 @@
+"""The local runtime's plan: every path a pod is handed works from the pod's own folder."""
+
+import os
+from pathlib import Path
+
+import pytest
+from grpo_operator.api.contract import ENV_CONTRACT
+from grpo_operator.local.plan import build_plan
+
+JOB = """\
+apiVersion: grpo.dev/v1alpha1
+kind: GRPOJob
+metadata:
+  name: rel
+spec:
+  model: {path: model}
+  dataset: {path: data.jsonl}
+  reward: {functions: [{builtin: exact_match}]}
+  trainer: {processesPerPod: 2, expertParallelSize: 2}
+  rollout: {engine: torch}
+"""
+
+
+def test_a_relative_workdir_gives_pods_absolute_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "jobs" / "model").mkdir(parents=True)
+    (tmp_path / "jobs" / "data.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (tmp_path / "jobs" / "job.yaml").write_text(JOB)
+    monkeypatch.chdir(tmp_path)
+    plan = build_plan(Path("jobs/job.yaml"), Path("out/demo"))
+    pods = plan.rollout + plan.trainer
+    assert len(pods) == 2
+    for pod in pods:
+        contract = Path(pod.env[ENV_CONTRACT])
+        assert contract.is_absolute() and contract.is_file(), contract
+    assert Path(plan.contract.spec.model.path).is_absolute()
+    assert Path(plan.contract.checkpoint_dir).is_relative_to(tmp_path / "out" / "demo")
+    assert os.path.isabs(plan.workdir)
