@@ -24,10 +24,10 @@ from pathlib import Path
 
 import psutil
 import yaml
+from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from kubernetes import client, config
 
 ROOT = Path(__file__).resolve().parents[1]
-GROUP, VERSION, PLURAL = "grpo.dev", "v1alpha1", "grpojobs"
 CHILDREN_PER_JOB = 11  # contract, 2 SAs, Role, RoleBinding, 2 Services, 2 StatefulSets, PDB, NetworkPolicy
 OWNED = ("grpojobs", "statefulsets", "configmaps", "services", "serviceaccounts", "roles", "rolebindings")
 OWNED += ("poddisruptionbudgets", "networkpolicies", "secrets", "events", "pods")

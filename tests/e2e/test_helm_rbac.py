@@ -34,6 +34,7 @@ import aiohttp
 import pytest
 import yaml
 from aiohttp import web
+from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from kubernetes import client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -400,9 +401,8 @@ def apply_example(namespace: str, kubectl) -> dict[str, Any]:
 
 
 def read_job(k8s_api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    return client.CustomObjectsApi(k8s_api).get_namespaced_custom_object(
-        "grpo.dev", "v1alpha1", namespace, "grpojobs", name
-    )
+    api = client.CustomObjectsApi(k8s_api)
+    return api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
 
 
 def trainer_pods(k8s_api: client.ApiClient, namespace: str, job: str) -> list[client.V1Pod]:

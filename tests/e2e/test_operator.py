@@ -17,11 +17,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from kubernetes import client
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = Path(os.environ.get("GRPO_E2E_CRD", ROOT / "crds" / "grpojobs.grpo.dev.yaml"))
-GROUP, VERSION, PLURAL = "grpo.dev", "v1alpha1", "grpojobs"
 CHILD_KINDS = (
     "configmap,serviceaccount,role,rolebinding,service,statefulset,poddisruptionbudget,networkpolicy,secret"
 )
@@ -124,6 +124,14 @@ class Cluster:
 
     def job(self, name: str) -> dict:
         return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+
+    def gone(self, name: str) -> bool:
+        """True once the API server answers 404 for the job (finalizers lifted, object removed)."""
+        try:
+            self.job(name)
+            return False
+        except client.ApiException as e:
+            return e.status == 404
 
     def patch(self, name: str, spec: dict) -> None:
         self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, {"spec": spec})
@@ -487,15 +495,7 @@ def test_active_deadline_then_ttl_deletes_the_job(operator, cluster, wait_for):
     cluster.create(manifest("short", runPolicy={"activeDeadlineSeconds": 4, "ttlSecondsAfterFinished": 3}))
     cluster.wait_phase("short", "Failed", timeout=60)
     assert cluster.condition("short", "Failed")["reason"] == "DeadlineExceeded"
-
-    def gone() -> bool:
-        try:
-            cluster.job("short")
-            return False
-        except client.ApiException as e:
-            return e.status == 404
-
-    wait_for(gone, what="job deleted by its TTL", timeout=60)
+    wait_for(lambda: cluster.gone("short"), what="job deleted by its TTL", timeout=60)
     wait_for(lambda: not cluster.children(), what="children collected", timeout=90)
 
 
@@ -505,15 +505,7 @@ def test_recreated_namesake_is_not_blamed_for_old_pods(operator, cluster, wait_f
     cluster.create(manifest("again"))
     cluster.wait_phase("again", "Running")
     cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, cluster.ns, PLURAL, "again")
-
-    def gone() -> bool:
-        try:
-            cluster.job("again")
-            return False
-        except client.ApiException as e:
-            return e.status == 404
-
-    wait_for(gone, what="old job gone", interval=0.1)
+    wait_for(lambda: cluster.gone("again"), what="old job gone", interval=0.1)
     cluster.create(manifest("again"))
     cluster.wait_phase("again", "Running")
     time.sleep(4)
