@@ -137,6 +137,20 @@ ensure_nodes() {
     [ -z "$still" ] || { log "could not create nodes: $(echo "$still" | tr '\n' ' ')"; return 1; }
   fi
   kctl wait --for=condition=Ready node --all --timeout="$READY_TIMEOUT" >/dev/null
+  wait_condition_taints_cleared
+}
+
+# Ready is not yet schedulable: the node lifecycle controller lifts the not-ready taint it
+# put on every new node a few seconds after Ready, and until then pods stay Pending.
+wait_condition_taints_cleared() {
+  local deadline=$((SECONDS + ${READY_TIMEOUT%s})) tainted
+  while :; do
+    tainted="$(kctl get nodes -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.spec.taints[*].key}{"\n"}{end}' \
+      | grep 'node.kubernetes.io/' || true)"
+    [ -z "$tainted" ] && return 0
+    [ "$SECONDS" -lt "$deadline" ] || { log "nodes still tainted after $READY_TIMEOUT: $tainted"; return 1; }
+    sleep 1
+  done
 }
 
 up() {
