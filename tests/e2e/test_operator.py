@@ -373,6 +373,14 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(operator, cluster, 
     assert len(secrets) == 1
 
 
+def test_sigterm_stops_the_operator_at_once(operator, wait_for):
+    """A rolling update or drain SIGTERMs the pod; kopf waits 5 s for stray tasks before it
+    exits, so a heartbeat left running would hold every operator restart that long."""
+    wait_for(lambda: operator.get("/healthz")[0] == 200, what="healthz", ignore=(urllib.error.URLError,))
+    operator.proc.send_signal(signal.SIGTERM)
+    assert operator.proc.wait(timeout=3) == 0
+
+
 def test_bad_object_fails_clearly_and_operator_keeps_running(operator, cluster):
     cluster.create(manifest("bad", trainer={"replicas": 1, "instanceType": "p9.bogus"}))
     cluster.wait_phase("bad", "Failed")

@@ -130,7 +130,7 @@ async def node_changed(name: str, body: kopf.Body, type: str | None, memo: kopf.
 
 
 @kopf.on.startup()
-async def heartbeat(**_) -> None:
+async def heartbeat(memo: kopf.Memo, **_) -> None:
     """Beat /healthz from the event loop itself: a blocked loop stops the beats."""
 
     async def beat() -> None:
@@ -138,4 +138,14 @@ async def heartbeat(**_) -> None:
             metrics.HEARTBEAT.beat()
             await asyncio.sleep(5)
 
-    asyncio.get_running_loop().create_task(beat(), name="grpo-heartbeat")
+    memo.heartbeat = asyncio.get_running_loop().create_task(beat(), name="grpo-heartbeat")
+
+
+@kopf.on.cleanup()
+async def stop_heartbeat(memo: kopf.Memo, **_) -> None:
+    """kopf waits 5 s for tasks it did not start before cancelling them; a SIGTERM should not."""
+    task = memo.get("heartbeat")
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -31,9 +31,10 @@ def _segments(counts: list[int]) -> list[tuple[int, int, int]]:
 def _empty_grad(weight: torch.Tensor, segs: list[tuple[int, int, int]]) -> torch.Tensor:
     """Gradient buffer for per-expert weights: zeros only where an expert got no rows."""
     grad = torch.empty_like(weight)
-    busy = torch.zeros(weight.shape[0], dtype=torch.bool)
-    busy[[e for e, _, _ in segs]] = True
-    grad[~busy.to(weight.device)] = 0
+    busy = {e for e, _, _ in segs}
+    for e in range(weight.shape[0]):
+        if e not in busy:
+            grad[e].zero_()
     return grad
 
 
