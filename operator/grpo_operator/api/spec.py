@@ -256,6 +256,14 @@ class AlgorithmSpec(ApiModel):
     seed: int = Field(
         default=0, ge=0, description="seed: optional, default 0. Seeds sampling and initialisation."
     )
+    routing_replay: bool = Field(
+        default=False,
+        description="routingReplay: optional, default false. MoE routing replay (R3): rollout servers "
+        "return the top-k experts every MoE layer chose for every prompt and completion token, and the "
+        "trainer's forwards reuse those choices (routing weights still come from its own router), so the "
+        "importance ratio compares one network, not two routings. Costs tokens x MoE layers x top-k "
+        "bytes per sequence on the wire (twice that above 256 experts). Needs rollout.engine torch.",
+    )
 
 
 class EPBackend(StrEnum):
@@ -556,6 +564,12 @@ class GRPOJobSpec(ApiModel):
                 "self.network.efa != 'required' || has(self.trainer.instanceType)",
                 "network.efa required needs EFA nodes: set trainer.instanceType",
                 ".network.efa",
+            ),
+            (
+                "!self.algorithm.routingReplay || self.rollout.engine != 'vllm'",
+                "algorithm.routingReplay needs rollout.engine torch: the vllm engine does not return "
+                "routed experts yet",
+                ".algorithm.routingReplay",
             ),
         )
     )
