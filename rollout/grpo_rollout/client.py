@@ -185,7 +185,7 @@ class RolloutClient:
         self._down_until[ep] = time.monotonic() + self._down_cooldown_s
 
     async def _generate_on(
-        self, ep: str, prompts: list[Prompt], n: int, sampling: Sampling, min_v: int | None
+        self, ep: str, prompts: list[Prompt], n: int, sampling: Sampling, min_v: int | None, routing: bool
     ):
         req = GenerateRequest(
             request_id=uuid.uuid4().hex[:12],
@@ -193,6 +193,7 @@ class RolloutClient:
             n=n,
             sampling=sampling,
             min_weight_version=min_v,
+            return_routing=routing,
         )
         body = await self._post(
             ep,
@@ -224,8 +225,11 @@ class RolloutClient:
         n: int,
         sampling: Sampling,
         min_weight_version: int | None = None,
+        routing: bool = False,
     ) -> list[PromptResult]:
         """Generate n completions (with rewards) for every prompt; results in the order of `prompts`.
+
+        routing: every completion also carries the experts each MoE layer chose (routing replay).
 
         A server that fails, times out, drains or hands prompts back is set aside and its prompts go
         to the others at once; GenerateError only when no server is left for some prompt. Errors
@@ -253,7 +257,9 @@ class RolloutClient:
                     busy[ep] += len(chunk)
             order = sorted(servers, key=lambda e: busy[e])
             for ep, chunk in self._chunks(batch, order, n):
-                task = asyncio.ensure_future(self._generate_on(ep, chunk, n, sampling, min_weight_version))
+                task = asyncio.ensure_future(
+                    self._generate_on(ep, chunk, n, sampling, min_weight_version, routing)
+                )
                 tasks[task] = (ep, chunk)
             return len(batch)
 

@@ -13,6 +13,8 @@ Endpoints (all JSON except the weight body):
 Every error is an ErrorResponse with a machine-readable `code`.
 """
 
+import base64
+import binascii
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -34,6 +36,8 @@ AUTH_HEADER = "Authorization"
 WEIGHTS_CONTENT_TYPE = "application/vnd.safetensors"
 
 FinishReason = Literal["stop", "length"]
+RoutingDtype = Literal["uint8", "int16"]
+ROUTING_ITEMSIZE: dict[str, int] = {"uint8": 1, "int16": 2}
 ServerState = Literal["loading", "ready", "draining"]
 
 
@@ -87,6 +91,11 @@ class GenerateRequest(Versioned):
         ge=0,
         description="min_weight_version: optional. A server with older weights answers 409 weight_too_old.",
     )
+    return_routing: bool = Field(
+        default=False,
+        description="return_routing: optional, default false. Each completion carries `routing` (MoE "
+        "routing replay); a server whose engine or model cannot record it answers 422.",
+    )
 
     @model_validator(mode="after")
     def _bounded(self) -> "GenerateRequest":
@@ -110,6 +119,44 @@ class RewardDetail(WireModel):
     error: str | None = Field(default=None, description="error: why this function failed for this sample.")
 
 
+class Routing(WireModel):
+    """The top-k expert ids each MoE layer chose for each token fed through the model, compactly.
+
+    Rows are the prompt tokens then the completion tokens except the last one (the last sampled
+    token is never fed back, so no layer routed it): [len(prompt) + len(completion) - 1, layers, k].
+    Base64 of a C-order little-endian array keeps it at tokens x layers x k bytes (uint8, up to
+    256 experts) or twice that (int16); a JSON list of ints would be 3-4 times larger.
+    """
+
+    shape: tuple[int, int, int] = Field(description="shape: [tokens, MoE layers, k].")
+    dtype: RoutingDtype = Field(description="dtype: uint8 (<= 256 experts) or int16, little-endian.")
+    data: str = Field(description="data: base64 of the array's bytes.")
+
+    @model_validator(mode="after")
+    def _sized(self) -> "Routing":
+        tokens, layers, k = self.shape
+        if tokens < 0 or layers < 1 or k < 1:
+            raise ValueError(f"routing shape {list(self.shape)} needs tokens >= 0, layers >= 1, k >= 1")
+        size = len(self.raw())
+        want = tokens * layers * k * ROUTING_ITEMSIZE[self.dtype]
+        if size != want:
+            raise ValueError(
+                f"routing data has {size} bytes, shape {list(self.shape)} of {self.dtype} needs {want}"
+            )
+        return self
+
+    def raw(self) -> bytes:
+        """The array's bytes (C order, little-endian); ValueError when `data` is not base64."""
+        try:
+            return base64.b64decode(self.data, validate=True)
+        except binascii.Error as e:
+            raise ValueError(f"routing data is not base64: {e}") from None
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, shape: tuple[int, int, int], dtype: RoutingDtype) -> "Routing":
+        return cls(shape=shape, dtype=dtype, data=base64.b64encode(raw).decode("ascii"))
+
+
 class Completion(WireModel):
     text: str = Field(description="text: decoded completion, special tokens skipped.")
     token_ids: list[int] = Field(
@@ -123,6 +170,9 @@ class Completion(WireModel):
     finish_reason: FinishReason = Field(description="finish_reason: stop (EOS) or length (max_new_tokens).")
     reward: float = Field(description="reward: weighted sum of the reward functions' scores.")
     reward_details: list[RewardDetail] = Field(default_factory=list)
+    routing: Routing | None = Field(
+        default=None, description="routing: set when the request had return_routing (see Routing)."
+    )
 
     @model_validator(mode="after")
     def _aligned(self) -> "Completion":
@@ -142,6 +192,16 @@ class PromptResult(WireModel):
         ge=0,
         description="weight_version: the weights these were sampled with (servers always set it).",
     )
+
+    @model_validator(mode="after")
+    def _routing_covers_each_sequence(self) -> "PromptResult":
+        for i, c in enumerate(self.completions):
+            want = len(self.prompt_token_ids) + len(c.token_ids) - 1
+            if c.routing is not None and c.routing.shape[0] != want:
+                raise ValueError(
+                    f"completion {i}: routing has {c.routing.shape[0]} rows, prompt + completion - 1 = {want}"
+                )
+        return self
 
 
 class GenerateResponse(Versioned):

@@ -140,7 +140,11 @@ class RolloutService:
             return version, [None] * len(req.prompts)
         try:
             out = self.engine.generate(
-                [p.text for p in req.prompts], req.n, req.sampling, lambda: self.hand_back
+                [p.text for p in req.prompts],
+                req.n,
+                req.sampling,
+                lambda: self.hand_back,
+                routing=req.return_routing,
             )
         except ValueError as e:
             raise ServiceError(422, "bad_request", str(e)) from None
@@ -178,6 +182,7 @@ class RolloutService:
                         finish_reason=sample.finish_reason,
                         reward=reward,
                         reward_details=details,
+                        routing=sample.routing,
                     )
                 )
                 self.metrics.tokens.inc(len(sample.token_ids))

@@ -1,11 +1,16 @@
-"""Wire protocol bounds and the weight-bucket header round trip (grpo_rollout.protocol)."""
+"""Wire protocol bounds, the routing payload, the weight-bucket header round trip (grpo_rollout.protocol)."""
+
+import base64
 
 import pytest
+import torch
+from grpo_rollout.engines.routing import encode_routing
 from grpo_rollout.protocol import (
     MAX_PROMPTS_PER_REQUEST,
     MAX_SEQUENCES_PER_REQUEST,
     Completion,
     GenerateRequest,
+    PromptResult,
     WeightBucket,
 )
 from pydantic import ValidationError
@@ -64,3 +69,55 @@ def test_weight_bucket_round_trips_through_headers():
 def test_bad_bucket_headers_fail_validation(headers, fragment):
     with pytest.raises(ValidationError, match=fragment):
         WeightBucket.from_headers(headers)
+
+
+def result_with_routing(routing: dict, prompt: int = 3, completion: int = 2) -> dict:
+    completion_body = {
+        "text": "x",
+        "token_ids": list(range(completion)),
+        "logprobs": [-1.0] * completion,
+        "finish_reason": "length",
+        "reward": 0.0,
+        "routing": routing,
+    }
+    return {"prompt_id": "p", "prompt_token_ids": list(range(prompt)), "completions": [completion_body]}
+
+
+@pytest.mark.parametrize("num_experts, dtype", [(8, "uint8"), (300, "int16")])
+def test_routing_round_trips_compactly_through_json(num_experts: int, dtype: str) -> None:
+    idx = torch.randint(0, num_experts, (4, 3, 2))  # prompt 3 + completion 2 - 1 tokens, 3 layers, k 2
+    routing = encode_routing(idx, num_experts)
+    assert routing.dtype == dtype and routing.shape == (4, 3, 2)
+    assert len(routing.raw()) == idx.numel() * (1 if dtype == "uint8" else 2)
+    wire = PromptResult.model_validate(result_with_routing(routing.model_dump())).model_dump_json()
+    back = PromptResult.model_validate_json(wire).completions[0].routing
+    assert back is not None
+    decoded = torch.frombuffer(bytearray(back.raw()), dtype=getattr(torch, dtype)).view(back.shape)
+    assert torch.equal(decoded.long(), idx)
+
+
+GOOD = {"shape": [4, 1, 2], "dtype": "uint8", "data": base64.b64encode(bytes(8)).decode()}
+
+
+@pytest.mark.parametrize(
+    "routing, fragment",
+    [
+        ({**GOOD, "data": base64.b64encode(bytes(7)).decode()}, "has 7 bytes"),
+        ({**GOOD, "data": "not base64!"}, "not base64"),
+        ({**GOOD, "dtype": "int64"}, "dtype"),
+        ({**GOOD, "shape": [4, 0, 2], "data": ""}, "layers >= 1"),
+        (
+            {**GOOD, "shape": [5, 1, 2], "data": base64.b64encode(bytes(10)).decode()},
+            "prompt \\+ completion - 1 = 4",
+        ),
+    ],
+)
+def test_malformed_routing_is_rejected(routing: dict, fragment: str) -> None:
+    PromptResult.model_validate(result_with_routing(GOOD))
+    with pytest.raises(ValidationError, match=fragment):
+        PromptResult.model_validate(result_with_routing(routing))
+
+
+def test_routing_is_asked_for_per_request() -> None:
+    assert GenerateRequest.model_validate(request(1)).return_routing is False
+    assert GenerateRequest.model_validate(request(1, return_routing=True)).return_routing is True

@@ -1,12 +1,15 @@
-"""The torch engine's decode loop against teacher forcing, EOS handling and weight swaps.
+"""The torch engine's decode loop against teacher forcing, EOS handling, routing and weight swaps.
 
-A tiny random model is built offline; log-probs recorded while sampling (left-padded batches, KV
-cache, several chunks) must equal a plain full-sequence forward pass of the same model.
+A tiny random model is built offline; log-probs and MoE routing recorded while sampling
+(left-padded batches, KV cache, several chunks) must equal a plain full-sequence forward pass of
+the same model.
 """
 
+import numpy as np
 import pytest
 import torch
 from grpo_rollout.engines.base import EngineConfig, create_engine
+from grpo_rollout.engines.routing import RoutingRecorder
 from grpo_rollout.engines.sampling import policy_logprobs
 from grpo_rollout.protocol import Sampling
 from grpo_rollout.testing import build_tiny_model
@@ -43,6 +46,37 @@ def test_sampled_logprobs_match_teacher_forcing(engine, temperature, top_p):
             assert len(s.token_ids) == len(s.logprobs) >= 1
             expected = teacher_forced(engine, result.prompt_token_ids, s.token_ids, sampling)
             assert torch.allclose(torch.tensor(s.logprobs), expected, atol=1e-4), (s.logprobs, expected)
+
+
+def teacher_forced_routing(engine, prompt_ids: list[int], fed: list[int]) -> torch.Tensor:
+    """[tokens, layers, k] experts of one unpadded forward, each token's slots sorted by expert id."""
+    recorder = RoutingRecorder(engine.model)
+    with recorder.recording(), torch.no_grad():
+        engine.model(torch.tensor([prompt_ids + fed]))
+        return recorder.take().long().sort(-1).values
+
+
+def test_recorded_routing_is_what_a_teacher_forced_forward_chooses(engine):
+    if engine.model.config.model_type != "qwen3_moe":
+        pytest.skip("dense model: see test_routing_of_a_dense_model_is_a_clear_error")
+    sampling = Sampling(temperature=1.3, max_new_tokens=12, seed=4)
+    plain = engine.generate(PROMPTS, 3, sampling, lambda: False)
+    out = engine.generate(PROMPTS, 3, sampling, lambda: False, routing=True)
+    for p_plain, result in zip(plain, out, strict=True):
+        for s_plain, s in zip(p_plain.samples, result.samples, strict=True):
+            assert (s.token_ids, s.logprobs) == (s_plain.token_ids, s_plain.logprobs)  # recording is passive
+            assert s.routing is not None and s.routing.dtype == "uint8"
+            got = np.frombuffer(s.routing.raw(), dtype=np.uint8).reshape(s.routing.shape)
+            want = teacher_forced_routing(engine, result.prompt_token_ids, s.token_ids[:-1])
+            assert got.shape == (len(result.prompt_token_ids) + len(s.token_ids) - 1, 2, 2)
+            assert torch.equal(torch.from_numpy(got.copy()).long().sort(-1).values, want)
+
+
+def test_routing_of_a_dense_model_is_a_clear_error(engine):
+    if engine.model.config.model_type == "qwen3_moe":
+        pytest.skip("MoE model: see test_recorded_routing_is_what_a_teacher_forced_forward_chooses")
+    with pytest.raises(ValueError, match="needs an MoE model"):
+        engine.generate(PROMPTS[:1], 1, Sampling(max_new_tokens=2), lambda: False, routing=True)
 
 
 def test_samples_stop_at_eos_or_length(engine):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from grpo_rollout.protocol import FinishReason, Sampling
+from grpo_rollout.protocol import FinishReason, Routing, Sampling
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class Sample:
     logprobs: list[float]
     finish_reason: FinishReason
     text: str
+    routing: Routing | None = None  # set when generate was asked for routing
 
 
 @dataclass
@@ -46,9 +47,18 @@ class Engine(Protocol):
     name: str
 
     def generate(
-        self, prompts: Sequence[str], n: int, sampling: Sampling, should_stop: Callable[[], bool]
+        self,
+        prompts: Sequence[str],
+        n: int,
+        sampling: Sampling,
+        should_stop: Callable[[], bool],
+        *,
+        routing: bool = False,
     ) -> list[PromptSamples | None]:
-        """n samples per prompt, in order; None for prompts left unfinished because should_stop() said so."""
+        """n samples per prompt, in order; None for prompts left unfinished because should_stop() said so.
+
+        routing: also fill each Sample's `routing` (MoE routing replay); ValueError when the engine
+        or its model cannot."""
         ...
 
     def load_weights(self, buckets: Sequence[bytes]) -> int:

@@ -3,9 +3,12 @@
 Used by the rollout server when the job says `rollout.engine: torch` (the local runtime and CPU
 tests). HF `generate` is avoided on purpose: our loop owns temperature/top-p and records the exact
 log-prob of every sampled token under the sampling policy, which the trainer's importance
-correction relies on. Weight updates copy HF-named tensors into the live model in place.
+correction relies on. With `routing=True` it also records the experts every MoE layer chose for
+every prompt and sampled token (`grpo_rollout.engines.routing`), for routing replay in the trainer.
+Weight updates copy HF-named tensors into the live model in place.
 """
 
+import contextlib
 import inspect
 import logging
 import random
@@ -14,6 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from grpo_rollout.engines.base import EngineConfig, PromptSamples, Sample, Stopped
+from grpo_rollout.engines.routing import RoutingRecorder, encode_routing
 from grpo_rollout.engines.sampling import sample_step
 from grpo_rollout.protocol import Sampling
 
@@ -66,9 +70,16 @@ class TorchEngine:
         return ids
 
     def generate(
-        self, prompts: Sequence[str], n: int, sampling: Sampling, should_stop: Callable[[], bool]
+        self,
+        prompts: Sequence[str],
+        n: int,
+        sampling: Sampling,
+        should_stop: Callable[[], bool],
+        *,
+        routing: bool = False,
     ) -> list[PromptSamples | None]:
         encoded = [self.encode(p) for p in prompts]
+        recorder = RoutingRecorder(self.model) if routing else None
         generator = torch.Generator(device=self.device)
         generator.manual_seed(sampling.seed if sampling.seed is not None else random.getrandbits(63))
         per_chunk = max(1, self.max_batch_size // n)  # whole prompts per decode batch
@@ -76,7 +87,7 @@ class TorchEngine:
         for start in range(0, len(prompts), per_chunk):
             chunk = encoded[start : start + per_chunk]
             try:
-                samples = self._decode(chunk, n, sampling, generator, should_stop)
+                samples = self._decode(chunk, n, sampling, generator, should_stop, recorder)
             except Stopped:
                 break  # this chunk and the rest stay None: handed back
             for i, ids in enumerate(chunk):
@@ -91,9 +102,23 @@ class TorchEngine:
         sampling: Sampling,
         generator: torch.Generator,
         should_stop: Callable[[], bool],
+        recorder: RoutingRecorder | None = None,
     ) -> list[Sample]:
         """n samples per prompt, prompt-major. The prompts are prefilled once and their KV cache is
-        repeated n times, so a group of n costs one prompt forward, not n."""
+        repeated n times, so a group of n costs one prompt forward, not n. A recorder only reads
+        the routers' outputs: sampling is the same with or without it."""
+        with recorder.recording() if recorder is not None else contextlib.nullcontext():
+            return self._decode_batch(prompts, n, sampling, generator, should_stop, recorder)
+
+    def _decode_batch(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: Sampling,
+        generator: torch.Generator,
+        should_stop: Callable[[], bool],
+        recorder: RoutingRecorder | None,
+    ) -> list[Sample]:
         from transformers import DynamicCache
 
         longest = max(len(r) for r in prompts)
@@ -114,6 +139,9 @@ class TorchEngine:
             **{self._cache_kw: cache},
         )
         cache.batch_repeat_interleave(n)  # [P, ...] -> [P * n, ...]
+        routes = []  # per forward: [B, tokens fed, layers, k]
+        if recorder is not None:
+            routes.append(recorder.take().unflatten(0, (len(prompts), longest)).repeat_interleave(n, dim=0))
         logits = out.logits[:, -1, :].repeat_interleave(n, dim=0)  # [B = P * n, V]
         mask = mask.repeat_interleave(n, dim=0)  # [B, L]
         positions = positions[:, -1:].repeat_interleave(n, dim=0)  # [B, 1]
@@ -140,20 +168,30 @@ class TorchEngine:
                 **{self._cache_kw: cache},
             )
             logits = out.logits[:, -1, :]  # [B, V]
+            if recorder is not None:
+                routes.append(recorder.take().unsqueeze(1))  # token `step` of every row: [B, 1, layers, k]
         tokens_bt = torch.stack(step_tokens, 1).cpu()  # [B, T]
         logps_bt = torch.stack(step_logps, 1).cpu()  # [B, T]
         alive_bt = torch.stack(step_alive, 1).cpu()  # [B, T]
         finished = finished.cpu()
+        routes_bt = torch.cat(routes, dim=1).cpu() if routes else None  # [B, longest + forwards, layers, k]
         samples = []
         for i in range(tokens_bt.shape[0]):
             keep = alive_bt[i]
             token_ids = tokens_bt[i][keep].tolist()
+            routing = None
+            if recorder is not None and routes_bt is not None:
+                # the row's prompt (left-padded) and its tokens fed back: all but the last sampled one
+                prompt_len = len(prompts[i // n])
+                rows = routes_bt[i, longest - prompt_len : longest + len(token_ids) - 1]
+                routing = encode_routing(rows, recorder.num_experts)
             samples.append(
                 Sample(
                     token_ids=token_ids,
                     logprobs=logps_bt[i][keep].tolist(),
                     finish_reason="stop" if bool(finished[i]) else "length",
                     text=self.tokenizer.decode(token_ids, skip_special_tokens=True),
+                    routing=routing,
                 )
             )
         return samples

@@ -60,8 +60,18 @@ class VllmEngine:
         return [make(n=1, seed=sampling.seed + j, **common) for j in range(n)]
 
     def generate(
-        self, prompts: Sequence[str], n: int, sampling: Sampling, should_stop: Callable[[], bool]
+        self,
+        prompts: Sequence[str],
+        n: int,
+        sampling: Sampling,
+        should_stop: Callable[[], bool],
+        *,
+        routing: bool = False,
     ) -> list[PromptSamples | None]:
+        if (
+            routing
+        ):  # vLLM >= 0.21 can (enable_return_routed_experts); its output format is not wired here yet
+            raise ValueError("the vllm engine does not return routed experts yet: use rollout.engine torch")
         encoded = [self.tokenizer(p)["input_ids"] for p in prompts]
         if any(not ids for ids in encoded):
             raise ValueError("a prompt tokenizes to no tokens; give at least one character")
