@@ -258,11 +258,13 @@ class AlgorithmSpec(ApiModel):
     )
     routing_replay: bool = Field(
         default=False,
-        description="routingReplay: optional, default false. MoE routing replay (R3): rollout servers "
-        "return the top-k experts every MoE layer chose for every prompt and completion token, and the "
-        "trainer's forwards reuse those choices (routing weights still come from its own router), so the "
-        "importance ratio compares one network, not two routings. Costs tokens x MoE layers x top-k "
-        "bytes per sequence on the wire (twice that above 256 experts). Needs rollout.engine torch.",
+        description="routingReplay: optional, default false, immutable. MoE routing replay (R3): "
+        "rollout servers return the top-k experts each MoE layer chose for every prompt and completion "
+        "token, and the trainer's forwards reuse those choices (routing weights still come from its own "
+        "router), so the importance ratio compares one network, not two routings. Costs tokens x MoE "
+        "layers x top-k bytes per sequence on the wire (twice that above 256 experts). Needs "
+        "rollout.engine torch. Immutable: it changes the trainer's parameter layout in checkpoints.",
+        json_schema_extra=immutable("algorithm.routingReplay"),
     )
 
 
