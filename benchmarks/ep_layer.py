@@ -10,10 +10,14 @@ shapes and the same routing in three regimes:
 The roofline is the expert FLOPs (forward+backward SwiGLU GEMMs) over the fp32 matmul rate
 measured here at the same thread count: each rank runs its own experts' GEMMs as single large
 matmuls, timed (slowest rank) interleaved with both layers, so that load from other processes
-affects all three alike.
+affects all three alike. Every step starts from fresh gradients (as after
+`zero_grad(set_to_none=True)`), for both layers. A fourth timed step runs our layer's local
+experts alone on the rows of one dispatch: `experts/roof` shows how much of the roofline the
+grouped GEMMs and SwiGLU reach before routing and the exchange are added.
 Prints a table; writes JSON rows
 {regime, ep, tokens, ours_tokens_per_s, deepspeed_tokens_per_s, ratio, roofline_tokens_per_s,
-ours_bytes_sent_per_rank_per_s, ...}. Tokens/s are per rank (the slowest rank's time).
+ours_experts_only_tokens_per_s, ours_bytes_sent_per_rank_per_s, ...}.
+Tokens/s are per rank (the slowest rank's time).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,18 +180,48 @@ def rows_per_rank(layer, x: torch.Tensor, regime: Regime, ep: int) -> list[int]:
     return per_expert.view(ep, -1).sum(1).tolist()
 
 
+def training_step(module: nn.Module, x: torch.Tensor, output) -> Callable[[], None]:
+    """Forward+backward from fresh gradients, as after `zero_grad(set_to_none=True)` in training:
+    without it every step would also add each gradient into the last one."""
+
+    def step() -> None:
+        for p in (*module.parameters(), x):
+            p.grad = None
+        output(module, x).pow(2).mean().backward()
+
+    return step
+
+
+def experts_only(layer, x: torch.Tensor) -> Callable[[], None]:
+    """Our layer's local experts alone (grouped GEMMs + SwiGLU), forward+backward, on the rows one
+    dispatch delivers: what is left between this and the whole layer is routing and exchange."""
+    with torch.no_grad():
+        _, weights, idx = layer.gate(x)
+        sent = layer.dispatcher.dispatch(x, idx, weights)
+    rows, w = sent.rows.clone().requires_grad_(True), sent.weights.clone().requires_grad_(True)
+
+    def step() -> None:
+        for p in (*layer.experts.parameters(), rows, w):
+            p.grad = None
+        layer.experts(rows, sent.counts, w).pow(2).mean().backward()
+
+    return step
+
+
 def measure_regime(regime: Regime, args: argparse.Namespace, ep: int, rank: int) -> dict:
     x, weight = make_inputs(regime, args.tokens, args.hidden, rank)
     layer = ours(regime, x, weight, ep, rank)
     ds = deepspeed_layer(regime, x, weight, ep)
     rows = rows_per_rank(layer, x, regime, ep)  # the roofline step: each rank its own expert GEMMs
     xs, xd = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    experts_step = experts_only(layer, x)
     bytes_before = layer.dispatcher.bytes_sent
-    seconds_ours, seconds_ds, seconds_gemm = time_steps(
+    seconds_ours, seconds_ds, seconds_gemm, seconds_experts = time_steps(
         [
-            lambda: layer(xs).pow(2).mean().backward(),
-            lambda: ds(xd)[0].pow(2).mean().backward(),
+            training_step(layer, xs, lambda m, x: m(x)),
+            training_step(ds, xd, lambda m, x: m(x)[0]),
             expert_gemms(rows[rank], args.hidden, regime.width),
+            experts_step,
         ],
         args.iters,
     )
@@ -200,6 +235,7 @@ def measure_regime(regime: Regime, args: argparse.Namespace, ep: int, rank: int)
         "deepspeed_tokens_per_s": args.tokens / seconds_ds,
         "ratio": seconds_ds / seconds_ours,
         "roofline_tokens_per_s": args.tokens / seconds_gemm,
+        "ours_experts_only_tokens_per_s": args.tokens / seconds_experts,
         "ours_bytes_sent_per_rank_per_s": sent_per_step / seconds_ours,
         "experts": regime.experts,
         "top_k": regime.top_k,
@@ -227,7 +263,7 @@ def worker(rank: int, ep: int, store: str, args: argparse.Namespace, out: str) -
 def print_table(rows: list[dict]) -> None:
     header = (
         f"{'regime':8} {'EP':>3} {'ours tok/s':>11} {'DS tok/s':>10} {'ours/DS':>8} {'roofline':>9} "
-        f"{'ours/roof':>9} {'MB/s sent':>10}"
+        f"{'ours/roof':>9} {'experts/roof':>12} {'MB/s sent':>10}"
     )
     print(header)
     print("-" * len(header))
@@ -237,6 +273,7 @@ def print_table(rows: list[dict]) -> None:
             f"{r['deepspeed_tokens_per_s']:>10.0f} "
             f"{r['ratio']:>8.2f} {r['roofline_tokens_per_s']:>9.0f} "
             f"{r['ours_tokens_per_s'] / r['roofline_tokens_per_s']:>9.2f} "
+            f"{r['ours_experts_only_tokens_per_s'] / r['roofline_tokens_per_s']:>12.2f} "
             f"{r['ours_bytes_sent_per_rank_per_s'] / 1e6:>10.1f}"
         )
 

@@ -40,6 +40,7 @@ def test_quick_benchmark_writes_rows_for_every_regime_and_ep(tmp_path: Path) -> 
     for row in rows:
         assert row.keys() >= FIELDS
         assert row["ours_tokens_per_s"] > 0 and row["deepspeed_tokens_per_s"] > 0
+        assert row["ours_experts_only_tokens_per_s"] > 0
         assert row["ratio"] == pytest.approx(row["ours_tokens_per_s"] / row["deepspeed_tokens_per_s"])
         assert (row["ours_bytes_sent_per_rank_per_s"] > 0) == (row["ep"] > 1)
     assert result["machine"] and result["date"]
