@@ -3,14 +3,16 @@
 Rank 0 turns the `grpo_rollout.client` results into a `Rollouts` (plain lists, cheap to
 broadcast); every rank then calls `score` (rewards → advantages, which groups to keep),
 takes its share with `shard`, and iterates `micro_batches`. Shapes: S sequences in the step,
-b per micro-batch, L = longest prompt+completion in the micro-batch.
+b per micro-batch, L = longest prompt+completion in the micro-batch. With routing replay each
+sequence also keeps the experts the rollout engine chose, laid out by `replay_routing` exactly
+as the micro-batch's tokens are.
 """
 
 from dataclasses import dataclass
 
 import torch
 from grpo_operator.api.spec import AlgorithmSpec
-from grpo_rollout.protocol import PromptResult
+from grpo_rollout.protocol import PromptResult, Routing
 
 from grpo_trainer.advantages import ADVANTAGES, overlong_penalty, zero_variance_mask
 
@@ -25,10 +27,14 @@ class Rollouts:
     rollout_logprobs: list[list[float]]  # [S][completion length], under the sampling policy
     rewards: list[float]  # [S], weighted sum of the reward functions
     weight_version: int  # oldest weight version any of these were sampled with
+    routing: list[torch.Tensor] | None = None  # [S][prompt + completion - 1, MoE layers, k] expert ids
 
     @classmethod
-    def from_results(cls, results: list[PromptResult], group_size: int, weight_version: int) -> "Rollouts":
-        out = cls(group_size, [], [], [], [], weight_version)
+    def from_results(
+        cls, results: list[PromptResult], group_size: int, weight_version: int, *, routing: bool = False
+    ) -> "Rollouts":
+        """routing: keep every completion's routing (routing replay); ValueError when one lacks it."""
+        out = cls(group_size, [], [], [], [], weight_version, [] if routing else None)
         for r in results:
             if len(r.completions) != group_size:
                 raise ValueError(
@@ -39,6 +45,8 @@ class Rollouts:
                 out.completion_tokens.append(c.token_ids)
                 out.rollout_logprobs.append(c.logprobs)
                 out.rewards.append(c.reward)
+                if out.routing is not None:
+                    out.routing.append(decode_routing(r.prompt_id, c.routing))
         return out
 
     def __len__(self) -> int:
@@ -46,6 +54,17 @@ class Rollouts:
 
     def completion_tokens_total(self) -> int:
         return sum(len(c) for c in self.completion_tokens)
+
+
+def decode_routing(prompt_id: str, routing: Routing | None) -> torch.Tensor:
+    """The wire routing as a [tokens, layers, k] tensor (uint8 or int16: 4-8x smaller than int64
+    while it is broadcast to every rank)."""
+    if routing is None:
+        raise ValueError(
+            f"prompt {prompt_id}: a completion came without routing, but algorithm.routingReplay needs it"
+        )
+    dtype = torch.uint8 if routing.dtype == "uint8" else torch.int16  # little-endian wire = host order
+    return torch.frombuffer(bytearray(routing.raw()), dtype=dtype).view(routing.shape)
 
 
 def score(rollouts: Rollouts, algo: AlgorithmSpec) -> tuple[torch.Tensor, list[int]]:
@@ -79,11 +98,24 @@ class MicroBatch:
     mask: torch.Tensor  # [b, L-1] 1.0 where position t predicts a completion token
     rollout_logp: torch.Tensor  # [b, L-1] sampling log-probs at those positions, 0 elsewhere
     advantages: torch.Tensor  # [b]
+    routing: list[torch.Tensor] | None = None  # per MoE layer [b * L, k] experts to replay
 
     def to(self, device: torch.device) -> "MicroBatch":
+        routing = None if self.routing is None else [t.to(device) for t in self.routing]
         return MicroBatch(
-            *(t.to(device) for t in (self.input_ids, self.mask, self.rollout_logp, self.advantages))
+            *(t.to(device) for t in (self.input_ids, self.mask, self.rollout_logp, self.advantages)), routing
         )
+
+
+def replay_routing(routes: list[torch.Tensor], width: int) -> list[torch.Tensor]:
+    """Per MoE layer, the (b * width, k) experts for right-padded rows of `width` tokens, flattened
+    as the MoE blocks flatten [b, L, H]. Each row's last token and its padding get experts 0..k-1:
+    any valid choice does, since no logit the loss keeps depends on them (causal attention)."""
+    _, layers, k = routes[0].shape
+    out = torch.arange(k).expand(len(routes), width, layers, k).clone()  # [b, L, layers, k]
+    for row, r in enumerate(routes):
+        out[row, : len(r)] = r
+    return list(out.flatten(0, 1).unbind(1))  # layers x [b * L, k]
 
 
 def collate(rollouts: Rollouts, indices: list[int], advantages: torch.Tensor, pad_id: int) -> MicroBatch:
@@ -101,7 +133,10 @@ def collate(rollouts: Rollouts, indices: list[int], advantages: torch.Tensor, pa
         p, c = len(rollouts.prompt_tokens[i]), len(rollouts.completion_tokens[i])
         mask[row, p - 1 : p - 1 + c] = 1.0  # logits at t predict token t+1
         logp[row, p - 1 : p - 1 + c] = torch.tensor(rollouts.rollout_logprobs[i])
-    return MicroBatch(ids, mask, logp, advantages[indices])
+    routing = None
+    if rollouts.routing is not None:
+        routing = replay_routing([rollouts.routing[i] for i in indices], width)
+    return MicroBatch(ids, mask, logp, advantages[indices], routing)
 
 
 def micro_batches(

@@ -78,9 +78,15 @@ class Generator:
             self._start_repair()
             try:
                 results = await self._client.generate(
-                    prompts, n=self._algo.group_size, sampling=sampling, min_weight_version=min_version
+                    prompts,
+                    n=self._algo.group_size,
+                    sampling=sampling,
+                    min_weight_version=min_version,
+                    routing=self._algo.routing_replay,
                 )
-                return Rollouts.from_results(results, self._algo.group_size, weight_version=version)
+                return Rollouts.from_results(
+                    results, self._algo.group_size, weight_version=version, routing=self._algo.routing_replay
+                )
             except GenerateError as e:
                 if time.monotonic() > deadline:
                     raise

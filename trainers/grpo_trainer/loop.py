@@ -71,11 +71,13 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     torch.manual_seed(algo.seed)
     device = init_distributed(info, contract)
     groups = make_groups(info)
-    backend = str(spec.trainer.ep_backend)
-    model = load_policy(spec.model.path, groups, backend, device)
+    backend, replay = str(spec.trainer.ep_backend), algo.routing_replay
+    model = load_policy(spec.model.path, groups, backend, device, replay=replay)
     ref = None
-    if algo.kl_coef > 0:
-        ref = load_policy(spec.model.reference_path or spec.model.path, groups, backend, device)
+    if algo.kl_coef > 0:  # the reference replays the rollout's routing too
+        ref = load_policy(
+            spec.model.reference_path or spec.model.path, groups, backend, device, replay=replay
+        )
         ref.eval().requires_grad_(False)
     optimizer = GangAdamW(model, groups, lr=algo.learning_rate, zero_stage=spec.trainer.zero_stage)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
@@ -168,11 +170,11 @@ def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
     loss_sum, seen = torch.zeros((), device=run.device), []
     for mb in batches:
         mb = mb.to(run.device)
-        with autocast(run):
+        with moe.replaying(run.model, mb.routing), autocast(run):  # mb.routing None: route freely
             logp, logits = forward_logp(run.model, mb.input_ids, algo.temperature)
         ref_logp = None
         if run.ref is not None:
-            with torch.no_grad(), autocast(run):
+            with torch.no_grad(), moe.replaying(run.ref, mb.routing), autocast(run):
                 ref_logp, _ = forward_logp(run.ref, mb.input_ids, algo.temperature)
         entropy = None
         if run.loss_cfg.entropy_coef > 0:

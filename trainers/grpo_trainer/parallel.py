@@ -38,6 +38,7 @@ class Groups:
 
     ep: dist.ProcessGroup | None
     expert_dp: dist.ProcessGroup | None
+    own_ep: dist.ProcessGroup | None = None  # the EP group even at EP = 1, where it is just this rank
 
 
 def init_distributed(info: RankInfo, contract: RunContract) -> torch.device:
@@ -70,15 +71,24 @@ def make_groups(info: RankInfo) -> Groups:
         g = dist.new_group(list(range(j, info.world_size, ep)))
         if info.ep_rank == j:
             expert_dp_group = g
-    return Groups(ep=ep_group if ep > 1 else None, expert_dp=expert_dp_group if dp > 1 else None)
+    return Groups(
+        ep=ep_group if ep > 1 else None, expert_dp=expert_dp_group if dp > 1 else None, own_ep=ep_group
+    )
 
 
-def load_policy(path: str, groups: Groups, backend: str, device: torch.device) -> nn.Module:
+def load_policy(
+    path: str, groups: Groups, backend: str, device: torch.device, *, replay: bool = False
+) -> nn.Module:
     """The HF model in float32 (optimizer master weights), expert-parallel when the EP group is
-    larger than one rank. Reads a local directory only: no hub access from the gang."""
+    larger than one rank. Reads a local directory only: no hub access from the gang.
+
+    replay (routing replay): MoE blocks become `MoELayer`s at EP = 1 too, since only those take
+    given expert choices; over this rank's one-rank group (no group would mean the world)."""
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     if groups.ep is not None:
         moe.expert_parallel(model, group=groups.ep, backend=EP_BACKENDS[backend])
+    elif replay:
+        moe.expert_parallel(model, group=groups.own_ep, backend="local")
     return model.to(device)
 
 

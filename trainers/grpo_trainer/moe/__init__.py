@@ -17,6 +17,8 @@ Public API (stable; the trainer, checkpoints and weight sync use it):
         (e.g. `model.save_pretrained(d, state_dict=...)` on rank 0) and for weight sync.
     moe.set_routing_replay(model, [topk_idx per layer] | None), moe.recorded_routing(model)
         Routing replay: reuse the rollout engine's expert choices; read the latest choices.
+    with moe.replaying(model, [topk_idx per layer] | None): ...
+        Routing replay for the forwards inside the block only.
     moe.moe_aux_loss(model)
         Sum of the routers' load-balancing losses of the last training forward (or None).
     moe.MoELayer, moe.Router, moe.RouterConfig, moe.GroupedExperts, moe.make_dispatcher,
@@ -36,7 +38,14 @@ from grpo_trainer.moe.dispatch import (
 )
 from grpo_trainer.moe.experts import GroupedExperts, grouped_swiglu
 from grpo_trainer.moe.hf import ARCHITECTURES, expert_parallel
-from grpo_trainer.moe.layer import MoELayer, moe_aux_loss, moe_layers, recorded_routing, set_routing_replay
+from grpo_trainer.moe.layer import (
+    MoELayer,
+    moe_aux_loss,
+    moe_layers,
+    recorded_routing,
+    replaying,
+    set_routing_replay,
+)
 from grpo_trainer.moe.router import Router, RouterConfig, load_balancing_loss
 
 __all__ = [
@@ -59,5 +68,6 @@ __all__ = [
     "moe_layers",
     "recorded_routing",
     "register_backend",
+    "replaying",
     "set_routing_replay",
 ]

@@ -11,7 +11,8 @@ Routing replay: set `replay_idx` (T, K) before a forward to reuse a recorded exp
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -79,6 +80,17 @@ def set_routing_replay(model: nn.Module, topk_idx: list[torch.Tensor] | None) ->
         raise ValueError(f"{len(topk_idx)} routing tensors for {len(layers)} MoE layers")
     for i, layer in enumerate(layers):
         layer.replay_idx = None if topk_idx is None else topk_idx[i]
+
+
+@contextlib.contextmanager
+def replaying(model: nn.Module, topk_idx: list[torch.Tensor] | None) -> Iterator[None]:
+    """Replay `topk_idx` (see `set_routing_replay`) for the forwards inside the block only, so no
+    later forward reuses choices made for another batch's tokens; None replays nothing."""
+    set_routing_replay(model, topk_idx)
+    try:
+        yield
+    finally:
+        set_routing_replay(model, None)
 
 
 def recorded_routing(model: nn.Module) -> list[torch.Tensor]:
