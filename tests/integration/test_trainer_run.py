@@ -4,7 +4,8 @@ One trainer pod with processesPerPod = 2 and expertParallelSize = 2 (gloo all-to
 the two rank processes), one `python -m grpo_rollout serve` child on loopback, the tiny MoE
 model built by `python -m grpo_trainer.tiny_model`, and a contract rendered by the operator's
 own renderer. Checks: weight versions advance on the server, checkpoints are sealed and
-pruned, a resumed gang continues the step count and data position, a killed rank fails the
+pruned, a resumed gang continues the step count and data position (that run replays the
+server's MoE routing: a completion without it would fail the step), a killed rank fails the
 pod (restartable), a malformed dataset row fails it permanently with FILE:LINE.
 """
 
@@ -127,7 +128,7 @@ def live_version(url: str) -> int:
 
 def test_ep2_gang_pushes_versions_and_resumes_where_it_stopped(server, tiny: Path, tmp_path: Path) -> None:
     port, url = server
-    contract = write_contract(tmp_path, tiny, port, maxSteps=4)
+    contract = write_contract(tmp_path, tiny, port, maxSteps=4, routingReplay=True)
     assert finish(start_trainer(contract, tmp_path), tmp_path) == 0, log_tail(tmp_path)
     first = progress(tmp_path)
     assert [r["step"] for r in first] == [1, 2, 3, 4]
@@ -139,7 +140,7 @@ def test_ep2_gang_pushes_versions_and_resumes_where_it_stopped(server, tiny: Pat
     saves = sorted(p.name for p in (tmp_path / "ckpt" / "local" / "t").iterdir())
     assert saves == ["final", "step-00000004"]  # keepLast 1 pruned step 2, no .tmp left behind
 
-    contract = write_contract(tmp_path, tiny, port, maxSteps=6)  # same checkpoint dir, more steps
+    contract = write_contract(tmp_path, tiny, port, maxSteps=6, routingReplay=True)  # same checkpoint dir
     assert finish(start_trainer(contract, tmp_path), tmp_path) == 0, log_tail(tmp_path)
     resumed = progress(tmp_path)[len(first) :]
     assert [r["step"] for r in resumed] == [5, 6]

@@ -41,6 +41,7 @@ ALL_OPTIONS = {
     "entropyCoef": 0.01,
     "overlongPenalty": {"bufferTokens": 2},
     "importanceSamplingCap": 1.5,
+    "routingReplay": True,  # MoE layers at EP = 1 too (these rollouts carry no routing: free routing)
 }
 
 
@@ -89,16 +90,18 @@ def worker(
     contract = make_contract(Path(model_dir), world, ep, options)
     info = RankInfo(rank=rank, local_rank=rank, world_size=world, pod_index=0, ep_size=ep)
     groups = make_groups(info)
-    model = load_policy(model_dir, groups, "gloo", torch.device("cpu"))
+    algo = contract.spec.algorithm
+    model = load_policy(model_dir, groups, "gloo", torch.device("cpu"), replay=algo.routing_replay)
     lr = 1e-2
     opt = (
         torch.optim.SGD(model.parameters(), lr=1.0)
         if zero is None
         else GangAdamW(model, groups, lr=lr, zero_stage=zero)
     )
-    algo = contract.spec.algorithm
     ref = (
-        load_policy(model_dir, groups, "gloo", torch.device("cpu")).requires_grad_(False)
+        load_policy(
+            model_dir, groups, "gloo", torch.device("cpu"), replay=algo.routing_replay
+        ).requires_grad_(False)
         if algo.kl_coef
         else None
     )
