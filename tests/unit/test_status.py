@@ -223,6 +223,19 @@ def test_gang_zone_is_one_that_holds_the_whole_gang():
     assert placement.choose_zone([], replicas=2) is None
 
 
+def test_zone_of_running_gang_is_read_back_only_for_its_attempt():
+    def sts(attempt: str, selector: dict) -> dict:
+        template = {"metadata": {"labels": {"grpo.dev/attempt": attempt}}, "spec": {"nodeSelector": selector}}
+        return {"spec": {"template": template}}
+
+    zoned = {"topology.kubernetes.io/zone": "us-west-2a", "node.kubernetes.io/instance-type": "p5.48xlarge"}
+    assert placement.zone_of_running_gang(sts("1", zoned), attempt=1) == (True, "us-west-2a")
+    # rendered before any node had a zone (Karpenter): stays without one
+    assert placement.zone_of_running_gang(sts("1", {}), attempt=1) == (True, None)
+    assert placement.zone_of_running_gang(sts("0", zoned), attempt=1) == (False, None)  # a new attempt
+    assert placement.zone_of_running_gang(None, attempt=0) == (False, None)
+
+
 def test_a_sidecar_exit_is_not_a_trainer_failure():
     p = pod("trainer", 1)
     p["status"]["containerStatuses"] = [

@@ -5,6 +5,7 @@ affinity alone lets the first rank pick any zone, even one with too few nodes fo
 of the gang, which then stays Pending forever; picking the zone up front avoids that.
 """
 
+from grpo_operator.render import names
 from grpo_operator.render.pods import ZONE_KEY
 
 
@@ -29,3 +30,16 @@ def choose_zone(nodes: list[dict], replicas: int) -> str | None:
     if not counts:
         return None
     return min(counts, key=lambda z: (counts[z] < replicas, -counts[z], z))
+
+
+def zone_of_running_gang(statefulset: dict | None, attempt: int) -> tuple[bool, str | None]:
+    """(True, its zone) when the trainer StatefulSet was already rendered for `attempt`.
+
+    A replica that takes over from another (failover, upgrade) keeps that zone: choosing
+    again from a fleet that has changed since would roll the gang's pods, a self-made failure.
+    """
+    template = ((statefulset or {}).get("spec") or {}).get("template") or {}
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    if labels.get(names.LABEL_ATTEMPT) != str(attempt):
+        return False, None
+    return True, ((template.get("spec") or {}).get("nodeSelector") or {}).get(ZONE_KEY)

@@ -143,7 +143,7 @@ class Reconciler:
         meta = body["metadata"]
         try:
             job = GRPOJob.model_validate({"metadata": {}, "spec": body.get("spec") or {}})
-            zone = self._zone(job, memory, attempt) if running else None
+            zone = self._zone(job, meta, memory, attempt) if running else None
             out = render.render(
                 job,
                 name=meta["name"],
@@ -161,14 +161,20 @@ class Reconciler:
         except render.RenderError as e:
             return None, str(e), None
 
-    def _zone(self, job: GRPOJob, memory: JobMemory, attempt: int) -> str | None:
-        """The gang's zone, chosen once per attempt from the nodes of its instance type."""
+    def _zone(self, job: GRPOJob, meta: dict, memory: JobMemory, attempt: int) -> str | None:
+        """The gang's zone, chosen once per attempt from the nodes of its instance type, or read
+        back from the running gang by a replica that has no memory of the choice."""
         trainer = job.spec.trainer
         if trainer.instance_type is None or ZONE_KEY in trainer.node_selector:
             return None
         if memory.zone is None or memory.zone[0] != attempt:
-            nodes = self.kube.list_nodes(f"{INSTANCE_TYPE_LABEL}={trainer.instance_type}")
-            memory.zone = (attempt, placement.choose_zone(nodes, trainer.replicas))
+            sts_name = names.statefulset(meta["name"], names.ROLE_TRAINER)
+            live = self.kube.get("apps/v1", "StatefulSet", meta["namespace"], sts_name)
+            known, zone = placement.zone_of_running_gang(live, attempt)
+            if not known:
+                nodes = self.kube.list_nodes(f"{INSTANCE_TYPE_LABEL}={trainer.instance_type}")
+                zone = placement.choose_zone(nodes, trainer.replicas)
+            memory.zone = (attempt, zone)
         return memory.zone[1]
 
     def _apply_children(self, rendered: render.Rendered, memory: JobMemory, body: dict) -> None:
