@@ -377,7 +377,7 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(operator, cluster, 
 def test_new_leader_keeps_the_running_gang_in_its_zone(operator, cluster, wait_for):
     """The gang's zone is chosen once per attempt. A replica that takes over (failover, upgrade)
     must read it back from the running gang, not choose again from a fleet that has changed
-    since: a different zone would roll the StatefulSet's pods and count as a trainer failure."""
+    since: that would rewrite the StatefulSet to a zone its running pods are not in."""
     cluster.create(manifest("stay"))
     cluster.wait_phase("stay", "Running")
     sts = cluster.apps.read_namespaced_stateful_set("stay-trainer", cluster.ns)

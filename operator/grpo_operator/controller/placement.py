@@ -36,7 +36,8 @@ def zone_of_running_gang(statefulset: dict | None, attempt: int) -> tuple[bool, 
     """(True, its zone) when the trainer StatefulSet was already rendered for `attempt`.
 
     A replica that takes over from another (failover, upgrade) keeps that zone: choosing
-    again from a fleet that has changed since would roll the gang's pods, a self-made failure.
+    again from a fleet that has changed since would rewrite the StatefulSet to a zone its
+    running pods are not in (OnDelete keeps them, so the template would lie about the gang).
     """
     template = ((statefulset or {}).get("spec") or {}).get("template") or {}
     labels = (template.get("metadata") or {}).get("labels") or {}
