@@ -135,9 +135,9 @@ def test_forbidden_update_rejected_by_server_and_offline(
     assert expected(new) in proc.stderr and "immutable" in proc.stderr, proc.stderr
     assert [p.path for p in validation.validate_file(new, old=old)] == [expected(new)]
     # the same job may still change what is mutable: rollout replicas and their bounds
-    rollout = "  rollout:\n    instanceType: p5.48xlarge\n    replicas: 2\n"
-    assert old.read_text().endswith(rollout)
-    allowed = old.read_text().replace(rollout, f"{rollout[:-2]}3\n    maxReplicas: 4\n")
+    rollout = "    instanceType: p5.48xlarge\n    replicas: 2\n"  # the rollout section ends each fixture
+    assert "\n  rollout:\n" in old.read_text() and old.read_text().endswith(rollout)
+    allowed = old.read_text().removesuffix(rollout) + f"{rollout[:-2]}3\n    maxReplicas: 4\n"
     kubectl(*apply, input=allowed)
 
 
