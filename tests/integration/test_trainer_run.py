@@ -128,13 +128,14 @@ def live_version(url: str) -> int:
 
 def test_ep2_gang_pushes_versions_and_resumes_where_it_stopped(server, tiny: Path, tmp_path: Path) -> None:
     port, url = server
-    contract = write_contract(tmp_path, tiny, port, maxSteps=4, routingReplay=True)
+    contract = write_contract(tmp_path, tiny, port, maxSteps=4, routingReplay=True, maxStaleness=2)
     assert finish(start_trainer(contract, tmp_path), tmp_path) == 0, log_tail(tmp_path)
     first = progress(tmp_path)
     assert [r["step"] for r in first] == [1, 2, 3, 4]
     assert [r["weight_version"] for r in first] == [1, 2, 3, 4]
     assert [r["position"] for r in first] == [4, 8, 12, 16]
-    assert [r["staleness"] for r in first] == [0, 1, 1, 1]  # step 1 sync, later steps prefetched with v-1
+    # step 1 sync; steps 2 and 3 submitted with it (v0), step 4 after step 2 (v1): two in flight
+    assert [r["staleness"] for r in first] == [0, 1, 2, 2]
     assert all(0 <= r["reward_mean"] <= 1 and r["samples"] == 16 for r in first)
     assert live_version(url) == 4
     saves = sorted(p.name for p in (tmp_path / "ckpt" / "local" / "t").iterdir())

@@ -2,8 +2,9 @@
 
 Started by `python -m grpo_trainer rank` (one process per rank, spawned by the per-pod
 launcher `grpo_trainer.launcher`). Per step, in this order:
-  1. rollouts  rank 0 takes the step's prompts (prefetched while the previous step trained,
-               when maxStaleness > 0) from the rollout servers and broadcasts them
+  1. rollouts  rank 0 takes the step's prompts from the rollout servers and broadcasts them;
+               with maxStaleness = k > 0 the next k steps are already being generated
+               while this one trains
   2. scoring   rewards → advantages; zero-variance groups dropped (every rank, same result)
   3. micro-steps  each rank forwards/backwards its share, loss normalised by the step's totals
   4. update    gradient sync (dense over the world, experts over expert-DP), clip, AdamW step
@@ -15,6 +16,7 @@ import contextlib
 import logging
 import math
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -206,20 +208,26 @@ def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
     return {"loss": float(loss_sum), "grad_norm": grad_norm, "kept": len(kept) / len(rollouts), **metrics}
 
 
-def next_rollouts(run: Run, pending: Prefetch | None) -> tuple[Rollouts, Prefetch | None]:
-    """Rank 0: this step's rollouts (prefetched or fresh) and the prefetch of the next step."""
+def next_rollouts(run: Run, pending: deque[Prefetch]) -> Rollouts:
+    """Rank 0: this step's rollouts, keeping the next `maxStaleness` steps in flight.
+
+    `pending` holds the futures of the steps after this one, in order. Step s + j is submitted
+    while the servers hold version v (= this step's), and is trained at v + j: j <= maxStaleness
+    is exactly the bound, so a deeper queue overlaps more without ever exceeding it.
+    """
     algo, state, gen = run.contract.spec.algorithm, run.state, run.generator
     assert gen is not None
     n, lag = algo.prompts_per_step, algo.max_staleness
-    current = pending or gen.submit(
-        run.order.take(state.position, n), step=state.step, min_version=state.version - lag
-    )
-    rollouts = current.result()
-    nxt = None
-    if lag > 0 and state.step + 1 < algo.max_steps:  # sampled with v, trained at v+1
-        rows = run.order.take(state.position + n, n)
-        nxt = gen.submit(rows, step=state.step + 1, min_version=state.version + 1 - lag)
-    return rollouts, nxt
+    if not pending:
+        rows = run.order.take(state.position, n)
+        pending.append(gen.submit(rows, step=state.step, min_version=state.version - lag))
+    rollouts = pending.popleft().result()
+    for j in range(len(pending) + 1, lag + 1):
+        if state.step + j >= algo.max_steps:
+            break
+        rows = run.order.take(state.position + j * n, n)
+        pending.append(gen.submit(rows, step=state.step + j, min_version=state.version + j - lag))
+    return rollouts
 
 
 def train(contract: RunContract, info: RankInfo) -> bool:
@@ -261,13 +269,13 @@ def loop(run: Run) -> bool:
     """Train to maxSteps; False when stopped early by a signal (after saving a checkpoint)."""
     algo, every = run.contract.spec.algorithm, run.contract.spec.checkpoint.every_steps
     stop = StopRequest()
-    pending = None
+    pending: deque[Prefetch] = deque()
     last_save: tuple[str, int] | None = None
     while run.state.step < algo.max_steps:
         t0 = time.time()
         box = [None]
         if run.info.is_main:
-            box[0], pending = next_rollouts(run, pending)
+            box[0] = next_rollouts(run, pending)
         dist.broadcast_object_list(box, src=0)
         rollouts: Rollouts = box[0]
         t_gen = time.time()

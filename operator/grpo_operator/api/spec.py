@@ -242,8 +242,8 @@ class AlgorithmSpec(ApiModel):
         default=1,
         ge=0,
         le=16,
-        description="maxStaleness: optional, default 1, [0, 16]. Policy versions rollout may lag training "
-        "(0: sync).",
+        description="maxStaleness: optional, default 1, [0, 16]. Policy versions rollout may lag training: "
+        "the trainer keeps this many later steps generating while it trains one (0: synchronous).",
     )
     temperature: float = Field(default=1.0, gt=0, le=10, description="temperature: optional, default 1.0.")
     top_p: float = Field(default=1.0, gt=0, le=1, description="topP: optional, default 1.0, (0, 1].")
