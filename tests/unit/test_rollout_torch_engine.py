@@ -18,10 +18,24 @@ from safetensors.torch import save
 PROMPTS = ["1+1=", "what is 12 * 7?", "a", "hello world, how are you"]
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "qwen2"])
-def engine(request, tmp_path_factory):
-    path = build_tiny_model(tmp_path_factory.mktemp(request.param), arch=request.param)
+def tiny_engine(tmp_path_factory, arch: str):
+    path = build_tiny_model(tmp_path_factory.mktemp(arch), arch=arch)
     return create_engine("torch", EngineConfig(model_path=str(path), max_batch_size=5))
+
+
+@pytest.fixture(scope="module")
+def moe_engine(tmp_path_factory):
+    return tiny_engine(tmp_path_factory, "qwen3_moe")
+
+
+@pytest.fixture(scope="module")
+def dense_engine(tmp_path_factory):
+    return tiny_engine(tmp_path_factory, "qwen2")
+
+
+@pytest.fixture(params=["moe", "dense"])
+def engine(request):
+    return request.getfixturevalue(f"{request.param}_engine")
 
 
 def teacher_forced(engine, prompt_ids: list[int], completion: list[int], sampling: Sampling) -> torch.Tensor:
@@ -56,9 +70,8 @@ def teacher_forced_routing(engine, prompt_ids: list[int], fed: list[int]) -> tor
         return recorder.take().long().sort(-1).values
 
 
-def test_recorded_routing_is_what_a_teacher_forced_forward_chooses(engine):
-    if engine.model.config.model_type != "qwen3_moe":
-        pytest.skip("dense model: see test_routing_of_a_dense_model_is_a_clear_error")
+def test_recorded_routing_is_what_a_teacher_forced_forward_chooses(moe_engine):
+    engine = moe_engine
     sampling = Sampling(temperature=1.3, max_new_tokens=12, seed=4)
     plain = engine.generate(PROMPTS, 3, sampling, lambda: False)
     out = engine.generate(PROMPTS, 3, sampling, lambda: False, routing=True)
@@ -72,11 +85,9 @@ def test_recorded_routing_is_what_a_teacher_forced_forward_chooses(engine):
             assert torch.equal(torch.from_numpy(got.copy()).long().sort(-1).values, want)
 
 
-def test_routing_of_a_dense_model_is_a_clear_error(engine):
-    if engine.model.config.model_type == "qwen3_moe":
-        pytest.skip("MoE model: see test_recorded_routing_is_what_a_teacher_forced_forward_chooses")
+def test_routing_of_a_dense_model_is_a_clear_error(dense_engine):
     with pytest.raises(ValueError, match="needs an MoE model"):
-        engine.generate(PROMPTS[:1], 1, Sampling(max_new_tokens=2), lambda: False, routing=True)
+        dense_engine.generate(PROMPTS[:1], 1, Sampling(max_new_tokens=2), lambda: False, routing=True)
 
 
 def test_samples_stop_at_eos_or_length(engine):
