@@ -1,0 +1,93 @@
+"""Offline validation of GRPOJob manifests that reaches the API server's verdicts.
+
+Called by `grpo-operator validate` and by the tests that hold it to a real API server.
+It follows kube-apiserver's steps for a custom resource, in order: YAML to JSON (as
+kubectl converts it), non-nullable nulls pruned and schema defaults applied from the
+generated CRD, the OpenAPI schema checked (by the pydantic models the schema is generated
+from, in strict mode), then every `x-kubernetes-validations` rule of the CRD evaluated with
+cel-python on the defaulted object; transition rules (`oldSelf`) only when an old object is
+given. Rules are read from the CRD, never re-implemented here.
+"""
+
+import functools
+import sys
+from pathlib import Path
+from typing import Any
+
+from grpo_operator import crd
+from grpo_operator.api import job
+from grpo_operator.validation.cel import cel_problems
+from grpo_operator.validation.schema import apply_defaults, metadata_problems, schema_problems
+from grpo_operator.validation.yaml_docs import Path_, Problem, dotted, json_value, load_documents
+
+
+def is_grpojob(obj: Any) -> bool:
+    """Documents of other kinds (ConfigMaps, PVCs next to a job) are not ours to judge."""
+    if not isinstance(obj, dict):
+        return False
+    api = obj.get("apiVersion")
+    return obj.get("kind") == job.KIND or (isinstance(api, str) and api.startswith(f"{job.GROUP}/"))
+
+
+def _identity(obj: dict[str, Any]) -> tuple[Any, Any]:
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    return meta.get("namespace"), meta.get("name")
+
+
+@functools.cache
+def _schema() -> dict[str, Any]:
+    return crd.openapi_schema()
+
+
+def check_object(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[tuple[Path_, str]]:
+    """All problems of one GRPOJob object (an update of `old` when given), as (path, message)."""
+    if obj.get("apiVersion") != job.API_VERSION or obj.get("kind") != job.KIND:
+        got = f"{obj.get('apiVersion')}, Kind={obj.get('kind')}"
+        return [((), f"no matches for {got}: want apiVersion {job.API_VERSION}, kind {job.KIND}")]
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or not (name or meta.get("generateName")):
+        return [(("metadata", "name"), "Required value: name or generateName is required")]
+    out = metadata_problems(meta)
+    schema = _schema()
+    new = {k: json_value(v) for k, v in obj.items() if k != "status"}
+    if not name:  # the server validates the name it generates: generateName (cut to 58) + 5 characters
+        new["metadata"]["name"] = f"{str(meta['generateName'])[:58]}x7b2q"
+    apply_defaults(new, schema)
+    problems, blocking = schema_problems(new)
+    out += problems
+    if not blocking:
+        if old is not None:
+            old = {k: json_value(v) for k, v in old.items() if k != "status"}
+            apply_defaults(old, schema)
+        out += cel_problems(new, schema, (), old, old is not None)
+    return out
+
+
+def validate_text(
+    text: str, file: str = "<stdin>", old_text: str | None = None, old_file: str = "<old>"
+) -> list[Problem]:
+    """Every problem of every GRPOJob in `text`; with `old_text`, same-named jobs are checked as updates."""
+    docs, problems = load_documents(text, file)
+    olds: dict[tuple[Any, Any], dict[str, Any]] = {}
+    if old_text is not None:
+        old_docs, old_problems = load_documents(old_text, old_file)
+        problems += old_problems
+        olds = {_identity(d.data): d.data for d in old_docs if is_grpojob(d.data)}
+    jobs = [d for d in docs if is_grpojob(d.data)]
+    for doc in jobs:
+        found = [
+            Problem(file, doc.line(path), dotted(path), message)
+            for path, message in check_object(doc.data, olds.get(_identity(doc.data)))
+        ]
+        problems += sorted(found, key=lambda p: p.line)
+    if not jobs and not problems:
+        problems.append(Problem(file, 1, "<file>", f"no {job.KIND} ({job.API_VERSION}) document found"))
+    return problems
+
+
+def validate_file(path: str | Path, old: str | Path | None = None) -> list[Problem]:
+    """validate_text on a file (and its old version); `-` reads standard input."""
+    text = sys.stdin.read() if str(path) == "-" else Path(path).read_text(encoding="utf-8")
+    old_text = Path(old).read_text(encoding="utf-8") if old is not None else None
+    return validate_text(text, str(path), old_text, str(old))
