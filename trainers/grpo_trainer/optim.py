@@ -5,12 +5,11 @@ different replica groups (see `grpo_trainer.parallel`): dense ones are replicate
 world, expert shards over the expert data-parallel group. With `trainer.zeroStage >= 1` each
 family's AdamW state (2x the weights in float32, the largest memory item of training) is split
 over its replica group by `torch.distributed.optim.ZeroRedundancyOptimizer`: every rank updates
-its part and broadcasts it. Stages 2 and 3 (sharded gradients and weights) are not implemented;
-they run as stage 1. Checkpoints hold each rank's own part, which is why resuming needs the
-same gang shape.
+its part and broadcasts it. Stages 2 and 3 (sharded gradients and weights) are not implemented,
+and the GRPOJob API refuses them. Checkpoints hold each rank's own part, which is why resuming
+needs the same gang shape.
 """
 
-import logging
 from typing import Any
 
 import torch
@@ -19,8 +18,6 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from grpo_trainer.parallel import Groups, split_parameters
-
-log = logging.getLogger(__name__)
 
 
 def _adamw(
@@ -39,10 +36,6 @@ class GangAdamW:
     """AdamW over both parameter families; the loop and checkpoints use it like one optimizer."""
 
     def __init__(self, model: nn.Module, groups: Groups, *, lr: float, zero_stage: int) -> None:
-        if zero_stage > 1:
-            log.warning(
-                "zeroStage %d: gradients and weights are not sharded here; running ZeRO stage 1", zero_stage
-            )
         dense, experts = split_parameters(model)
         world = dist.get_world_size()
         expert_replicas = dist.get_world_size(groups.expert_dp) if groups.expert_dp is not None else 1

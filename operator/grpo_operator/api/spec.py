@@ -421,8 +421,10 @@ class TrainerSpec(RoleCommon):
     zero_stage: int = Field(
         default=1,
         ge=0,
-        le=3,
-        description="zeroStage: optional, default 1, [0, 3]. DeepSpeed ZeRO stage on GPU.",
+        le=1,
+        description="zeroStage: optional, default 1, [0, 1]. 1 shards the AdamW state over each "
+        "parameter family's replicas (ZeRO stage 1); 0 keeps a full copy on every rank. Stages 2 and 3 "
+        "(sharded gradients and weights) are not implemented, so they are refused rather than run as 1.",
     )
 
 
