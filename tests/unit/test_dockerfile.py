@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from grpo_operator.api.spec import RolloutSpec, TrainerSpec
+from grpo_operator.api.roles import RolloutSpec, TrainerSpec
 from grpo_operator.cli import COMMANDS
 from grpo_operator.render import names, pods
 from packaging.requirements import Requirement

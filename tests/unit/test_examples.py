@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from grpo_operator.api.job import GRPOJob
-from grpo_operator.api.spec import RolloutSpec
+from grpo_operator.api.roles import RolloutSpec
 from grpo_operator.instance_types import EFA_RESOURCE, GPU_RESOURCE, INSTANCE_TYPE_LABEL
 from grpo_operator.instance_types import load as load_instance_types
 from grpo_operator.render import names, render, storage

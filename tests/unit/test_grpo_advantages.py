@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from grpo_operator.api.spec import AdvantageNormalization
+from grpo_operator.api.algorithm import AdvantageNormalization
 from grpo_trainer.advantages import (
     ADVANTAGES,
     STD_EPS,

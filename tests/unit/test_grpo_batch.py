@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from grpo_operator.api.spec import AlgorithmSpec
+from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_rollout.protocol import Completion, PromptResult
 from grpo_trainer.batch import Rollouts, collate, micro_batches, score, shard
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from grpo_operator.api.spec import KLEstimator
+from grpo_operator.api.algorithm import KLEstimator
 from grpo_trainer.losses import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3, token_entropy, token_logprobs
 
 LOGP = torch.tensor([math.log(0.5)])

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from grpo_operator.api.spec import AlgorithmSpec, LossAggregation
+from grpo_operator.api.algorithm import AlgorithmSpec, LossAggregation
 from grpo_trainer.losses import AGGREGATIONS, LossConfig, Totals, grpo_loss, truncated_is_weight
 
 LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from grpo_operator.api.spec import PolicyLoss
+from grpo_operator.api.algorithm import PolicyLoss
 from grpo_trainer.losses import POLICY_LOSSES, clipped_token_loss, gspo_token_loss
 
 

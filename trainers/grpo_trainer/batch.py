@@ -11,7 +11,7 @@ as the micro-batch's tokens are.
 from dataclasses import dataclass
 
 import torch
-from grpo_operator.api.spec import AlgorithmSpec
+from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_rollout.protocol import PromptResult, Routing
 
 from grpo_trainer.advantages import ADVANTAGES, overlong_penalty, zero_variance_mask

@@ -18,7 +18,7 @@ from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
 import torch
-from grpo_operator.api.spec import AlgorithmSpec
+from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_rollout.client import GenerateError, RolloutClient, RolloutError, WeightPushResult, bucketize
 from grpo_rollout.protocol import HealthResponse, Prompt, Sampling
 

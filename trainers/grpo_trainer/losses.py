@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from grpo_operator.api.spec import AlgorithmSpec
+from grpo_operator.api.algorithm import AlgorithmSpec
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

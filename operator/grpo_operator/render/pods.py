@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from grpo_operator.api.contract import CONTRACT_FILE, CONTRACT_MOUNT, ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN
 from grpo_operator.api.job import GRPOJob
-from grpo_operator.api.spec import EFAMode, RoleCommon
+from grpo_operator.api.roles import RoleCommon
+from grpo_operator.api.spec import EFAMode
 from grpo_operator.instance_types import (
     EFA_RESOURCE,
     GPU_RESOURCE,

@@ -13,9 +13,8 @@ from typing import Any
 import celpy
 from celpy import celtypes
 
+from grpo_operator.api.base import CEL_KEY
 from grpo_operator.validation.yaml_docs import Path_
-
-CEL_KEY = "x-kubernetes-validations"
 
 
 def _cel_value(value: Any, schema: dict[str, Any]) -> Any:

@@ -1,0 +1,168 @@
+"""GRPOJob `spec.algorithm`: the GRPO objective, sampling and overlap settings.
+
+Part of the API models (`grpo_operator.api.spec` assembles the job spec); the trainer's loss
+and loop and the rollout sampling read these fields through the run contract.
+"""
+
+from enum import StrEnum
+
+from pydantic import ConfigDict, Field
+
+from grpo_operator.api.base import ApiModel, cel, immutable
+
+
+class KLEstimator(StrEnum):
+    K1 = "k1"
+    K2 = "k2"
+    K3 = "k3"
+
+
+class LossAggregation(StrEnum):
+    TOKEN_MEAN = "token-mean"
+    SEQUENCE_MEAN = "sequence-mean"
+    TOKEN_SUM_NORM = "token-sum-norm"
+
+
+class AdvantageNormalization(StrEnum):
+    GROUP_STD = "group-std"
+    GROUP_MEAN = "group-mean"
+
+
+class PolicyLoss(StrEnum):
+    GRPO = "grpo"
+    GSPO = "gspo"
+
+
+class ImportanceSampling(StrEnum):
+    NONE = "none"
+    TRUNCATED = "truncated"
+
+
+class OverlongPenalty(ApiModel):
+    buffer_tokens: int = Field(
+        ge=1,
+        description="bufferTokens: required. Completions within this many tokens of the limit are penalised.",
+    )
+    penalty: float = Field(
+        default=1.0,
+        ge=0,
+        description="penalty: optional, default 1.0. Largest reward reduction (at the limit).",
+    )
+
+
+class AlgorithmSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "!has(self.overlongPenalty) || self.overlongPenalty.bufferTokens < self.maxNewTokens",
+                "overlongPenalty.bufferTokens must be less than maxNewTokens",
+                ".overlongPenalty.bufferTokens",
+            ),
+        )
+    )
+    group_size: int = Field(
+        default=8,
+        ge=2,
+        le=1024,
+        description="groupSize: optional, default 8, [2, 1024]. Completions per prompt.",
+    )
+    prompts_per_step: int = Field(
+        default=32,
+        ge=1,
+        le=65536,
+        description="promptsPerStep: optional, default 32. Prompts per optimizer step.",
+    )
+    micro_batch_size: int = Field(
+        default=8,
+        ge=1,
+        description="microBatchSize: optional, default 8. Sequences per forward/backward per rank.",
+    )
+    max_steps: int = Field(
+        default=1000, ge=1, description="maxSteps: optional, default 1000. Optimizer steps."
+    )
+    learning_rate: float = Field(
+        default=1e-6,
+        gt=0,
+        le=1,
+        description="learningRate: optional, default 1e-6, (0, 1]. AdamW learning rate.",
+    )
+    clip_low: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="clipLow: optional, default 0.2, [0, 1]. Ratio clipped below 1-clipLow.",
+    )
+    clip_high: float = Field(
+        default=0.28,
+        ge=0,
+        le=10,
+        description="clipHigh: optional, default 0.28 (DAPO's clip-higher), [0, 10]. Ratio clipped above "
+        "1+clipHigh.",
+    )
+    kl_coef: float = Field(default=0.0, ge=0, description="klCoef: optional, default 0 (no reference model).")
+    kl_estimator: KLEstimator = Field(
+        default=KLEstimator.K3, description="klEstimator: optional, default k3. Estimator of KL(π‖π_ref)."
+    )
+    entropy_coef: float = Field(
+        default=0.0, ge=0, description="entropyCoef: optional, default 0. Entropy bonus."
+    )
+    loss_aggregation: LossAggregation = Field(
+        default=LossAggregation.TOKEN_MEAN,
+        description="lossAggregation: optional, default token-mean. token-mean, sequence-mean or "
+        "token-sum-norm "
+        "(Dr. GRPO: sum over tokens divided by a constant).",
+    )
+    advantage_normalization: AdvantageNormalization = Field(
+        default=AdvantageNormalization.GROUP_STD,
+        description="advantageNormalization: optional, default group-std. group-mean drops the std (Dr. "
+        "GRPO).",
+    )
+    policy_loss: PolicyLoss = Field(
+        default=PolicyLoss.GRPO,
+        description="policyLoss: optional, default grpo. gspo uses a sequence-level ratio (stabler for MoE).",
+    )
+    importance_sampling: ImportanceSampling = Field(
+        default=ImportanceSampling.TRUNCATED,
+        description="importanceSampling: optional, default truncated. Corrects rollout/trainer log-prob "
+        "mismatch.",
+    )
+    importance_sampling_cap: float = Field(
+        default=2.0,
+        ge=1,
+        description="importanceSamplingCap: optional, default 2.0, ≥ 1. Truncation of the IS weight.",
+    )
+    filter_zero_variance_groups: bool = Field(
+        default=True,
+        description="filterZeroVarianceGroups: optional, default true. Drop groups with equal rewards.",
+    )
+    overlong_penalty: OverlongPenalty | None = Field(
+        default=None, description="overlongPenalty: optional. Soft penalty for completions near maxNewTokens."
+    )
+    max_staleness: int = Field(
+        default=1,
+        ge=0,
+        le=16,
+        description="maxStaleness: optional, default 1, [0, 16]. Policy versions rollout may lag training: "
+        "the trainer keeps this many later steps generating while it trains one (0: synchronous).",
+    )
+    temperature: float = Field(default=1.0, gt=0, le=10, description="temperature: optional, default 1.0.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="topP: optional, default 1.0, (0, 1].")
+    max_new_tokens: int = Field(
+        default=256,
+        ge=1,
+        le=131072,
+        description="maxNewTokens: optional, default 256. Completion length limit.",
+    )
+    seed: int = Field(
+        default=0, ge=0, description="seed: optional, default 0. Seeds sampling and initialisation."
+    )
+    routing_replay: bool = Field(
+        default=False,
+        description="routingReplay: optional, default false, immutable. MoE routing replay (R3): "
+        "rollout servers return the top-k experts each MoE layer chose for every prompt and completion "
+        "token, and the trainer's forwards reuse those choices (routing weights still come from its own "
+        "router), so the importance ratio compares one network, not two routings. Costs tokens x MoE "
+        "layers x top-k bytes per sequence on the wire (twice that above 256 experts). Needs "
+        "rollout.engine torch. Immutable: it changes the trainer's parameter layout in checkpoints.",
+        json_schema_extra=immutable("algorithm.routingReplay"),
+    )

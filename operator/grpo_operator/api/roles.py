@@ -1,0 +1,233 @@
+"""GRPOJob `spec.trainer` and `spec.rollout`: what each role runs on and how its pods look.
+
+Part of the API models (`grpo_operator.api.spec` assembles the job spec); the renderer turns
+these into the two StatefulSets' pods.
+"""
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from grpo_operator.api.base import ApiModel, cel, immutable
+
+Quantity = Annotated[str | int, Field(description="A Kubernetes quantity such as 4, '500m' or '16Gi'.")]
+# Bounds on strings, lists and maps keep the API server's CEL cost estimates within its limits.
+MAX_MAP = 64
+MAX_LIST = 64
+INSTANCE_TYPE_PATTERN = r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$"
+# Images built from the repository's Dockerfile: vLLM lives only in the rollout image (it pins its own torch).
+TRAINER_IMAGE = "ghcr.io/grpo-operator/trainer:0.1.0"
+ROLLOUT_IMAGE = "ghcr.io/grpo-operator/rollout:0.1.0"
+
+
+class EPBackend(StrEnum):
+    AUTO = "auto"
+    DEEPEP = "deepep"
+    NCCL = "nccl"
+    GLOO = "gloo"
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration, copied onto the role's pods."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+                "value must be empty when operator is Exists",
+                ".value",
+            ),
+        )
+    )
+    key: str | None = Field(
+        default=None, max_length=317, description="key: optional. Taint key; empty matches all."
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="operator: optional, Exists or Equal (the default when unset)."
+    )
+    value: str | None = Field(default=None, max_length=63, description="value: optional. Taint value.")
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None,
+        description="effect: optional. NoSchedule, PreferNoSchedule or NoExecute; empty matches all.",
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="tolerationSeconds: optional. How long a NoExecute taint is tolerated."
+    )
+
+
+class Resources(ApiModel):
+    """Container resources, as in a PodSpec."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, max_length=MAX_MAP, description="requests: optional. Minimum resources."
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict, max_length=MAX_MAP, description="limits: optional. Maximum resources."
+    )
+
+
+class PodMetadata(ApiModel):
+    """Labels and annotations added to a role's pods."""
+
+    labels: dict[str, str] = Field(
+        default_factory=dict, max_length=MAX_MAP, description="labels: optional. Added to the pods."
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict, max_length=MAX_MAP, description="annotations: optional. Added to pods."
+    )
+
+
+class PodTemplateOverride(ApiModel):
+    metadata: PodMetadata | None = Field(
+        default=None, description="metadata: optional. Pod labels, annotations."
+    )
+    spec: dict[str, Any] | None = Field(
+        default=None,
+        description="spec: optional. A partial PodSpec merged onto the rendered one (volumes, sidecars, "
+        "envFrom, imagePullSecrets, priorityClassName, securityContext...). The operator's own fields "
+        "win on conflict and the conflict is reported.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class RoleCommon(ApiModel):
+    """Fields both roles share: image, placement, resources and pod overrides."""
+
+    image: str = Field(
+        default=TRAINER_IMAGE,
+        min_length=1,
+        max_length=512,
+        description=f"image: optional, default {TRAINER_IMAGE}. Container image.",
+    )
+    instance_type: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=INSTANCE_TYPE_PATTERN,
+        description="instanceType: optional. EC2 instance type (node selector and the EFA/GPU table); "
+        "unset means CPU pods without GPUs or EFA.",
+    )
+    resources: Resources | None = Field(
+        default=None, description="resources: optional. Merged over what the instance type implies."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_MAP,
+        description="nodeSelector: optional, at most 64 entries. Added to the instance-type selector.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=MAX_LIST,
+        description="tolerations: optional, at most 64. Added to the GPU/EFA taint tolerations.",
+    )
+    service_account_annotations: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_MAP,
+        description="serviceAccountAnnotations: optional. E.g. eks.amazonaws.com/role-arn for IRSA.",
+    )
+    template: PodTemplateOverride | None = Field(
+        default=None, description="template: optional. Pod template overrides merged onto the rendered pods."
+    )
+
+
+class TrainerSpec(RoleCommon):
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "(self.replicas * self.processesPerPod) % self.expertParallelSize == 0",
+                "expertParallelSize must divide replicas * processesPerPod",
+                ".expertParallelSize",
+            ),
+            (
+                "self.epBackend != 'deepep' || has(self.instanceType)",
+                "epBackend deepep needs GPU nodes: set trainer.instanceType",
+                ".epBackend",
+            ),
+        )
+    )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="replicas: optional, default 1, immutable. Trainer pods (one per node).",
+        json_schema_extra=immutable("trainer.replicas"),
+    )
+    processes_per_pod: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description="processesPerPod: optional, default 8, immutable. Ranks per pod, one per GPU on GPU "
+        "nodes.",
+        json_schema_extra=immutable("trainer.processesPerPod"),
+    )
+    expert_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=4096,
+        description="expertParallelSize: optional, default 1, immutable. Ranks that share one copy of the "
+        "experts.",
+        json_schema_extra=immutable("trainer.expertParallelSize"),
+    )
+    ep_backend: EPBackend = Field(
+        default=EPBackend.AUTO, description="epBackend: optional, default auto. auto, deepep, nccl or gloo."
+    )
+    zero_stage: int = Field(
+        default=1,
+        ge=0,
+        le=1,
+        description="zeroStage: optional, default 1, [0, 1]. 1 shards the AdamW state over each "
+        "parameter family's replicas (ZeRO stage 1); 0 keeps a full copy on every rank. Stages 2 and 3 "
+        "(sharded gradients and weights) are not implemented, so they are refused rather than run as 1.",
+    )
+
+
+class RolloutEngine(StrEnum):
+    VLLM = "vllm"
+    TORCH = "torch"
+
+
+class RolloutSpec(RoleCommon):
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "!has(self.minReplicas) || self.minReplicas <= self.replicas",
+                "rollout.minReplicas must be <= rollout.replicas",
+                ".minReplicas",
+            ),
+            (
+                "!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
+                "rollout.replicas must be <= rollout.maxReplicas",
+                ".maxReplicas",
+            ),
+        )
+    )
+    image: str = Field(
+        default=ROLLOUT_IMAGE,
+        min_length=1,
+        max_length=512,
+        description=f"image: optional, default {ROLLOUT_IMAGE} (vLLM and the torch engine). Container image.",
+    )
+    replicas: int = Field(
+        default=1, ge=0, le=4096, description="replicas: optional, default 1. Mutable live."
+    )
+    min_replicas: int | None = Field(
+        default=None, ge=0, le=4096, description="minReplicas: optional, [0, 4096]. Lower scaling bound."
+    )
+    max_replicas: int | None = Field(
+        default=None, ge=1, le=4096, description="maxReplicas: optional, [1, 4096]. Upper scaling bound."
+    )
+    engine: RolloutEngine = Field(
+        default=RolloutEngine.VLLM,
+        description="engine: optional, default vllm. vllm (GPU) or torch (CPU/GPU).",
+    )
+    tensor_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="tensorParallelSize: optional, default 1. GPUs per rollout server.",
+    )
+    max_batch_size: int = Field(
+        default=256,
+        ge=1,
+        description="maxBatchSize: optional, default 256. Sequences one server decodes at once.",
+    )
