@@ -68,9 +68,7 @@ class VllmEngine:
         *,
         routing: bool = False,
     ) -> list[PromptSamples | None]:
-        if (
-            routing
-        ):  # vLLM >= 0.21 can (enable_return_routed_experts); its output format is not wired here yet
+        if routing:  # vLLM >= 0.21 can (enable_return_routed_experts); not wired here yet
             raise ValueError("the vllm engine does not return routed experts yet: use rollout.engine torch")
         encoded = [self.tokenizer(p)["input_ids"] for p in prompts]
         if any(not ids for ids in encoded):
