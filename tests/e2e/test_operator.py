@@ -274,6 +274,7 @@ def test_trainer_failure_restarts_the_gang_then_backoff_fails(operator, cluster,
             and not set(u.values()) & set(trainers.values())
         ),
         what="both trainer pods replaced",
+        timeout=120,  # a loaded machine slows the StatefulSet controller's create-after-delete backoff
     )
     assert cluster.uids("gang", "rollout") == rollouts
     st = cluster.wait_phase("gang", "Running")
