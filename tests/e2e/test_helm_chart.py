@@ -74,11 +74,12 @@ def dry_run(kubectl: Callable[..., subprocess.CompletedProcess[str]], docs: list
         (
             "metrics.serviceMonitor.enabled=true",
             "metrics.prometheusRule.enabled=true",
+            "kueue.enabled=true",
             "instanceTypes.p6e-gb200\\.36xlarge.gpus=4",
             "instanceTypes.p6e-gb200\\.36xlarge.efa=8",
         ),
     ],
-    ids=["cluster", "namespaced", "monitoring-and-instance-types"],
+    ids=["cluster", "namespaced", "monitoring-kueue-and-instance-types"],
 )
 def test_helm_template_is_accepted_by_the_api_server(
     sets: tuple[str, ...], namespace: str, bin_dir: Path, kubeconfig: Path, kubectl, third_party_crds: Path

@@ -548,3 +548,121 @@ def test_recreated_namesake_is_not_blamed_for_old_pods(operator, cluster, wait_f
     time.sleep(4)
     assert cluster.status("again").get("restarts", 0) == 0
     assert cluster.status("again")["phase"] == "Running"
+
+
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+
+
+@pytest.fixture
+def kueue_operator(crd, third_party_crds, kubeconfig, kubectl, namespace, tmp_path):
+    """The operator with --kueue; this cluster has Kueue's CRDs but no Kueue controller, so the
+    tests write what Kueue's scheduler would (admission, eviction), as kwok plays the kubelet."""
+    op = Operator(kubeconfig, namespace, tmp_path / "operator.log", "--kueue").start()
+    yield op
+    kubectl("delete", "grpojobs", "--all", "-n", namespace, "--timeout=60s", check=False)
+    op.kill(signal.SIGTERM)
+    print(op.log.read_text()[-8000:])
+
+
+def kueue_condition(kind: str, status: bool, reason: str, message: str) -> dict:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    state = "True" if status else "False"
+    return {"type": kind, "status": state, "reason": reason, "message": message, "lastTransitionTime": now}
+
+
+def test_kueue_admits_evicts_requeues_and_finishes_a_queued_job(kueue_operator, cluster, fail_pod, wait_for):
+    """The operator as Kueue's integration for GRPOJobs: a Workload per labelled job, pods only
+    while it is admitted, on the flavor's nodes; after an eviction it stops the pods and hands
+    the Workload back to the queue; at the end it marks the Workload Finished."""
+    custom, ns = cluster.custom, cluster.ns
+    flavor = f"p5-{ns[-6:]}"
+    reserved = {"key": "example.com/reserved", "operator": "Exists", "effect": "NoSchedule"}
+    custom.create_cluster_custom_object(
+        *KUEUE,
+        "resourceflavors",
+        {
+            "apiVersion": "/".join(KUEUE),
+            "kind": "ResourceFlavor",
+            "metadata": {"name": flavor},
+            "spec": {"nodeLabels": {ZONE_KEY: "us-west-2a"}, "tolerations": [reserved]},
+        },
+    )
+
+    def workload() -> dict:
+        return custom.get_namespaced_custom_object(*KUEUE, ns, "workloads", "grpojob-queued")
+
+    def write_status(body: dict) -> None:
+        custom.patch_namespaced_custom_object_status(
+            *KUEUE, ns, "workloads", "grpojob-queued", {"status": body}
+        )
+
+    admitted = {
+        "admission": {
+            "clusterQueue": "p5-gpus",
+            "podSetAssignments": [
+                {"name": "trainer", "flavors": {"nvidia.com/gpu": flavor}, "count": 2},
+                {"name": "rollout", "flavors": {"cpu": flavor}, "count": 2},
+            ],
+        },
+        "conditions": [
+            kueue_condition("QuotaReserved", True, "QuotaReserved", "Quota reserved in ClusterQueue p5-gpus"),
+            kueue_condition("Admitted", True, "Admitted", "The workload is admitted"),
+        ],
+    }
+    try:
+        job = manifest("queued")
+        job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+        cluster.create(job)
+        wl = wait_for(workload, what="the job's Workload", ignore=(client.ApiException,))
+        assert wl["spec"]["queueName"] == "team-a"
+        assert [(p["name"], p["count"]) for p in wl["spec"]["podSets"]] == [("trainer", 2), ("rollout", 2)]
+        trainer_limits = wl["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert trainer_limits["nvidia.com/gpu"] == "8" and trainer_limits["vpc.amazonaws.com/efa"] == "32"
+        assert wl["metadata"]["ownerReferences"][0]["kind"] == "GRPOJob"
+        st = cluster.wait_phase("queued", "Suspended")
+        assert "waiting for Kueue to admit it from LocalQueue 'team-a'" in st["message"]
+        assert cluster.condition("queued", "Suspended")["reason"] == "AwaitingAdmission"
+        assert not cluster.pods("queued", "trainer") and not cluster.pods("queued", "rollout")
+
+        write_status(admitted)  # Kueue admits the whole job
+        cluster.wait_phase("queued", "Running")
+        for pod in cluster.pods("queued", "trainer"):
+            assert pod.spec.node_selector[ZONE_KEY] == "us-west-2a"
+            assert any(t.key == "example.com/reserved" for t in pod.spec.tolerations)
+
+        preempted = "Preempted to accommodate a workload of higher priority"
+        wl = workload()
+        write_status(
+            {
+                "conditions": [
+                    *wl["status"]["conditions"],
+                    kueue_condition("Evicted", True, "Preempted", preempted),
+                ]
+            }
+        )
+        st = cluster.wait_phase("queued", "Suspended")
+        assert (
+            preempted in st["message"]
+            and cluster.condition("queued", "Suspended")["reason"] == "EvictedByKueue"
+        )
+        back = wait_for(
+            lambda: (w := workload())["status"].get("admission") is None and w, what="admission cleared"
+        )
+        kinds = {c["type"]: c for c in back["status"]["conditions"]}
+        assert kinds["QuotaReserved"]["status"] == "False" and kinds["Requeued"]["status"] == "True"
+        assert not cluster.pods("queued", "trainer")
+
+        evicted_no_more = kueue_condition("Evicted", False, "Readmitted", "")
+        write_status({**admitted, "conditions": [*admitted["conditions"], evicted_no_more]})
+        cluster.wait_phase("queued", "Running")
+        cluster.wait_for(lambda: len(cluster.ready("queued", "trainer", 2)) == 2, what="trainers ready")
+        fail_pod(ns, "queued-trainer-0", exit_code=0, reason="Completed")
+        cluster.wait_phase("queued", "Succeeded")
+        done = wait_for(
+            lambda: next((c for c in workload()["status"]["conditions"] if c["type"] == "Finished"), None),
+            what="Workload Finished",
+        )
+        assert done["status"] == "True" and done["reason"] == "Succeeded"
+        assert cluster.status("queued").get("restarts", 0) == 0
+    finally:
+        custom.delete_cluster_custom_object(*KUEUE, "resourceflavors", flavor)

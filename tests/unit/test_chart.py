@@ -180,6 +180,18 @@ def test_gang_scheduling_permissions_only_when_enabled() -> None:
     assert {"scheduling.x-k8s.io", "scheduling.volcano.sh"} <= groups(docs)
 
 
+def test_kueue_permissions_and_flag_only_when_enabled() -> None:
+    assert "kueue.x-k8s.io" not in str(render()) and "--kueue" not in container(render())["args"]
+    docs = render("kueue.enabled=true", "watch.scope=namespaces", "watch.namespaces={ml}")
+    args = container(docs)["args"]
+    assert "--kueue" in args and build_parser(args).parse_args(args).kueue
+    role = next(d for d in docs if d["kind"] == "Role")
+    verbs = {r: set(rule["verbs"]) for rule in role["rules"] for r in rule["resources"]}
+    assert verbs["workloads"] == {"get", "list", "watch", "create", "delete"}
+    assert verbs["workloads/status"] == {"patch"}
+    assert "resourceflavors" in cluster_resources(docs)  # cluster-scoped: in the ClusterRole
+
+
 @pytest.mark.parametrize(
     ("sets", "message"),
     [

@@ -28,9 +28,9 @@ KNOWN_KINDS = {
     ("eksctl.io/v1alpha5", "ClusterConfig"),
     ("karpenter.sh/v1", "NodePool"),
     ("karpenter.k8s.aws/v1", "EC2NodeClass"),
-    ("kueue.x-k8s.io/v1beta1", "ResourceFlavor"),
-    ("kueue.x-k8s.io/v1beta1", "ClusterQueue"),
-    ("kueue.x-k8s.io/v1beta1", "LocalQueue"),
+    ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"),
+    ("kueue.x-k8s.io/v1beta2", "ClusterQueue"),
+    ("kueue.x-k8s.io/v1beta2", "LocalQueue"),
     ("v1", "PersistentVolume"),
     ("v1", "PersistentVolumeClaim"),
 }
@@ -206,7 +206,7 @@ def test_kueue_submission_is_consistent() -> None:
     assert lq["spec"]["clusterQueue"] == cq["metadata"]["name"]
     assert job["metadata"]["labels"][names.KUEUE_QUEUE_LABEL] == lq["metadata"]["name"]
     assert job["metadata"]["namespace"] == lq["metadata"]["namespace"]
-    assert job["spec"]["runPolicy"]["suspend"] is True, "Kueue admits by unsuspending"
+    assert not job["spec"].get("runPolicy", {}).get("suspend"), "a suspended job gives its Workload back"
     assert flavor["spec"]["nodeLabels"][INSTANCE_TYPE_LABEL] == job["spec"]["trainer"]["instanceType"]
     group = cq["spec"]["resourceGroups"][0]
     assert [f["name"] for f in group["flavors"]] == [flavor["metadata"]["name"]]

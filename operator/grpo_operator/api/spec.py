@@ -158,7 +158,9 @@ class SchedulingSpec(ApiModel):
     scheduler_name: str | None = Field(default=None, description="schedulerName: optional. Pods' scheduler.")
     priority_class_name: str | None = Field(default=None, description="priorityClassName: optional.")
     queue: str | None = Field(
-        default=None, description="queue: optional. Volcano queue or Kueue LocalQueue name."
+        default=None,
+        description="queue: optional. Volcano queue name. (Kueue: label the job "
+        "kueue.x-k8s.io/queue-name=<LocalQueue>.)",
     )
 
 

@@ -47,6 +47,8 @@ class Reason(StrEnum):
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     SUSPENDED = "JobSuspended"
     RESUMED = "JobResumed"
+    AWAITING_ADMISSION = "AwaitingAdmission"
+    EVICTED = "EvictedByKueue"
     COMPLETED = "TrainingCompleted"
 
 

@@ -49,6 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--workers", type=int, default=8, help="threads that run reconcile passes")
     parser.add_argument(
+        "--kueue",
+        action="store_true",
+        help="queue jobs labelled kueue.x-k8s.io/queue-name through Kueue Workloads (Kueue v0.15+)",
+    )
+    parser.add_argument(
         "--log-format", choices=sorted(LOG_FORMATS), default="json", help="log lines (json: structured)"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logs")
@@ -62,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
     config.load_config()
     api = client.ApiClient()
     table = instance_types.load(args.instance_types)
-    reconciler = Reconciler(Kube(api), table, verify_seconds=args.verify_seconds)
+    reconciler = Reconciler(Kube(api), table, verify_seconds=args.verify_seconds, kueue=args.kueue)
+    if args.kueue:
+        handlers.watch_workloads()
     runtime = handlers.Runtime(reconciler=reconciler, resync_seconds=args.resync_seconds)
     if args.metrics_port:
         server = metrics.serve(args.metrics_port, args.metrics_host)

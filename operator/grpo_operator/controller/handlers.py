@@ -112,6 +112,20 @@ async def pod_changed(
     rt.jobs.wake(namespace, job)
 
 
+def watch_workloads() -> None:
+    """With --kueue: a change of a job's Kueue Workload (admitted, evicted) wakes the job.
+    Registered at start, not at import, so an operator without Kueue never watches for it."""
+
+    @kopf.on.event(
+        "kueue.x-k8s.io",
+        "v1beta2",
+        "workloads",
+        labels={names.LABEL_JOB: kopf.PRESENT, names.LABEL_MANAGED_BY: names.MANAGER},
+    )
+    async def workload_changed(namespace: str, labels, memo: kopf.Memo, **_) -> None:
+        memo.runtime.jobs.wake(namespace, labels[names.LABEL_JOB])
+
+
 @kopf.on.event("v1", "nodes")
 async def node_changed(name: str, body: kopf.Body, type: str | None, memo: kopf.Memo, **_) -> None:
     """A node that is deleted or not Ready takes its trainer pods' gang down with it."""

@@ -31,6 +31,7 @@ PLURALS = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "NetworkPolicy": "networkpolicies",
     "PodGroup": "podgroups",
+    "Workload": "workloads",
     "GRPOJob": PLURAL,
 }
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE"}
@@ -128,6 +129,30 @@ class Kube:
         except ApiException as e:
             if e.status not in (404, 409):
                 raise
+
+    def get_cluster_scoped(self, api_version: str, plural: str, name: str) -> dict | None:
+        try:
+            return self.request("GET", f"/apis/{api_version}/{plural}/{name}")
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        try:
+            self.request("DELETE", path(api_version, kind, namespace, name), body=body, kind=kind)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def patch_status_of(self, obj: dict, status: dict) -> None:
+        """Merge-patch another controller's object's status, only if it has not changed since
+        read (resourceVersion): its lists (conditions) are replaced whole."""
+        meta = obj["metadata"]
+        url = path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"], "status")
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}
+        self.request("PATCH", url, body=body, content_type="application/merge-patch+json", kind=obj["kind"])
 
     def delete_job(self, namespace: str, name: str) -> None:
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}

@@ -19,11 +19,11 @@ from pydantic import ValidationError
 
 from grpo_operator import render
 from grpo_operator.api.job import API_VERSION, KIND, GRPOJob
-from grpo_operator.api.status import GRPOJobStatus
-from grpo_operator.controller import metrics, observe, placement, status
+from grpo_operator.api.status import TERMINAL_PHASES, GRPOJobStatus, Phase
+from grpo_operator.controller import admission, metrics, observe, placement, status
 from grpo_operator.controller.kube import Kube
 from grpo_operator.instance_types import INSTANCE_TYPE_LABEL, InstanceTable
-from grpo_operator.render import names
+from grpo_operator.render import kueue, names
 from grpo_operator.render.pods import ZONE_KEY
 
 HASH_ANNOTATION = "grpo.dev/applied-hash"
@@ -51,6 +51,7 @@ class JobMemory:
     warned_generation: int | None = None
     zone: tuple[int, str | None] | None = None  # (attempt, zone) of the trainer gang
     verdicts: deque = field(default_factory=deque)
+    kueue_warned: bool = False  # the queue label was seen without --kueue (one Event)
 
 
 def child_key(obj: dict) -> str:
@@ -66,10 +67,13 @@ def with_hash(obj: dict) -> tuple[dict, str]:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, table: InstanceTable, *, verify_seconds: float = 300.0) -> None:
+    def __init__(
+        self, kube: Kube, table: InstanceTable, *, verify_seconds: float = 300.0, kueue: bool = False
+    ) -> None:
         self.kube = kube
         self.table = table
         self.verify_seconds = verify_seconds
+        self.kueue = kueue  # queue labelled jobs through Kueue Workloads
         self.lost_nodes: set[str] = set()  # deleted or not Ready: their trainer pods fail the gang
         self.gone_nodes: set[str] = set()  # deleted: their pods are force-deleted
 
@@ -103,6 +107,15 @@ class Reconciler:
         pods = [p for p in pods if p["metadata"].get("creationTimestamp", "") >= born]  # not a namesake's
         obs = observe.summarize(pods, attempt=old.restarts, lost_nodes=frozenset(self.lost_nodes))
         obs.verdicts += [v for v in pending if v.created >= born]
+        queue_name = kueue.queue_name(meta.get("labels"))
+        workload = queue = None
+        if queue_name and not self.kueue and not memory.kueue_warned:
+            memory.kueue_warned = True
+            text = f"{names.KUEUE_QUEUE_LABEL}={queue_name} is ignored: the operator runs without --kueue"
+            self.kube.event(body, "Warning", "KueueDisabled", text, status.timestamp(now))
+        if queue_name and self.kueue and job is not None and error is None:
+            workload = self.kube.get(kueue.WORKLOAD_API, "Workload", namespace, names.workload(name))
+            queue = admission.read(queue_name, workload)
         decision = status.decide(
             spec=job.spec if job else None,
             generation=generation,
@@ -110,20 +123,28 @@ class Reconciler:
             obs=obs,
             now=now,
             render_error=error,
+            queue=queue,
         )
         if decision.gang_restart:
             # Record the new attempt first: a crash after this line still restarts the gang.
             self._write_status(body, decision.status)
             metrics.GANG_RESTARTS.inc()
         if job is not None and error is None:
-            if not decision.running or decision.status.restarts != old.restarts:
+            admitted = queue is not None and queue.runs and decision.running
+            if not decision.running or decision.status.restarts != old.restarts or admitted:
                 _, _, rendered = self._render(
-                    body, memory, attempt=decision.status.restarts, running=decision.running
+                    body,
+                    memory,
+                    attempt=decision.status.restarts,
+                    running=decision.running,
+                    admitted=queue if admitted else None,
                 )
             self._apply_children(rendered, memory, body)
             self._delete_stale(
                 namespace, pods, attempt=decision.status.restarts, obs=obs, running=decision.running
             )
+            if queue is not None:
+                self._sync_workload(body, job, rendered, queue, workload, decision, pods, now)
         elif any(not p["metadata"].get("deletionTimestamp") for p in pods):
             # The spec no longer renders (say an edit named an unknown instance type): a
             # Failed job must not keep GPUs, so stop what the last good spec started.
@@ -138,12 +159,25 @@ class Reconciler:
             self.kube.delete_job(namespace, name)
         return decision.requeue_after
 
-    def _render(self, body: dict, memory: JobMemory, *, attempt: int, running: bool = True):
-        """(job, error, rendered): a bad object becomes an error message, never an exception."""
+    def _render(
+        self,
+        body: dict,
+        memory: JobMemory,
+        *,
+        attempt: int,
+        running: bool = True,
+        admitted: admission.Admission | None = None,
+    ):
+        """(job, error, rendered): a bad object becomes an error message, never an exception.
+        `admitted`: Kueue's admission of a queued job (its flavors and admitted counts)."""
         meta = body["metadata"]
         try:
             job = GRPOJob.model_validate({"metadata": {}, "spec": body.get("spec") or {}})
             zone = self._zone(job, meta, memory, attempt) if running else None
+            flavors, rollout_cap = None, None
+            if admitted is not None:
+                flavors = {role: self._flavor(admitted.flavors.get(role, [])) for role in kueue.ROLES}
+                rollout_cap = min(job.spec.rollout.replicas, admitted.counts.get(names.ROLE_ROLLOUT, 1 << 30))
             out = render.render(
                 job,
                 name=meta["name"],
@@ -154,12 +188,77 @@ class Reconciler:
                 running=running,
                 zone=zone,
                 instance_types=self.table,
+                flavors=flavors,
+                rollout_replicas=rollout_cap,
             )
+            if rollout_cap is not None and rollout_cap < job.spec.rollout.replicas:
+                out.warnings.append(
+                    f"rollout.replicas {job.spec.rollout.replicas} is more than the {rollout_cap} Kueue "
+                    "admitted: the rest start when the job is admitted again (suspend and resume it)"
+                )
             return job, None, out
         except ValidationError as e:
             return None, f"invalid spec: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}", None
         except render.RenderError as e:
             return None, str(e), None
+
+    def _flavor(self, flavor_names: list[str]) -> kueue.FlavorPlacement:
+        flavors = [self.kube.get_cluster_scoped(kueue.FLAVOR_API, "resourceflavors", n) for n in flavor_names]
+        return kueue.flavor_placement([f for f in flavors if f is not None])
+
+    def _sync_workload(
+        self,
+        body: dict,
+        job: GRPOJob,
+        rendered: render.Rendered,
+        queue: admission.Admission,
+        workload: dict | None,
+        decision: status.Decision,
+        pods: list[dict],
+        now: datetime,
+    ) -> None:
+        """Keep the job's Kueue Workload in step, as Kueue's own job integrations do: one per
+        queued job while it wants to run, back in the queue after an eviction once its pods
+        are gone, Finished when the job ends (Kueue frees the quota)."""
+        meta = body["metadata"]
+        namespace, wl_name = meta["namespace"], names.workload(meta["name"])
+        phase = decision.status.phase
+        if phase in TERMINAL_PHASES:
+            if workload is not None and not queue.finished:
+                done = admission.finished(workload, phase == Phase.SUCCEEDED, decision.status.message, now)
+                self.kube.patch_status_of(workload, done)
+            return
+        if job.spec.run_policy.suspend:  # the owner stopped it: give back the quota and the queue place
+            if workload is not None:
+                self.kube.delete(
+                    kueue.WORKLOAD_API, "Workload", meta["namespace"], names.workload(meta["name"])
+                )
+            return
+        counts = {
+            names.ROLE_TRAINER: job.spec.trainer.replicas,
+            names.ROLE_ROLLOUT: job.spec.rollout.replicas,
+        }
+        if workload is None:
+            templates = {
+                child["metadata"]["name"]: child["spec"]["template"]
+                for child in rendered.children
+                if child["kind"] == "StatefulSet"
+            }
+            by_role = {role: templates[names.statefulset(meta["name"], role)] for role in kueue.ROLES}
+            obj = kueue.workload(
+                name=meta["name"],
+                namespace=namespace,
+                uid=meta["uid"],
+                queue=queue.queue,
+                templates=by_role,
+                counts=counts,
+            )
+            self.kube.create(obj)
+        elif not queue.reserved and kueue.pod_set_counts(workload) != counts:
+            # Replicas changed while queued: a new Workload asks for the new counts.
+            self.kube.delete(kueue.WORKLOAD_API, "Workload", namespace, wl_name)
+        elif queue.evicted is not None and queue.reserved and not pods:
+            self.kube.patch_status_of(workload, admission.cleared(workload, now))
 
     def _zone(self, job: GRPOJob, meta: dict, memory: JobMemory, attempt: int) -> str | None:
         """The gang's zone, chosen once per attempt from the nodes of its instance type, or read

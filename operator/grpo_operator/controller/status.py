@@ -19,6 +19,7 @@ from grpo_operator.api.status import (
     Reason,
     ReplicaStatus,
 )
+from grpo_operator.controller.admission import Admission
 from grpo_operator.controller.observe import Observation, Verdict
 
 WARNING_REASONS = {
@@ -102,8 +103,10 @@ def decide(
     obs: Observation,
     now: datetime,
     render_error: str | None = None,
+    queue: Admission | None = None,
 ) -> Decision:
-    """The next status and actions. `spec` is None when it could not be parsed/rendered."""
+    """The next status and actions. `spec` is None when it could not be parsed/rendered;
+    `queue` is set for a job Kueue admits (it runs only while admitted)."""
     status = old.model_copy(deep=True)
     status.observed_generation = generation
     if old.phase in TERMINAL_PHASES:
@@ -114,6 +117,8 @@ def decide(
     status.trainer, status.rollout = _replicas(spec, obs)
     if spec.run_policy.suspend:
         return _suspended(old, status, now)
+    if queue is not None and not queue.runs:
+        return _queued(old, status, now, queue)
     if old.phase == Phase.SUSPENDED:
         set_condition(status, ConditionType.SUSPENDED, False, Reason.RESUMED, "job resumed", now)
     status.start_time = status.start_time or timestamp(now)
@@ -226,6 +231,17 @@ def _suspended(old: GRPOJobStatus, status: GRPOJobStatus, now: datetime) -> Deci
     status.message = "job suspended: pods removed, children kept"
     set_condition(status, ConditionType.SUSPENDED, True, Reason.SUSPENDED, status.message, now)
     set_condition(status, ConditionType.RUNNING, False, Reason.SUSPENDED, status.message, now)
+    return _with_events(old, Decision(status=status, running=False))
+
+
+def _queued(old: GRPOJobStatus, status: GRPOJobStatus, now: datetime, queue: Admission) -> Decision:
+    """Not admitted by Kueue (yet, or any more): no pods, like a suspended job."""
+    status.phase = Phase.SUSPENDED
+    status.start_time = None
+    status.message = queue.why_waiting()
+    reason = Reason.EVICTED if queue.evicted is not None else Reason.AWAITING_ADMISSION
+    set_condition(status, ConditionType.SUSPENDED, True, reason, status.message, now)
+    set_condition(status, ConditionType.RUNNING, False, reason, status.message, now)
     return _with_events(old, Decision(status=status, running=False))
 
 

@@ -11,7 +11,7 @@ from grpo_operator.api.contract import CONTRACT_FILE, RunContract
 from grpo_operator.api.job import GROUP, PLURAL, GRPOJob
 from grpo_operator.instance_types import InstanceTable
 from grpo_operator.instance_types import load as load_instance_types
-from grpo_operator.render import names, pods
+from grpo_operator.render import kueue, names, pods
 from grpo_operator.render.contract import contract as render_contract
 
 POD_GROUP_API = {
@@ -40,18 +40,29 @@ def render(
     running: bool = True,
     zone: str | None = None,
     instance_types: InstanceTable | None = None,
+    flavors: dict[str, kueue.FlavorPlacement] | None = None,
+    rollout_replicas: int | None = None,
 ) -> Rendered:
     """Render all children. `attempt` labels the trainer gang (bumped per gang restart);
     `running=False` (suspended or finished) scales both StatefulSets to zero pods; `zone`
-    pins the trainer gang to one availability zone chosen by the caller (see pods)."""
+    pins the trainer gang to one availability zone chosen by the caller (see pods).
+    `flavors` (per role) add the node labels and tolerations of the Kueue ResourceFlavors a
+    queued job was admitted on; `rollout_replicas` caps rollout pods at what Kueue admitted."""
     table = instance_types or load_instance_types()
     run = render_contract(job, name=name, namespace=namespace, generation=generation, instance_types=table)
     trainer_tpl, w1 = pods.pod_template(
         job, name=name, role=names.ROLE_TRAINER, attempt=attempt, table=table, zone=zone
     )
     rollout_tpl, w2 = pods.pod_template(job, name=name, role=names.ROLE_ROLLOUT, attempt=attempt, table=table)
+    for role, placement in (flavors or {}).items():
+        if role == names.ROLE_TRAINER:
+            trainer_tpl, conflicts = kueue.with_flavor(trainer_tpl, placement)
+        else:
+            rollout_tpl, conflicts = kueue.with_flavor(rollout_tpl, placement)
+        w1 += [f"{role}: {c}" for c in conflicts]
     trainer_n = job.spec.trainer.replicas if running else 0
-    rollout_n = job.spec.rollout.replicas if running else 0
+    rollout_n = job.spec.rollout.replicas if rollout_replicas is None else rollout_replicas
+    rollout_n = rollout_n if running else 0
 
     def meta(obj_name: str) -> dict:
         return {

@@ -27,6 +27,11 @@ PVC_MOUNT_ROOT = "/mnt/pvc"
 MAX_JOB_NAME = 44
 
 
+def workload(job: str) -> str:
+    """The Kueue Workload of a queued job (Kueue's own integrations name theirs `<kind>-<name>-...`)."""
+    return f"grpojob-{job}"
+
+
 def statefulset(job: str, role: str) -> str:
     """Name of the role's StatefulSet, also its headless Service and its pods' prefix."""
     return f"{job}-{role}"
