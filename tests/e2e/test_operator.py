@@ -575,18 +575,13 @@ def test_kueue_admits_evicts_requeues_and_finishes_a_queued_job(kueue_operator, 
     while it is admitted, on the flavor's nodes; after an eviction it stops the pods and hands
     the Workload back to the queue; at the end it marks the Workload Finished."""
     custom, ns = cluster.custom, cluster.ns
-    flavor = f"p5-{ns[-6:]}"
+    flavor, plain = f"p5-{ns[-6:]}", f"cpu-{ns[-6:]}"
     reserved = {"key": "example.com/reserved", "operator": "Exists", "effect": "NoSchedule"}
-    custom.create_cluster_custom_object(
-        *KUEUE,
-        "resourceflavors",
-        {
-            "apiVersion": "/".join(KUEUE),
-            "kind": "ResourceFlavor",
-            "metadata": {"name": flavor},
-            "spec": {"nodeLabels": {ZONE_KEY: "us-west-2a"}, "tolerations": [reserved]},
-        },
-    )
+    # Kueue reserved the trainer's quota in us-west-2b (one p5 there), not the zone with most p5s.
+    p5_in_b = {"nodeLabels": {ZONE_KEY: "us-west-2b"}, "tolerations": [reserved]}
+    for name, flavor_spec in ((flavor, p5_in_b), (plain, {})):
+        body = {"apiVersion": "/".join(KUEUE), "kind": "ResourceFlavor", "metadata": {"name": name}}
+        custom.create_cluster_custom_object(*KUEUE, "resourceflavors", {**body, "spec": flavor_spec})
 
     def workload() -> dict:
         return custom.get_namespaced_custom_object(*KUEUE, ns, "workloads", "grpojob-queued")
@@ -600,8 +595,8 @@ def test_kueue_admits_evicts_requeues_and_finishes_a_queued_job(kueue_operator, 
         "admission": {
             "clusterQueue": "p5-gpus",
             "podSetAssignments": [
-                {"name": "trainer", "flavors": {"nvidia.com/gpu": flavor}, "count": 2},
-                {"name": "rollout", "flavors": {"cpu": flavor}, "count": 2},
+                {"name": "trainer", "flavors": {"nvidia.com/gpu": flavor}, "count": 1},
+                {"name": "rollout", "flavors": {"cpu": plain}, "count": 2},
             ],
         },
         "conditions": [
@@ -610,12 +605,12 @@ def test_kueue_admits_evicts_requeues_and_finishes_a_queued_job(kueue_operator, 
         ],
     }
     try:
-        job = manifest("queued")
+        job = manifest("queued", trainer={"replicas": 1, "instanceType": "p5.48xlarge", "processesPerPod": 8})
         job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
         cluster.create(job)
         wl = wait_for(workload, what="the job's Workload", ignore=(client.ApiException,))
         assert wl["spec"]["queueName"] == "team-a"
-        assert [(p["name"], p["count"]) for p in wl["spec"]["podSets"]] == [("trainer", 2), ("rollout", 2)]
+        assert [(p["name"], p["count"]) for p in wl["spec"]["podSets"]] == [("trainer", 1), ("rollout", 2)]
         trainer_limits = wl["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]
         assert trainer_limits["nvidia.com/gpu"] == "8" and trainer_limits["vpc.amazonaws.com/efa"] == "32"
         assert wl["metadata"]["ownerReferences"][0]["kind"] == "GRPOJob"
@@ -626,9 +621,9 @@ def test_kueue_admits_evicts_requeues_and_finishes_a_queued_job(kueue_operator, 
 
         write_status(admitted)  # Kueue admits the whole job
         cluster.wait_phase("queued", "Running")
-        for pod in cluster.pods("queued", "trainer"):
-            assert pod.spec.node_selector[ZONE_KEY] == "us-west-2a"
-            assert any(t.key == "example.com/reserved" for t in pod.spec.tolerations)
+        (trainer,) = cluster.pods("queued", "trainer")  # the flavor's zone, not the one we would pick
+        assert trainer.spec.node_selector[ZONE_KEY] == "us-west-2b" and trainer.spec.node_name == "p5-b-0"
+        assert any(t.key == "example.com/reserved" for t in trainer.spec.tolerations)
 
         preempted = "Preempted to accommodate a workload of higher priority"
         wl = workload()
@@ -655,7 +650,7 @@ def test_kueue_admits_evicts_requeues_and_finishes_a_queued_job(kueue_operator, 
         evicted_no_more = kueue_condition("Evicted", False, "Readmitted", "")
         write_status({**admitted, "conditions": [*admitted["conditions"], evicted_no_more]})
         cluster.wait_phase("queued", "Running")
-        cluster.wait_for(lambda: len(cluster.ready("queued", "trainer", 2)) == 2, what="trainers ready")
+        cluster.wait_for(lambda: cluster.ready("queued", "trainer", 1), what="trainer ready")
         fail_pod(ns, "queued-trainer-0", exit_code=0, reason="Completed")
         cluster.wait_phase("queued", "Succeeded")
         done = wait_for(
@@ -665,4 +660,5 @@ def test_kueue_admits_evicts_requeues_and_finishes_a_queued_job(kueue_operator, 
         assert done["status"] == "True" and done["reason"] == "Succeeded"
         assert cluster.status("queued").get("restarts", 0) == 0
     finally:
-        custom.delete_cluster_custom_object(*KUEUE, "resourceflavors", flavor)
+        for name in (flavor, plain):
+            custom.delete_cluster_custom_object(*KUEUE, "resourceflavors", name)

@@ -173,11 +173,13 @@ class Reconciler:
         meta = body["metadata"]
         try:
             job = GRPOJob.model_validate({"metadata": {}, "spec": body.get("spec") or {}})
-            zone = self._zone(job, meta, memory, attempt) if running else None
             flavors, rollout_cap = None, None
             if admitted is not None:
                 flavors = {role: self._flavor(admitted.flavors.get(role, [])) for role in kueue.ROLES}
                 rollout_cap = min(job.spec.rollout.replicas, admitted.counts.get(names.ROLE_ROLLOUT, 1 << 30))
+            # A flavor that names a zone is where Kueue reserved the quota: it wins over our choice.
+            zoned = flavors is not None and ZONE_KEY in flavors[names.ROLE_TRAINER].node_labels
+            zone = self._zone(job, meta, memory, attempt) if running and not zoned else None
             out = render.render(
                 job,
                 name=meta["name"],
