@@ -301,8 +301,9 @@ def operator_run(
     tmp_path: Path,
     wait_for,
 ) -> Iterator[OperatorRun]:
-    """The chart installed into `namespace` and the operator running as its ServiceAccount."""
-    scope = request.param
+    """The chart installed into `namespace` and the operator running as its ServiceAccount.
+    The param is the watch scope, `+kueue` adding `kueue.enabled=true`."""
+    scope, _, feature = request.param.partition("+")
     release = f"rbac-{uuid.uuid4().hex[:6]}"
     metrics_port = free_port()
     sets = [
@@ -313,6 +314,8 @@ def operator_run(
     ]
     if scope == "namespaces":
         sets.append(f"watch.namespaces={{{namespace}}}")
+    if feature == "kueue":
+        sets.append("kueue.enabled=true")
     set_args = [a for s in sets for a in ("--set", s)]
     # The chart's CRDs as they are in this checkout (the cluster may hold an older GRPOJob CRD).
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
@@ -381,8 +384,9 @@ def fsx_volume(namespace: str) -> str:
     return f"fsx-{namespace}"[:63]
 
 
-def apply_example(namespace: str, kubectl) -> dict[str, Any]:
-    """The FSx claim (a PV unique to this test), the PriorityClass and the p5 job."""
+def apply_example(namespace: str, kubectl, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """The FSx claim (a PV unique to this test), the PriorityClass and the p5 job (with extra
+    `labels`, such as Kueue's queue name)."""
     pv, pvc = (d for d in yaml.safe_load_all(FSX.read_text()) if d)
     pv["metadata"]["name"] = fsx_volume(namespace)
     pvc["spec"]["volumeName"] = pv["metadata"]["name"]
@@ -396,7 +400,11 @@ def apply_example(namespace: str, kubectl) -> dict[str, Any]:
         "description": "GPU training jobs (examples/p5-qwen3-30b-a3b.yaml)",
     }
     kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all([pv, pvc, priority]))
-    kubectl("apply", "--server-side", "-n", namespace, "-f", str(EXAMPLE))
+    if labels:
+        job["metadata"].setdefault("labels", {}).update(labels)
+        kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=yaml.safe_dump(job))
+    else:
+        kubectl("apply", "--server-side", "-n", namespace, "-f", str(EXAMPLE))
     return job
 
 
@@ -584,3 +592,81 @@ def test_two_replicas_elect_one_leader_and_fail_over(
         if second.poll() is None:
             second.send_signal(signal.SIGINT)
             second.wait(timeout=30)
+
+
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+
+
+@pytest.mark.parametrize("operator_run", ["namespaces+kueue"], indirect=True)
+def test_the_chart_kueue_rules_are_what_a_queued_job_uses(
+    operator_run: OperatorRun,
+    namespace: str,
+    kubectl,
+    k8s_api: client.ApiClient,
+    wait_for: Callable[..., Any],
+    third_party_crds: Path,
+) -> None:
+    """With kueue.enabled the operator, under the chart's identity, takes a queued job through
+    admission, eviction and a suspend (which gives its Workload back): no request is refused
+    and every Kueue rule the chart grants is used."""
+    custom = client.CustomObjectsApi(k8s_api)
+    flavor = f"rbac-{namespace[-6:]}"
+    body = {"apiVersion": "/".join(KUEUE), "kind": "ResourceFlavor", "metadata": {"name": flavor}}
+    custom.create_cluster_custom_object(*KUEUE, "resourceflavors", {**body, "spec": {}})
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+    def condition(kind: str, reason: str) -> dict[str, str]:
+        return {
+            "type": kind,
+            "status": "True",
+            "reason": reason,
+            "message": reason,
+            "lastTransitionTime": now,
+        }
+
+    try:
+        job = apply_example(namespace, kubectl, labels={"kueue.x-k8s.io/queue-name": "p5-queue"})
+        name = job["metadata"]["name"]
+        workload = f"grpojob-{name}"
+
+        def read() -> dict[str, Any]:
+            operator_run.alive()
+            return custom.get_namespaced_custom_object(*KUEUE, namespace, "workloads", workload)
+
+        def phase() -> str | None:
+            operator_run.alive()
+            return (read_job(k8s_api, namespace, name).get("status") or {}).get("phase")
+
+        wait_for(read, what="the job's Workload", ignore=(client.ApiException,), timeout=60)
+        assignments = [
+            {"name": r, "flavors": {"nvidia.com/gpu": flavor}, "count": 2} for r in ("trainer", "rollout")
+        ]
+        admitted = {
+            "admission": {"clusterQueue": "p5-gpus", "podSetAssignments": assignments},
+            "conditions": [condition("QuotaReserved", "QuotaReserved"), condition("Admitted", "Admitted")],
+        }
+        status = custom.patch_namespaced_custom_object_status
+        status(*KUEUE, namespace, "workloads", workload, {"status": admitted})
+        wait_for(lambda: phase() == "Running", what=f"{name} Running", timeout=120)
+        evicted = {"conditions": [*admitted["conditions"], condition("Evicted", "Preempted")]}
+        status(*KUEUE, namespace, "workloads", workload, {"status": evicted})
+        wait_for(lambda: read()["status"].get("admission") is None, what="admission handed back", timeout=120)
+        patch = {"spec": {"runPolicy": {"suspend": True}}}
+        custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
+
+        def gone() -> bool:
+            try:
+                read()
+                return False
+            except client.ApiException as e:
+                return e.status == 404
+
+        wait_for(gone, what="the suspended job's Workload deleted", timeout=60)
+    except TimeoutError as e:
+        pytest.fail(f"{e}\n{operator_run.diagnose()}")
+    finally:
+        custom.delete_cluster_custom_object(*KUEUE, "resourceflavors", flavor)
+    assert not operator_run.refused(), f"the chart lacks permissions: {operator_run.diagnose()}"
+    used = {(c.verb, c.group, c.resource) for c in operator_run.proxy.calls}
+    kueue_rules = {g for g in operator_run.granted if g[1] == KUEUE[0]}
+    assert len(kueue_rules) == 7 and not kueue_rules - used, sorted(kueue_rules - used)
