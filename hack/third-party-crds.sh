@@ -15,6 +15,7 @@ sigs.k8s.io/kueue $KUEUE_VERSION config/components/crd/bases kueue.x-k8s.io_reso
 sigs.k8s.io/kueue $KUEUE_VERSION config/components/crd/bases kueue.x-k8s.io_clusterqueues.yaml
 sigs.k8s.io/kueue $KUEUE_VERSION config/components/crd/bases kueue.x-k8s.io_localqueues.yaml
 sigs.k8s.io/kueue $KUEUE_VERSION config/components/crd/bases kueue.x-k8s.io_workloads.yaml
+sigs.k8s.io/kueue $KUEUE_VERSION config/components/crd/bases kueue.x-k8s.io_workloadpriorityclasses.yaml
 github.com/aws/karpenter-provider-aws $KARPENTER_AWS_VERSION pkg/apis/crds karpenter.sh_nodepools.yaml
 github.com/aws/karpenter-provider-aws $KARPENTER_AWS_VERSION pkg/apis/crds karpenter.k8s.aws_ec2nodeclasses.yaml
 github.com/prometheus-operator/prometheus-operator $PROMETHEUS_OPERATOR_VERSION example/prometheus-operator-crd monitoring.coreos.com_servicemonitors.yaml

@@ -30,6 +30,7 @@ CLUSTER_SCOPED = {
     "PriorityClass",
     "ResourceFlavor",
     "ClusterQueue",
+    "WorkloadPriorityClass",
     "NodePool",
     "EC2NodeClass",
 }

@@ -613,6 +613,8 @@ def test_the_chart_kueue_rules_are_what_a_queued_job_uses(
     flavor = f"rbac-{namespace[-6:]}"
     body = {"apiVersion": "/".join(KUEUE), "kind": "ResourceFlavor", "metadata": {"name": flavor}}
     custom.create_cluster_custom_object(*KUEUE, "resourceflavors", {**body, "spec": {}})
+    wpc = {"apiVersion": "/".join(KUEUE), "kind": "WorkloadPriorityClass", "metadata": {"name": flavor}}
+    custom.create_cluster_custom_object(*KUEUE, "workloadpriorityclasses", {**wpc, "value": 100})
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
     def condition(kind: str, reason: str) -> dict[str, str]:
@@ -625,7 +627,8 @@ def test_the_chart_kueue_rules_are_what_a_queued_job_uses(
         }
 
     try:
-        job = apply_example(namespace, kubectl, labels={"kueue.x-k8s.io/queue-name": "p5-queue"})
+        labels = {"kueue.x-k8s.io/queue-name": "p5-queue", "kueue.x-k8s.io/priority-class": flavor}
+        job = apply_example(namespace, kubectl, labels=labels)
         name = job["metadata"]["name"]
         workload = f"grpojob-{name}"
 
@@ -666,7 +669,8 @@ def test_the_chart_kueue_rules_are_what_a_queued_job_uses(
         pytest.fail(f"{e}\n{operator_run.diagnose()}")
     finally:
         custom.delete_cluster_custom_object(*KUEUE, "resourceflavors", flavor)
+        custom.delete_cluster_custom_object(*KUEUE, "workloadpriorityclasses", flavor)
     assert not operator_run.refused(), f"the chart lacks permissions: {operator_run.diagnose()}"
     used = {(c.verb, c.group, c.resource) for c in operator_run.proxy.calls}
     kueue_rules = {g for g in operator_run.granted if g[1] == KUEUE[0]}
-    assert len(kueue_rules) == 7 and not kueue_rules - used, sorted(kueue_rules - used)
+    assert len(kueue_rules) == 8 and not kueue_rules - used, sorted(kueue_rules - used)

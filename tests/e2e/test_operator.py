@@ -582,6 +582,8 @@ def test_kueue_admits_evicts_requeues_and_finishes_a_queued_job(kueue_operator, 
     for name, flavor_spec in ((flavor, p5_in_b), (plain, {})):
         body = {"apiVersion": "/".join(KUEUE), "kind": "ResourceFlavor", "metadata": {"name": name}}
         custom.create_cluster_custom_object(*KUEUE, "resourceflavors", {**body, "spec": flavor_spec})
+    gold = {"apiVersion": "/".join(KUEUE), "kind": "WorkloadPriorityClass", "metadata": {"name": flavor}}
+    custom.create_cluster_custom_object(*KUEUE, "workloadpriorityclasses", {**gold, "value": 1000})
 
     def workload() -> dict:
         return custom.get_namespaced_custom_object(*KUEUE, ns, "workloads", "grpojob-queued")
@@ -606,10 +608,18 @@ def test_kueue_admits_evicts_requeues_and_finishes_a_queued_job(kueue_operator, 
     }
     try:
         job = manifest("queued", trainer={"replicas": 1, "instanceType": "p5.48xlarge", "processesPerPod": 8})
-        job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+        job["metadata"]["labels"] = {
+            "kueue.x-k8s.io/queue-name": "team-a",
+            "kueue.x-k8s.io/priority-class": flavor,
+        }
         cluster.create(job)
         wl = wait_for(workload, what="the job's Workload", ignore=(client.ApiException,))
-        assert wl["spec"]["queueName"] == "team-a"
+        assert wl["spec"]["queueName"] == "team-a" and wl["spec"]["priority"] == 1000
+        assert wl["spec"]["priorityClassRef"] == {
+            "group": "kueue.x-k8s.io",
+            "kind": "WorkloadPriorityClass",
+            "name": flavor,
+        }
         assert [(p["name"], p["count"]) for p in wl["spec"]["podSets"]] == [("trainer", 1), ("rollout", 2)]
         trainer_limits = wl["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]
         assert trainer_limits["nvidia.com/gpu"] == "8" and trainer_limits["vpc.amazonaws.com/efa"] == "32"
@@ -662,3 +672,18 @@ def test_kueue_admits_evicts_requeues_and_finishes_a_queued_job(kueue_operator, 
     finally:
         for name in (flavor, plain):
             custom.delete_cluster_custom_object(*KUEUE, "resourceflavors", name)
+        custom.delete_cluster_custom_object(*KUEUE, "workloadpriorityclasses", flavor)
+
+
+def test_kueue_job_with_an_unknown_priority_class_says_so_and_asks_for_nothing(kueue_operator, cluster):
+    job = manifest("nopri")
+    job["metadata"]["labels"] = {
+        "kueue.x-k8s.io/queue-name": "team-a",
+        "kueue.x-k8s.io/priority-class": "nope",
+    }
+    cluster.create(job)
+    st = cluster.wait_phase("nopri", "Suspended")
+    assert "WorkloadPriorityClass 'nope' does not exist" in st["message"]
+    with pytest.raises(client.ApiException) as missing:
+        cluster.custom.get_namespaced_custom_object(*KUEUE, cluster.ns, "workloads", "grpojob-nopri")
+    assert missing.value.status == 404

@@ -31,6 +31,7 @@ KNOWN_KINDS = {
     ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"),
     ("kueue.x-k8s.io/v1beta2", "ClusterQueue"),
     ("kueue.x-k8s.io/v1beta2", "LocalQueue"),
+    ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"),
     ("v1", "PersistentVolume"),
     ("v1", "PersistentVolumeClaim"),
 }
@@ -203,6 +204,8 @@ def test_kueue_submission_is_consistent() -> None:
     (path, job), *_ = [
         (p, d) for p, d in JOBS if "kueue.x-k8s.io/queue-name" in d["metadata"].get("labels", {})
     ]
+    (priority,) = of_kind("WorkloadPriorityClass")
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == priority["metadata"]["name"]
     assert lq["spec"]["clusterQueue"] == cq["metadata"]["name"]
     assert job["metadata"]["labels"][names.KUEUE_QUEUE_LABEL] == lq["metadata"]["name"]
     assert job["metadata"]["namespace"] == lq["metadata"]["namespace"]

@@ -42,6 +42,10 @@ def templates(**kw) -> dict[str, dict]:
     }
 
 
+def wl_templates(sts: dict[str, dict]) -> dict[str, dict]:
+    return {r: s["spec"]["template"] for r, s in sts.items()}
+
+
 def condition(
     kind: str, status: bool, reason: str = "R", message: str = "", when: str = "2026-01-01T11:00:00Z"
 ):
@@ -73,7 +77,7 @@ def test_workload_asks_for_each_role_with_its_real_pod_template():
         namespace="ml",
         uid="u-1",
         queue="team-a",
-        templates={r: s["spec"]["template"] for r, s in sts.items()},
+        templates=wl_templates(sts),
         counts={"trainer": 2, "rollout": 3},
     )
     assert wl["metadata"]["name"] == "grpojob-q" and wl["spec"]["queueName"] == "team-a"
@@ -82,6 +86,23 @@ def test_workload_asks_for_each_role_with_its_real_pod_template():
     trainer = wl["spec"]["podSets"][0]["template"]["spec"]
     assert trainer["containers"][0]["resources"]["limits"]["vpc.amazonaws.com/efa"] == "32"
     assert trainer["nodeSelector"]["node.kubernetes.io/instance-type"] == "p5.48xlarge"
+    assert "priority" not in wl["spec"]
+    gold = kueue.Priority("kueue.x-k8s.io", "WorkloadPriorityClass", "gold", 1000)
+    ranked = kueue.workload(
+        name="q",
+        namespace="ml",
+        uid="u-1",
+        queue="team-a",
+        templates=wl_templates(sts),
+        counts={"trainer": 1, "rollout": 1},
+        priority=gold,
+    )
+    assert ranked["spec"]["priority"] == 1000
+    assert ranked["spec"]["priorityClassRef"] == {
+        "group": "kueue.x-k8s.io",
+        "kind": "WorkloadPriorityClass",
+        "name": "gold",
+    }
 
 
 def test_flavor_adds_labels_and_tolerations_and_reports_a_conflict():

@@ -29,6 +29,7 @@ class Admission:
     flavors: dict[str, list[str]] = field(default_factory=dict)  # pod set → ResourceFlavor names
     counts: dict[str, int] = field(default_factory=dict)  # pod set → admitted pods
     message: str = ""
+    blocked: bool = False  # its Workload cannot be made yet (message says why)
 
     @property
     def runs(self) -> bool:

@@ -6,6 +6,7 @@ before any pod is deleted, and stale-attempt trainer pods are deleted on every p
 operator killed at any point converges on the next pass without duplicates.
 """
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -113,9 +114,15 @@ class Reconciler:
             memory.kueue_warned = True
             text = f"{names.KUEUE_QUEUE_LABEL}={queue_name} is ignored: the operator runs without --kueue"
             self.kube.event(body, "Warning", "KueueDisabled", text, status.timestamp(now))
+        priority: kueue.Priority | None = None
         if queue_name and self.kueue and job is not None and error is None:
             workload = self.kube.get(kueue.WORKLOAD_API, "Workload", namespace, names.workload(name))
             queue = admission.read(queue_name, workload)
+            if workload is None:
+                try:
+                    priority = self._priority(meta, job)
+                except LookupError as e:  # no Workload until it exists: the status says why
+                    queue = dataclasses.replace(queue, message=str(e), blocked=True)
         decision = status.decide(
             spec=job.spec if job else None,
             generation=generation,
@@ -144,7 +151,7 @@ class Reconciler:
                 namespace, pods, attempt=decision.status.restarts, obs=obs, running=decision.running
             )
             if queue is not None:
-                self._sync_workload(body, job, rendered, queue, workload, decision, pods, now)
+                self._sync_workload(body, job, rendered, queue, workload, priority, decision, pods, now)
         elif any(not p["metadata"].get("deletionTimestamp") for p in pods):
             # The spec no longer renders (say an edit named an unknown instance type): a
             # Failed job must not keep GPUs, so stop what the last good spec started.
@@ -208,6 +215,23 @@ class Reconciler:
         flavors = [self.kube.get_cluster_scoped(kueue.FLAVOR_API, "resourceflavors", n) for n in flavor_names]
         return kueue.flavor_placement([f for f in flavors if f is not None])
 
+    def _priority(self, meta: dict, job: GRPOJob) -> kueue.Priority | None:
+        """As Kueue's integrations resolve it: the job's WorkloadPriorityClass label, else the
+        pods' PriorityClass. A class that does not exist is an error Kueue would refuse too."""
+        wpc = (meta.get("labels") or {}).get(kueue.PRIORITY_LABEL)
+        if wpc:
+            found = self.kube.get_cluster_scoped(kueue.WORKLOAD_API, "workloadpriorityclasses", wpc)
+            group, kind, name = "kueue.x-k8s.io", "WorkloadPriorityClass", wpc
+        elif job.spec.scheduling.priority_class_name:
+            name = job.spec.scheduling.priority_class_name
+            found = self.kube.get_cluster_scoped("scheduling.k8s.io/v1", "priorityclasses", name)
+            group, kind = "scheduling.k8s.io", "PriorityClass"
+        else:
+            return None
+        if found is None:
+            raise LookupError(f"{kind} {name!r} does not exist; create it or fix the job")
+        return kueue.Priority(group, kind, name, int(found.get("value", 0)))
+
     def _sync_workload(
         self,
         body: dict,
@@ -215,6 +239,7 @@ class Reconciler:
         rendered: render.Rendered,
         queue: admission.Admission,
         workload: dict | None,
+        priority: kueue.Priority | None,
         decision: status.Decision,
         pods: list[dict],
         now: datetime,
@@ -232,15 +257,13 @@ class Reconciler:
             return
         if job.spec.run_policy.suspend:  # the owner stopped it: give back the quota and the queue place
             if workload is not None:
-                self.kube.delete(
-                    kueue.WORKLOAD_API, "Workload", meta["namespace"], names.workload(meta["name"])
-                )
+                self.kube.delete(kueue.WORKLOAD_API, "Workload", namespace, wl_name)
             return
-        counts = {
-            names.ROLE_TRAINER: job.spec.trainer.replicas,
-            names.ROLE_ROLLOUT: job.spec.rollout.replicas,
-        }
+        spec = job.spec
+        counts = {names.ROLE_TRAINER: spec.trainer.replicas, names.ROLE_ROLLOUT: spec.rollout.replicas}
         if workload is None:
+            if queue.blocked:  # the status says why
+                return
             templates = {
                 child["metadata"]["name"]: child["spec"]["template"]
                 for child in rendered.children
@@ -254,6 +277,7 @@ class Reconciler:
                 queue=queue.queue,
                 templates=by_role,
                 counts=counts,
+                priority=priority,
             )
             self.kube.create(obj)
         elif not queue.reserved and kueue.pod_set_counts(workload) != counts:

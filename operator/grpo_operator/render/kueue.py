@@ -26,16 +26,37 @@ class FlavorPlacement:
     tolerations: tuple[dict, ...] = ()
 
 
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+
+
+@dataclass(frozen=True)
+class Priority:
+    """The class Kueue orders and preempts workloads by, and its value."""
+
+    group: str  # kueue.x-k8s.io (WorkloadPriorityClass) or scheduling.k8s.io (PriorityClass)
+    kind: str
+    name: str
+    value: int
+
+
 def queue_name(labels: dict[str, str] | None) -> str | None:
     return (labels or {}).get(names.KUEUE_QUEUE_LABEL) or None
 
 
 def workload(
-    *, name: str, namespace: str, uid: str, queue: str, templates: dict[str, dict], counts: dict[str, int]
+    *,
+    name: str,
+    namespace: str,
+    uid: str,
+    queue: str,
+    templates: dict[str, dict],
+    counts: dict[str, int],
+    priority: Priority | None = None,
 ) -> dict:
     """The job's Workload: one pod set per role with its count and pod template (what Kueue
-    counts against quota and matches flavors with: resources, node selector, tolerations)."""
-    return {
+    counts against quota and matches flavors with: resources, node selector, tolerations),
+    and the priority Kueue orders and preempts by (set by a job integration, as here)."""
+    out = {
         "apiVersion": WORKLOAD_API,
         "kind": "Workload",
         "metadata": {
@@ -52,6 +73,10 @@ def workload(
             ],
         },
     }
+    if priority is not None:
+        ref = {"group": priority.group, "kind": priority.kind, "name": priority.name}
+        out["spec"].update(priorityClassRef=ref, priority=priority.value)
+    return out
 
 
 def pod_set_counts(workload_obj: dict) -> dict[str, int]:
