@@ -675,6 +675,24 @@ def test_kueue_admits_evicts_requeues_and_finishes_a_queued_job(kueue_operator, 
         custom.delete_cluster_custom_object(*KUEUE, "workloadpriorityclasses", flavor)
 
 
+def test_queue_label_without_kueue_runs_the_job_and_says_it_is_not_queued(operator, cluster, wait_for):
+    """An operator started without --kueue cannot hold a labelled job for admission: it runs it,
+    and one Warning Event says the label is ignored, instead of a job waiting for nothing."""
+    job = manifest("unq")
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    cluster.create(job)
+    cluster.wait_phase("unq", "Running")
+
+    def warned() -> list:
+        events = cluster.core.list_namespaced_event(
+            cluster.ns, field_selector="involvedObject.name=unq"
+        ).items
+        return [e for e in events if e.reason == "KueueDisabled"]
+
+    (event,) = wait_for(warned, what="KueueDisabled event")
+    assert event.type == "Warning" and "runs without --kueue" in event.message
+
+
 def test_kueue_job_with_an_unknown_priority_class_says_so_and_asks_for_nothing(kueue_operator, cluster):
     job = manifest("nopri")
     job["metadata"]["labels"] = {

@@ -53,6 +53,8 @@ class JobMemory:
     zone: tuple[int, str | None] | None = None  # (attempt, zone) of the trainer gang
     verdicts: deque = field(default_factory=deque)
     kueue_warned: bool = False  # the queue label was seen without --kueue (one Event)
+    # ResourceFlavors of the current Kueue admission, read once per admission, not every pass.
+    flavors: dict[str, kueue.FlavorPlacement] = field(default_factory=dict)
 
 
 def child_key(obj: dict) -> str:
@@ -138,6 +140,8 @@ class Reconciler:
             metrics.GANG_RESTARTS.inc()
         if job is not None and error is None:
             admitted = queue is not None and queue.runs and decision.running
+            if not admitted:
+                memory.flavors = {}  # a later admission may assign other flavors
             if not decision.running or decision.status.restarts != old.restarts or admitted:
                 _, _, rendered = self._render(
                     body,
@@ -182,7 +186,9 @@ class Reconciler:
             job = GRPOJob.model_validate({"metadata": {}, "spec": body.get("spec") or {}})
             flavors, rollout_cap = None, None
             if admitted is not None:
-                flavors = {role: self._flavor(admitted.flavors.get(role, [])) for role in kueue.ROLES}
+                if not memory.flavors:
+                    memory.flavors = {r: self._flavor(admitted.flavors.get(r, [])) for r in kueue.ROLES}
+                flavors = memory.flavors
                 rollout_cap = min(job.spec.rollout.replicas, admitted.counts.get(names.ROLE_ROLLOUT, 1 << 30))
             # A flavor that names a zone is where Kueue reserved the quota: it wins over our choice.
             zoned = flavors is not None and ZONE_KEY in flavors[names.ROLE_TRAINER].node_labels
