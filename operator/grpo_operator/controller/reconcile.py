@@ -110,21 +110,7 @@ class Reconciler:
         pods = [p for p in pods if p["metadata"].get("creationTimestamp", "") >= born]  # not a namesake's
         obs = observe.summarize(pods, attempt=old.restarts, lost_nodes=frozenset(self.lost_nodes))
         obs.verdicts += [v for v in pending if v.created >= born]
-        queue_name = kueue.queue_name(meta.get("labels"))
-        workload = queue = None
-        if queue_name and not self.kueue and not memory.kueue_warned:
-            memory.kueue_warned = True
-            text = f"{names.KUEUE_QUEUE_LABEL}={queue_name} is ignored: the operator runs without --kueue"
-            self.kube.event(body, "Warning", "KueueDisabled", text, status.timestamp(now))
-        priority: kueue.Priority | None = None
-        if queue_name and self.kueue and job is not None and error is None:
-            workload = self.kube.get(kueue.WORKLOAD_API, "Workload", namespace, names.workload(name))
-            queue = admission.read(queue_name, workload)
-            if workload is None:
-                try:
-                    priority = self._priority(meta, job)
-                except LookupError as e:  # no Workload until it exists: the status says why
-                    queue = dataclasses.replace(queue, message=str(e), blocked=True)
+        queue, workload, priority = self._queue(body, job if error is None else None, memory, now)
         decision = status.decide(
             spec=job.spec if job else None,
             generation=generation,
@@ -220,6 +206,30 @@ class Reconciler:
     def _flavor(self, flavor_names: list[str]) -> kueue.FlavorPlacement:
         flavors = [self.kube.get_cluster_scoped(kueue.FLAVOR_API, "resourceflavors", n) for n in flavor_names]
         return kueue.flavor_placement([f for f in flavors if f is not None])
+
+    def _queue(
+        self, body: dict, job: GRPOJob | None, memory: JobMemory, now: datetime
+    ) -> tuple[admission.Admission | None, dict | None, kueue.Priority | None]:
+        """(admission, Workload, priority for a new Workload) of a job Kueue queues; Nones for
+        any other. Without --kueue a queue label gets one Warning Event, and the job runs."""
+        meta = body["metadata"]
+        queue_name = kueue.queue_name(meta.get("labels"))
+        if queue_name and not self.kueue and not memory.kueue_warned:
+            memory.kueue_warned = True
+            text = f"{names.KUEUE_QUEUE_LABEL}={queue_name} is ignored: the operator runs without --kueue"
+            self.kube.event(body, "Warning", "KueueDisabled", text, status.timestamp(now))
+        if not (queue_name and self.kueue and job is not None):
+            return None, None, None
+        workload = self.kube.get(
+            kueue.WORKLOAD_API, "Workload", meta["namespace"], names.workload(meta["name"])
+        )
+        queue, priority = admission.read(queue_name, workload), None
+        if workload is None:
+            try:
+                priority = self._priority(meta, job)
+            except LookupError as e:  # no Workload until it exists: the status says why
+                queue = dataclasses.replace(queue, message=str(e), blocked=True)
+        return queue, workload, priority
 
     def _priority(self, meta: dict, job: GRPOJob) -> kueue.Priority | None:
         """As Kueue's integrations resolve it: the job's WorkloadPriorityClass label, else the
