@@ -37,6 +37,8 @@ from aiohttp import web
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from kubernetes import client
 
+from tests.e2e.kueue_status import KUEUE, condition
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "grpo-operator"
 EXAMPLE = ROOT / "examples" / "p5-qwen3-30b-a3b.yaml"
@@ -413,6 +415,18 @@ def read_job(k8s_api: client.ApiClient, namespace: str, name: str) -> dict[str, 
     return api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
 
 
+def wait_running(
+    run: OperatorRun, k8s_api: client.ApiClient, wait_for: Callable[..., Any], namespace: str, name: str
+) -> None:
+    """Until the job's phase is Running; a dead operator fails at once instead of timing out."""
+
+    def phase() -> str | None:
+        run.alive()
+        return (read_job(k8s_api, namespace, name).get("status") or {}).get("phase")
+
+    wait_for(lambda: phase() == "Running", what=f"{name} Running", timeout=120)
+
+
 def trainer_pods(k8s_api: client.ApiClient, namespace: str, job: str) -> list[client.V1Pod]:
     selector = f"grpo.dev/job={job},grpo.dev/role=trainer"
     return client.CoreV1Api(k8s_api).list_namespaced_pod(namespace, label_selector=selector).items
@@ -430,12 +444,8 @@ def test_operator_under_chart_identity_runs_and_restarts_a_job(
     name = job["metadata"]["name"]
     applied_spec = read_job(k8s_api, namespace, name)["spec"]
 
-    def phase() -> str | None:
-        operator_run.alive()
-        return (read_job(k8s_api, namespace, name).get("status") or {}).get("phase")
-
     try:
-        wait_for(lambda: phase() == "Running", what=f"{name} Running", timeout=120)
+        wait_running(operator_run, k8s_api, wait_for, namespace, name)
     except TimeoutError as e:
         pytest.fail(f"{e}\n{operator_run.diagnose()}")
     health = urllib.request.urlopen(f"http://127.0.0.1:{operator_run.metrics_port}/healthz", timeout=5)
@@ -560,10 +570,7 @@ def test_two_replicas_elect_one_leader_and_fail_over(
         job = apply_example(namespace, kubectl)
         name = job["metadata"]["name"]
 
-        def phase() -> str | None:
-            return (read_job(k8s_api, namespace, name).get("status") or {}).get("phase")
-
-        wait_for(lambda: phase() == "Running", what=f"{name} Running", timeout=120)
+        wait_running(operator_run, k8s_api, wait_for, namespace, name)
         counts = {log: reconciles(port) for log, (_, port) in replicas.items()}
         active = [log for log, n in counts.items() if n > 0]
         assert len(active) == 1, f"exactly one replica reconciles: {counts}"
@@ -594,9 +601,6 @@ def test_two_replicas_elect_one_leader_and_fail_over(
             second.wait(timeout=30)
 
 
-KUEUE = ("kueue.x-k8s.io", "v1beta2")
-
-
 @pytest.mark.parametrize("operator_run", ["namespaces+kueue"], indirect=True)
 def test_the_chart_kueue_rules_are_what_a_queued_job_uses(
     operator_run: OperatorRun,
@@ -615,17 +619,6 @@ def test_the_chart_kueue_rules_are_what_a_queued_job_uses(
     custom.create_cluster_custom_object(*KUEUE, "resourceflavors", {**body, "spec": {}})
     wpc = {"apiVersion": "/".join(KUEUE), "kind": "WorkloadPriorityClass", "metadata": {"name": flavor}}
     custom.create_cluster_custom_object(*KUEUE, "workloadpriorityclasses", {**wpc, "value": 100})
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-    def condition(kind: str, reason: str) -> dict[str, str]:
-        return {
-            "type": kind,
-            "status": "True",
-            "reason": reason,
-            "message": reason,
-            "lastTransitionTime": now,
-        }
-
     try:
         labels = {"kueue.x-k8s.io/queue-name": "p5-queue", "kueue.x-k8s.io/priority-class": flavor}
         job = apply_example(namespace, kubectl, labels=labels)
@@ -636,22 +629,23 @@ def test_the_chart_kueue_rules_are_what_a_queued_job_uses(
             operator_run.alive()
             return custom.get_namespaced_custom_object(*KUEUE, namespace, "workloads", workload)
 
-        def phase() -> str | None:
-            operator_run.alive()
-            return (read_job(k8s_api, namespace, name).get("status") or {}).get("phase")
-
         wait_for(read, what="the job's Workload", ignore=(client.ApiException,), timeout=60)
         assignments = [
             {"name": r, "flavors": {"nvidia.com/gpu": flavor}, "count": 2} for r in ("trainer", "rollout")
         ]
         admitted = {
             "admission": {"clusterQueue": "p5-gpus", "podSetAssignments": assignments},
-            "conditions": [condition("QuotaReserved", "QuotaReserved"), condition("Admitted", "Admitted")],
+            "conditions": [
+                condition("QuotaReserved", True, "QuotaReserved", "QuotaReserved"),
+                condition("Admitted", True, "Admitted", "Admitted"),
+            ],
         }
         status = custom.patch_namespaced_custom_object_status
         status(*KUEUE, namespace, "workloads", workload, {"status": admitted})
-        wait_for(lambda: phase() == "Running", what=f"{name} Running", timeout=120)
-        evicted = {"conditions": [*admitted["conditions"], condition("Evicted", "Preempted")]}
+        wait_running(operator_run, k8s_api, wait_for, namespace, name)
+        evicted = {
+            "conditions": [*admitted["conditions"], condition("Evicted", True, "Preempted", "Preempted")]
+        }
         status(*KUEUE, namespace, "workloads", workload, {"status": evicted})
         wait_for(lambda: read()["status"].get("admission") is None, what="admission handed back", timeout=120)
         patch = {"spec": {"runPolicy": {"suspend": True}}}

@@ -20,6 +20,8 @@ import pytest
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from kubernetes import client
 
+from tests.e2e.kueue_status import KUEUE, condition
+
 ROOT = Path(__file__).resolve().parents[2]
 CRD = Path(os.environ.get("GRPO_E2E_CRD", ROOT / "crds" / "grpojobs.grpo.dev.yaml"))
 ZONE_KEY = "topology.kubernetes.io/zone"
@@ -550,9 +552,6 @@ def test_recreated_namesake_is_not_blamed_for_old_pods(operator, cluster, wait_f
     assert cluster.status("again")["phase"] == "Running"
 
 
-KUEUE = ("kueue.x-k8s.io", "v1beta2")
-
-
 @pytest.fixture
 def kueue_operator(crd, third_party_crds, kubeconfig, kubectl, namespace, tmp_path):
     """The operator with --kueue; this cluster has Kueue's CRDs but no Kueue controller, so the
@@ -562,12 +561,6 @@ def kueue_operator(crd, third_party_crds, kubeconfig, kubectl, namespace, tmp_pa
     kubectl("delete", "grpojobs", "--all", "-n", namespace, "--timeout=60s", check=False)
     op.kill(signal.SIGTERM)
     print(op.log.read_text()[-8000:])
-
-
-def kueue_condition(kind: str, status: bool, reason: str, message: str) -> dict:
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    state = "True" if status else "False"
-    return {"type": kind, "status": state, "reason": reason, "message": message, "lastTransitionTime": now}
 
 
 def test_kueue_admits_evicts_requeues_and_finishes_a_queued_job(kueue_operator, cluster, fail_pod, wait_for):
@@ -602,8 +595,8 @@ def test_kueue_admits_evicts_requeues_and_finishes_a_queued_job(kueue_operator, 
             ],
         },
         "conditions": [
-            kueue_condition("QuotaReserved", True, "QuotaReserved", "Quota reserved in ClusterQueue p5-gpus"),
-            kueue_condition("Admitted", True, "Admitted", "The workload is admitted"),
+            condition("QuotaReserved", True, "QuotaReserved", "Quota reserved in ClusterQueue p5-gpus"),
+            condition("Admitted", True, "Admitted", "The workload is admitted"),
         ],
     }
     try:
@@ -641,7 +634,7 @@ def test_kueue_admits_evicts_requeues_and_finishes_a_queued_job(kueue_operator, 
             {
                 "conditions": [
                     *wl["status"]["conditions"],
-                    kueue_condition("Evicted", True, "Preempted", preempted),
+                    condition("Evicted", True, "Preempted", preempted),
                 ]
             }
         )
@@ -657,7 +650,7 @@ def test_kueue_admits_evicts_requeues_and_finishes_a_queued_job(kueue_operator, 
         assert kinds["QuotaReserved"]["status"] == "False" and kinds["Requeued"]["status"] == "True"
         assert not cluster.pods("queued", "trainer")
 
-        evicted_no_more = kueue_condition("Evicted", False, "Readmitted", "")
+        evicted_no_more = condition("Evicted", False, "Readmitted", "")
         write_status({**admitted, "conditions": [*admitted["conditions"], evicted_no_more]})
         cluster.wait_phase("queued", "Running")
         cluster.wait_for(lambda: cluster.ready("queued", "trainer", 1), what="trainer ready")

@@ -58,7 +58,7 @@ def workload(conditions=(), admission_=None) -> dict:
     if admission_ is not None:
         status["admission"] = admission_
     meta = {"name": "grpojob-q", "namespace": "ml", "generation": 1, "resourceVersion": "7"}
-    return {"apiVersion": kueue.WORKLOAD_API, "kind": "Workload", "metadata": meta, "status": status}
+    return {"apiVersion": kueue.API_VERSION, "kind": "Workload", "metadata": meta, "status": status}
 
 
 ADMISSION = {
@@ -136,7 +136,7 @@ def test_a_workload_gates_the_job_until_admitted_and_after_an_eviction():
     pending = admission.read(
         "team-a", workload([condition("QuotaReserved", False, "Pending", "no GPU quota left")])
     )
-    assert pending.exists and not pending.runs and not pending.reserved
+    assert not pending.runs and not pending.reserved
     assert (
         pending.why_waiting() == "waiting for Kueue to admit it from LocalQueue 'team-a': no GPU quota left"
     )

@@ -21,7 +21,6 @@ class Admission:
     """A queued job's standing with Kueue."""
 
     queue: str
-    exists: bool = False
     admitted: bool = False
     evicted: str | None = None  # the eviction message while Evicted=True
     reserved: bool = False  # holds quota (status.admission set)
@@ -66,7 +65,6 @@ def read(queue: str, workload: dict | None) -> Admission:
     pending = _condition(conditions, QUOTA_RESERVED)
     return Admission(
         queue,
-        exists=True,
         admitted=_true(conditions, ADMITTED) and bool(admission),
         evicted=evicted.get("message") or evicted.get("reason", "") if _true(conditions, EVICTED) else None,
         reserved=bool(admission),

@@ -204,7 +204,9 @@ class Reconciler:
             return None, str(e), None
 
     def _flavor(self, flavor_names: list[str]) -> kueue.FlavorPlacement:
-        flavors = [self.kube.get_cluster_scoped(kueue.FLAVOR_API, "resourceflavors", n) for n in flavor_names]
+        flavors = [
+            self.kube.get_cluster_scoped(kueue.API_VERSION, "resourceflavors", n) for n in flavor_names
+        ]
         return kueue.flavor_placement([f for f in flavors if f is not None])
 
     def _queue(
@@ -221,7 +223,7 @@ class Reconciler:
         if not (queue_name and self.kueue and job is not None):
             return None, None, None
         workload = self.kube.get(
-            kueue.WORKLOAD_API, "Workload", meta["namespace"], names.workload(meta["name"])
+            kueue.API_VERSION, "Workload", meta["namespace"], names.workload(meta["name"])
         )
         queue, priority = admission.read(queue_name, workload), None
         if workload is None:
@@ -236,7 +238,7 @@ class Reconciler:
         pods' PriorityClass. A class that does not exist is an error Kueue would refuse too."""
         wpc = (meta.get("labels") or {}).get(kueue.PRIORITY_LABEL)
         if wpc:
-            found = self.kube.get_cluster_scoped(kueue.WORKLOAD_API, "workloadpriorityclasses", wpc)
+            found = self.kube.get_cluster_scoped(kueue.API_VERSION, "workloadpriorityclasses", wpc)
             group, kind, name = "kueue.x-k8s.io", "WorkloadPriorityClass", wpc
         elif job.spec.scheduling.priority_class_name:
             name = job.spec.scheduling.priority_class_name
@@ -273,7 +275,7 @@ class Reconciler:
             return
         if job.spec.run_policy.suspend:  # the owner stopped it: give back the quota and the queue place
             if workload is not None:
-                self.kube.delete(kueue.WORKLOAD_API, "Workload", namespace, wl_name)
+                self.kube.delete(kueue.API_VERSION, "Workload", namespace, wl_name)
             return
         spec = job.spec
         counts = {names.ROLE_TRAINER: spec.trainer.replicas, names.ROLE_ROLLOUT: spec.rollout.replicas}
@@ -298,7 +300,7 @@ class Reconciler:
             self.kube.create(obj)
         elif not queue.reserved and kueue.pod_set_counts(workload) != counts:
             # Replicas changed while queued: a new Workload asks for the new counts.
-            self.kube.delete(kueue.WORKLOAD_API, "Workload", namespace, wl_name)
+            self.kube.delete(kueue.API_VERSION, "Workload", namespace, wl_name)
         elif queue.evicted is not None and queue.reserved and not pods:
             self.kube.patch_status_of(workload, admission.cleared(workload, now))
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 
 from grpo_operator.render import names
 
-WORKLOAD_API = "kueue.x-k8s.io/v1beta2"
-FLAVOR_API = WORKLOAD_API
+API_VERSION = "kueue.x-k8s.io/v1beta2"  # Workloads, ResourceFlavors, WorkloadPriorityClasses
 ROLES = (names.ROLE_TRAINER, names.ROLE_ROLLOUT)
 
 
@@ -57,7 +56,7 @@ def workload(
     counts against quota and matches flavors with: resources, node selector, tolerations),
     and the priority Kueue orders and preempts by (set by a job integration, as here)."""
     out = {
-        "apiVersion": WORKLOAD_API,
+        "apiVersion": API_VERSION,
         "kind": "Workload",
         "metadata": {
             "name": names.workload(name),
