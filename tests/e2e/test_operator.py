@@ -69,14 +69,18 @@ class Operator:
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
 
-    def writes(self) -> float:
-        """Total API writes the operator sent (its own counter)."""
+    def metric(self, name: str) -> float:
+        """Sum of the samples of one series of the operator's /metrics (all label sets)."""
         _, text = self.get("/metrics")
         return sum(
             float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()
-            if line.startswith("grpo_operator_api_writes_total{")
+            if line.startswith((f"{name} ", f"{name}{{"))
         )
+
+    def writes(self) -> float:
+        """Total API writes the operator sent (its own counter)."""
+        return self.metric("grpo_operator_api_writes_total")
 
 
 @pytest.fixture(scope="module")
@@ -501,6 +505,7 @@ def test_node_loss_restarts_the_gang(operator, cluster, wait_for):
     suffix = cluster.ns[-6:]
     zone = f"us-test-{suffix}"
     nodes = [f"lost-{suffix}-{i}" for i in range(3)]
+    sentinel = f"never-ready-{suffix}"
     try:
         for n in nodes:
             cluster.core.create_node(fake_p5_node(n, zone))
@@ -514,6 +519,10 @@ def test_node_loss_restarts_the_gang(operator, cluster, wait_for):
         victim = next(
             p.spec.node_name for p in cluster.pods("node", "trainer") if p.metadata.name == "node-trainer-1"
         )
+        # A node kwok never makes Ready: once the operator counts it lost, its node watch is live
+        # (a freshly started operator could otherwise miss the deletion below, on a loaded machine).
+        cluster.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": sentinel}})
+        wait_for(lambda: operator.metric("grpo_operator_lost_nodes") >= 1, what="node watch live")
         cluster.core.delete_node(victim)
         wait_for(lambda: cluster.status("node").get("restarts") == 1, what="restarts == 1")
         assert victim in cluster.condition("node", "Restarting")["message"]
@@ -525,7 +534,7 @@ def test_node_loss_restarts_the_gang(operator, cluster, wait_for):
         assert st["restarts"] == 1
         assert {p.spec.node_name for p in cluster.pods("node", "trainer")} <= set(nodes) - {victim}
     finally:
-        for n in nodes:
+        for n in [*nodes, sentinel]:
             with contextlib.suppress(client.ApiException):
                 cluster.core.delete_node(n)
 

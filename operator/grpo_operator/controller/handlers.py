@@ -141,6 +141,7 @@ async def node_changed(name: str, body: kopf.Body, type: str | None, memo: kopf.
         rt.jobs.wake_all()
     elif known and not lost:
         rt.reconciler.lost_nodes.discard(name)
+    metrics.LOST_NODES.set(len(rt.reconciler.lost_nodes))
 
 
 @kopf.on.startup()

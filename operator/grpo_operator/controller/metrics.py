@@ -21,6 +21,7 @@ RECONCILE_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 JOBS = Gauge("grpo_operator_jobs", "GRPOJobs seen by this operator, by phase.", ["phase"])
+LOST_NODES = Gauge("grpo_operator_lost_nodes", "Nodes seen deleted or not Ready (their gangs restart).")
 GANG_RESTARTS = Counter("grpo_operator_gang_restarts_total", "Trainer gang restarts performed.")
 API_WRITES = Counter(
     "grpo_operator_api_writes_total", "Write requests sent to the API server.", ["verb", "kind"]
