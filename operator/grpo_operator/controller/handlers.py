@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import kopf
 
+from grpo_operator import lifecycle
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from grpo_operator.controller import metrics, observe
 from grpo_operator.controller.reconcile import JobMemory, Reconciler
@@ -99,8 +100,8 @@ async def pod_changed(
     pod = dict(body)
     verdict = observe.verdict(pod, rt.reconciler.lost_nodes)
     if verdict is None and type == "DELETED":
-        verdict = observe.Verdict(
-            "deleted",
+        verdict = lifecycle.Verdict(
+            lifecycle.VerdictKind.DELETED,
             pod=body.metadata.name,
             role=labels.get(names.LABEL_ROLE, ""),
             attempt=observe.pod_attempt(pod),

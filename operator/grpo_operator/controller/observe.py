@@ -6,39 +6,8 @@ within milliseconds by replacing the pod) and by each reconcile (over a fresh po
 
 from dataclasses import dataclass, field
 
-from grpo_operator.api.contract import PERMANENT_EXIT_CODES
+from grpo_operator.lifecycle import Verdict, VerdictKind
 from grpo_operator.render import names
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Something that happened to one pod: succeeded, failed, deleted or node-lost."""
-
-    kind: str
-    pod: str
-    role: str
-    attempt: int
-    exit_code: int | None = None
-    reason: str = ""
-    created: str = ""
-    """created: the pod's creationTimestamp, to drop news of a same-named job's old pods."""
-
-    @property
-    def permanent(self) -> bool:
-        return self.kind == "failed" and self.exit_code in PERMANENT_EXIT_CODES
-
-    def describe(self) -> str:
-        """Which pod, which ranks, and why: what an on-call engineer reads first."""
-        what = {
-            "failed": "failed",
-            "deleted": "was deleted",
-            "node-lost": "lost its node",
-            "succeeded": "exited 0",
-        }
-        text = f"{self.role} pod {self.pod} {what.get(self.kind, self.kind)}"
-        if self.exit_code is not None and self.kind == "failed":
-            text += f" with exit code {self.exit_code}"
-        return f"{text} ({self.reason})" if self.reason else text
 
 
 def pod_index(pod: dict) -> int:
@@ -80,18 +49,17 @@ def verdict(pod: dict, lost_nodes: frozenset[str] | set[str] = frozenset()) -> V
     phase = status.get("phase")
     if (term is not None and term.get("exitCode") == 0) or phase == "Succeeded":
         if role == names.ROLE_TRAINER and pod_index(pod) == 0:
-            return Verdict("succeeded", **base, exit_code=0)
+            return Verdict(VerdictKind.SUCCEEDED, **base, exit_code=0)
     elif term is not None:
-        reason = term.get("reason") or ""
-        message = term.get("message") or ""
-        return Verdict("failed", **base, exit_code=term.get("exitCode"), reason=f"{reason} {message}".strip())
+        why = f"{term.get('reason') or ''} {term.get('message') or ''}".strip()
+        return Verdict(VerdictKind.FAILED, **base, exit_code=term.get("exitCode"), reason=why)
     if phase == "Failed":
-        return Verdict("failed", **base, reason=status.get("reason") or status.get("message") or "")
+        return Verdict(VerdictKind.FAILED, **base, reason=status.get("reason") or status.get("message") or "")
     if meta.get("deletionTimestamp"):
-        return Verdict("deleted", **base, reason=status.get("reason") or "")
+        return Verdict(VerdictKind.DELETED, **base, reason=status.get("reason") or "")
     node = (pod.get("spec") or {}).get("nodeName")
     if node and node in lost_nodes:
-        return Verdict("node-lost", **base, reason=f"node {node} is gone or NotReady")
+        return Verdict(VerdictKind.NODE_LOST, **base, reason=f"node {node} is gone or NotReady")
     return None
 
 
@@ -143,12 +111,13 @@ def summarize(
         v = verdict(pod, lost_nodes)
         if v is not None:
             obs.verdicts.append(v)
-            if role == names.ROLE_ROLLOUT and v.kind == "failed" and not meta.get("deletionTimestamp"):
+            failed = v.kind == VerdictKind.FAILED and not meta.get("deletionTimestamp")
+            if role == names.ROLE_ROLLOUT and failed:
                 obs.failed_rollout_pods.append(meta["name"])
         if meta.get("deletionTimestamp"):
             continue
         summary.existing += 1
         summary.scheduled += bool((pod.get("spec") or {}).get("nodeName"))
         summary.unschedulable = summary.unschedulable or _unschedulable(pod)
-        summary.ready += _is_ready(pod) and (v is None or v.kind == "succeeded")
+        summary.ready += _is_ready(pod) and (v is None or v.kind == VerdictKind.SUCCEEDED)
     return obs

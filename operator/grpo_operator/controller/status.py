@@ -7,7 +7,7 @@ whole lifecycle is unit-tested without a cluster.
 """
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.api.status import (
@@ -20,7 +20,9 @@ from grpo_operator.api.status import (
     ReplicaStatus,
 )
 from grpo_operator.controller.admission import Admission
-from grpo_operator.controller.observe import Observation, Verdict
+from grpo_operator.controller.observe import Observation
+from grpo_operator.lifecycle import GangDecision, Outcome, Verdict, gang_decision, seconds_left
+from grpo_operator.render import names
 
 WARNING_REASONS = {
     Reason.TRAINER_FAILED,
@@ -124,59 +126,48 @@ def decide(
     status.start_time = status.start_time or timestamp(now)
     decision = Decision(status=status, running=True)
     deadline = spec.run_policy.active_deadline_seconds
-    if deadline is not None:
-        remaining = (parse_time(status.start_time) + timedelta(seconds=deadline) - now).total_seconds()
-        if remaining <= 0:
-            msg = f"job ran past activeDeadlineSeconds={deadline}"
-            _finish(status, Phase.FAILED, Reason.DEADLINE_EXCEEDED, msg, now)
-            return _with_events(old, Decision(status=status, running=False))
-        decision.requeue_after = remaining
-    verdicts = [v for v in obs.verdicts if v.role == "trainer" and v.attempt == old.restarts]
-    if any(v.kind == "succeeded" for v in verdicts):
+    remaining = seconds_left((now - parse_time(status.start_time)).total_seconds(), deadline)
+    if remaining is not None and remaining <= 0:
+        msg = f"job ran past activeDeadlineSeconds={deadline}"
+        _finish(status, Phase.FAILED, Reason.DEADLINE_EXCEEDED, msg, now)
+        return _with_events(old, Decision(status=status, running=False))
+    decision.requeue_after = remaining
+    verdicts = [v for v in obs.verdicts if v.role == names.ROLE_TRAINER and v.attempt == old.restarts]
+    gang = gang_decision(verdicts, restarts=old.restarts, backoff_limit=spec.run_policy.backoff_limit)
+    if gang.outcome == Outcome.RUN:
+        _progress_phase(spec, old, status, obs, now)
+    elif gang.outcome == Outcome.SUCCEED:
         _finish(status, Phase.SUCCEEDED, Reason.COMPLETED, "trainer rank 0 exited 0 after its last step", now)
         decision.running = False
-        return _with_events(old, decision)
-    failures = [v for v in verdicts if v.kind != "succeeded"]
-    if failures:
-        return _with_events(old, _on_failure(spec, status, failures, now, decision))
-    _progress_phase(spec, old, status, obs, now)
+    else:
+        _on_failure(spec, status, gang, now, decision)
     return _with_events(old, decision)
 
 
 def _on_failure(
-    spec: GRPOJobSpec, status: GRPOJobStatus, failures: list[Verdict], now: datetime, decision: Decision
-) -> Decision:
-    """Permanent errors fail at once; others restart the whole gang until backoffLimit."""
-    first = failures[0]
-    reason = Reason.NODE_LOST if first.kind == "node-lost" else Reason.TRAINER_FAILED
-    what = _where(spec, status, first)
-    permanent = next((v for v in failures if v.permanent), None)
-    if permanent is not None:
-        _finish(
-            status,
-            Phase.FAILED,
-            Reason.PERMANENT_ERROR,
-            f"{_where(spec, status, permanent)}: a permanent error",
-            now,
+    spec: GRPOJobSpec, status: GRPOJobStatus, gang: GangDecision, now: datetime, decision: Decision
+) -> None:
+    """Fail the job, or record the next attempt of the gang (the policy is `lifecycle`'s)."""
+    assert gang.culprit is not None and gang.reason is not None
+    what, limit = _where(spec, status, gang.culprit), spec.run_policy.backoff_limit
+    if gang.outcome == Outcome.FAIL:
+        msg = (
+            f"{what}: a permanent error"
+            if gang.reason == Reason.PERMANENT_ERROR
+            else f"{what}; {status.restarts} gang restarts reached backoffLimit={limit}"
         )
+        _finish(status, Phase.FAILED, gang.reason, msg, now)
         decision.running = False
-        return decision
-    limit = spec.run_policy.backoff_limit
-    if status.restarts >= limit:
-        msg = f"{what}; {status.restarts} gang restarts reached backoffLimit={limit}"
-        _finish(status, Phase.FAILED, Reason.BACKOFF_LIMIT_EXCEEDED, msg, now)
-        decision.running = False
-        return decision
+        return
     status.restarts += 1
     status.phase = Phase.RESTARTING
     status.message = f"{what}; restarting all trainer pods (restart {status.restarts} of {limit})"
-    set_condition(status, ConditionType.RESTARTING, True, reason, status.message, now)
-    set_condition(status, ConditionType.RUNNING, False, reason, status.message, now)
+    set_condition(status, ConditionType.RESTARTING, True, gang.reason, status.message, now)
+    set_condition(status, ConditionType.RUNNING, False, gang.reason, status.message, now)
     status.trainer = ReplicaStatus(
         replicas=spec.trainer.replicas, ready=0, ready_text=f"0/{spec.trainer.replicas}"
     )
     decision.gang_restart = True
-    return decision
 
 
 def _where(spec: GRPOJobSpec, status: GRPOJobStatus, v: Verdict) -> str:
@@ -250,8 +241,7 @@ def _terminal(spec: GRPOJobSpec | None, status: GRPOJobStatus, now: datetime) ->
     decision = Decision(status=status, running=False)
     ttl = spec.run_policy.ttl_seconds_after_finished if spec else None
     done = parse_time(status.completion_time)
-    if ttl is not None and done is not None:
-        remaining = (done + timedelta(seconds=ttl) - now).total_seconds()
+    if done is not None and (remaining := seconds_left((now - done).total_seconds(), ttl)) is not None:
         decision.delete_job = remaining <= 0
         decision.requeue_after = remaining if remaining > 0 else None
     return decision

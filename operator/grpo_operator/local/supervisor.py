@@ -2,12 +2,11 @@
 
 Called by `grpo-operator run` (`grpo_operator.cli.run`). It starts the rollout servers,
 waits for their health endpoints, starts the trainer gang and follows rank 0's progress.
-Failure handling mirrors the cluster: a dead rollout server is replaced alone (the trainer
-re-sends its prompts elsewhere); a trainer process that dies takes the whole gang down and
-the gang restarts from its last checkpoint, up to `runPolicy.backoffLimit` times; a
-permanent exit code (PERMANENT_EXIT_CODES of the run contract, e.g. 3 for a configuration
-error) is never retried. Ctrl-C or SIGTERM stops
-every process group before the runtime exits.
+Failure handling is the cluster's: a dead rollout server is replaced alone (the trainer
+re-sends its prompts elsewhere); what a trainer process's exit means (restart the gang from
+its last checkpoint, fail for good, or done) is decided by `grpo_operator.lifecycle`, the
+policy the controller applies to pods. Ctrl-C or SIGTERM stops every process group before
+the runtime exits.
 """
 
 import signal
@@ -20,14 +19,18 @@ from typing import Any
 
 from rich.console import Console
 
-from grpo_operator.api.contract import PERMANENT_EXIT_CODES
+from grpo_operator import lifecycle
+from grpo_operator.api.status import Phase, Reason
+from grpo_operator.lifecycle import GangDecision, Outcome, Verdict, VerdictKind
 from grpo_operator.local.display import ProgressView, RunState, print_failure
 from grpo_operator.local.plan import LocalPlan
 from grpo_operator.local.procs import PodProcess, stop_all
 from grpo_operator.local.progress import ProgressLog, StepRecord, summarize
+from grpo_operator.render import names
 
 ROLLOUT_RESTART_LIMIT = 5  # per server; a server that keeps dying is a bug, not bad luck
 POLL_S = 0.2
+INTERRUPTED = "Interrupted"  # a local run's own end besides the job phases: stopped by Ctrl-C
 
 
 class RunFailed(Exception):
@@ -96,7 +99,8 @@ class Supervisor:
                     # draining rollout servers would refuse; then the servers drain an idle queue.
                     stop_all(self.trainer)
                     stop_all(self.rollout)
-                    self.state.phase = "Failed" if failure else "Interrupted" if interrupted else "Succeeded"
+                    ended = Phase.FAILED if failure else Phase.SUCCEEDED
+                    self.state.phase = INTERRUPTED if interrupted else ended
                     self.state.elapsed_s = time.monotonic() - start
         finally:
             for s, handler in previous.items():
@@ -128,15 +132,16 @@ class Supervisor:
         if not self.plan.rollout:
             raise RunFailed("rollout.replicas is 0: no server would generate completions locally")
         self.rollout = [PodProcess.start(c, self.logs, 0) for c in self.plan.rollout]
-        self.state.phase = "Starting rollout"
+        self.state.phase = Phase.STARTING
         self._wait_healthy(view, start)
         self.trainer = self._start_gang(attempt=0)
-        self.state.phase = "Running"
+        self.state.phase = Phase.RUNNING
         deadline = self.plan.job.spec.run_policy.active_deadline_seconds
         while True:
             self._check_signal()
             self.state.elapsed_s = time.monotonic() - start
-            if deadline is not None and self.state.elapsed_s > deadline:
+            left = lifecycle.seconds_left(self.state.elapsed_s, deadline)
+            if left is not None and left <= 0:
                 raise RunFailed(f"activeDeadlineSeconds ({deadline}) exceeded at step {self._step()}")
             self._replace_dead_rollout(view)
             view.update(self.state, self.progress.poll())
@@ -197,25 +202,50 @@ class Supervisor:
             self.rollout[i] = PodProcess.start(proc.command, self.logs, self._rollout_restarts[i])
 
     def _gang_finished(self, view: ProgressView) -> bool:
-        """True when every trainer pod exited 0; restarts the gang when one failed and retries remain."""
-        codes = [p.poll() for p in self.trainer]
-        failed = [(p, c) for p, c in zip(self.trainer, codes, strict=True) if c not in (None, 0)]
-        if not failed:
-            return all(c == 0 for c in codes)
-        proc, code = failed[0]
-        name = proc.command.name
-        what = f"{name} {_exit_text(code)} at step {self._step()}: {proc.why()}"
-        tails = {p.command.name: (p.log_path, p.log_tail()) for p, _ in failed}
-        if code in PERMANENT_EXIT_CODES:
-            raise RunFailed(f"permanent error, not retried: {what}", tails)
+        """True when training finished; restarts the gang or raises as `lifecycle` decides."""
         limit = self.plan.job.spec.run_policy.backoff_limit
-        if self.state.gang_restarts >= limit:
+        gang = gang_decision(self.trainer, restarts=self.state.gang_restarts, backoff_limit=limit)
+        if gang.outcome in (Outcome.RUN, Outcome.SUCCEED):
+            return gang.outcome == Outcome.SUCCEED
+        culprit = next(p for p in self.trainer if gang.culprit and p.command.name == gang.culprit.pod)
+        code = culprit.poll()
+        assert code is not None
+        what = f"{culprit.command.name} {_exit_text(code)} at step {self._step()}: {culprit.why()}"
+        failed = [p for p in self.trainer if p.poll() not in (None, 0)]
+        tails = {p.command.name: (p.log_path, p.log_tail()) for p in failed}
+        if gang.reason == Reason.PERMANENT_ERROR:
+            raise RunFailed(f"permanent error, not retried: {what}", tails)
+        if gang.outcome == Outcome.FAIL:
             raise RunFailed(f"backoffLimit ({limit}) exceeded: {what}", tails)
-        self.state.phase = "Restarting"
+        self.state.phase = Phase.RESTARTING
         stop_all(self.trainer)
         self.state.gang_restarts += 1
         n = self.state.gang_restarts
         view.note(f"{what}\nrestarting the trainer gang from its last checkpoint ({n}/{limit})")
         self.trainer = self._start_gang(attempt=self.state.gang_restarts)
-        self.state.phase = "Running"
+        self.state.phase = Phase.RUNNING
         return False
+
+
+def gang_decision(trainer: list[PodProcess], *, restarts: int, backoff_limit: int) -> GangDecision:
+    """The lifecycle policy applied to the gang's processes, as the controller applies it to pods."""
+    verdicts = process_verdicts(trainer, attempt=restarts)
+    return lifecycle.gang_decision(verdicts, restarts=restarts, backoff_limit=backoff_limit)
+
+
+def process_verdicts(trainer: list[PodProcess], *, attempt: int) -> list[Verdict]:
+    """What a kubelet and the operator's pod watch would say of these trainer "pods": pod 0
+    exiting 0 is success, any other exit code a failure (a signal as 128 + n, as a kubelet
+    reports it), a running process nothing."""
+    out = []
+    for index, proc in enumerate(trainer):
+        code = proc.poll()
+        if code is None or (code == 0 and index > 0):
+            continue
+        base = {"pod": proc.command.name, "role": names.ROLE_TRAINER, "attempt": attempt}
+        if code == 0:
+            out.append(Verdict(VerdictKind.SUCCEEDED, **base, exit_code=0))
+        else:
+            exit_code = 128 - code if code < 0 else code
+            out.append(Verdict(VerdictKind.FAILED, **base, exit_code=exit_code, reason=proc.why()))
+    return out
