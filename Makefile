@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TINY := examples/.tiny
 
-.PHONY: setup control-plane lint test test-unit demo crd cluster-up cluster-down e2e-kind
+.PHONY: setup control-plane lint test test-unit demo crd podspec-schema cluster-up cluster-down e2e-kind
 
 setup:
 	bash hack/venv.sh >/dev/null
@@ -34,6 +34,10 @@ demo: setup
 crd: setup
 	$(VENV)/bin/grpo-operator crd > crds/grpojobs.grpo.dev.yaml
 	cp crds/grpojobs.grpo.dev.yaml charts/grpo-operator/crds/grpojobs.grpo.dev.yaml
+
+# After a Kubernetes bump (hack/versions.sh): re-resolve the embedded PodSpec schema, then `make crd`.
+podspec-schema:
+	bash hack/podspec-schema.sh
 
 cluster-up: setup control-plane
 	bash hack/cluster.sh up

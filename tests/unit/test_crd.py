@@ -1,5 +1,6 @@
 """The generated GRPOJob CRD: in sync with crds/, structural, defaulted, documented, and its CEL compiles."""
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,7 +10,7 @@ import celpy
 import pytest
 import yaml
 from grpo_operator import crd, validation
-from grpo_operator.api import job
+from grpo_operator.api import job, podspec
 from grpo_operator.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +71,8 @@ def test_schema_is_structural_and_documented(schema: dict[str, Any]) -> None:
         assert all(k.startswith("x-kubernetes-") for k in extra), f"{path}: {extra}"
         typed = "type" in node or node.get("x-kubernetes-int-or-string")
         assert typed, f"{path} has no type"
-        if path.count(".") and not path.endswith(("[]", "{}")) and path != ".metadata":
+        embedded = ".template.spec." in path  # the generated PodSpec: `kubectl explain pod.spec` has its docs
+        if path.count(".") and not path.endswith(("[]", "{}")) and path != ".metadata" and not embedded:
             assert node.get("description"), f"{path} has no description"
 
 
@@ -82,9 +84,10 @@ def test_optional_unions_and_exclusive_bounds(schema: dict[str, Any]) -> None:
     assert requests["additionalProperties"]["x-kubernetes-int-or-string"] is True
     lr = spec["algorithm"]["properties"]["learningRate"]
     assert (lr["minimum"], lr["exclusiveMinimum"], lr["maximum"]) == (0, True, 1)
-    assert spec["trainer"]["properties"]["template"]["properties"]["spec"][
-        "x-kubernetes-preserve-unknown-fields"
-    ]
+    pod_spec = spec["trainer"]["properties"]["template"]["properties"]["spec"]
+    assert "x-kubernetes-preserve-unknown-fields" not in pod_spec
+    port = pod_spec["properties"]["containers"]["items"]["properties"]["ports"]["items"]["properties"]
+    assert port["containerPort"]["type"] == "integer" and port["protocol"]["default"] == "TCP"
 
 
 def test_server_side_defaults_cover_every_default_the_pods_read(schema: dict[str, Any]) -> None:
@@ -162,3 +165,57 @@ def test_defaults_satisfy_their_own_rules(schema: dict[str, Any]) -> None:
             problems = validation.cel_problems(node["default"], node, ("default",))
             assert problems == [], f"{path}: default {node['default']} fails {problems}"
     assert checked >= 5
+
+
+def test_every_integer_has_a_maximum(schema: dict[str, Any]) -> None:
+    """Integers reach datetime, RNG seeds and Kubernetes' int32/int64: none may be unbounded."""
+    integers = [(p, n) for p, n in _nodes(schema) if n.get("type") == "integer"]
+    assert len(integers) > 50
+    for path, node in integers:
+        assert "maximum" in node, f"{path} has no maximum"
+        name = path.rsplit(".", 1)[-1]
+        if ".template.spec." not in path and not path.startswith(".status"):
+            assert str(node["maximum"]) in node["description"], f"{path}: bound not in its description"
+    deadline = schema["properties"]["spec"]["properties"]["runPolicy"]["properties"]
+    assert deadline["activeDeadlineSeconds"]["maximum"] == deadline["ttlSecondsAfterFinished"]["maximum"]
+    assert deadline["activeDeadlineSeconds"]["maximum"] <= 10 * 366 * 86400, name
+
+
+def test_template_spec_is_the_generated_pod_spec(schema: dict[str, Any]) -> None:
+    """Both roles embed podspec.schema.json, as the CRD generator rewrites it, and nothing else."""
+    roles = schema["properties"]["spec"]["properties"]
+    expected = crd._structural(podspec.schema(), {}, "PodSpec")
+    for role in ("trainer", "rollout"):
+        embedded = dict(roles[role]["properties"]["template"]["properties"]["spec"])
+        assert embedded.pop("description").startswith("spec: optional. A partial core/v1 PodSpec")
+        assert embedded == expected, role
+    assert "required" not in expected  # a partial override: the operator renders the containers
+    containers = expected["properties"]["containers"]
+    assert containers["items"]["required"] == ["name"] and "image" not in containers["items"]["required"]
+    assert expected["properties"]["initContainers"]["items"]["required"] == ["image", "name"]
+    assert not {"ephemeralContainers", "activeDeadlineSeconds"} & set(expected["properties"])
+
+
+def test_pod_spec_comes_from_the_control_planes_kubernetes_version() -> None:
+    versions = (ROOT / "hack" / "versions.sh").read_text()
+    k8s = re.search(r'K8S_VERSION="\$\{K8S_VERSION:-(v[0-9.]+)\}"', versions)
+    assert k8s and podspec.SOURCE.startswith(f"k8s.io/kubernetes@{k8s[1]} "), (
+        f"{podspec.SOURCE}: run `make podspec-schema` and `make crd` after a Kubernetes bump"
+    )
+
+
+def test_list_map_keys_are_required_or_defaulted(schema: dict[str, Any]) -> None:
+    """The API server refuses a CRD whose list-map key may be absent from an item."""
+    maps = [(p, n) for p, n in _nodes(schema) if n.get("x-kubernetes-list-type") == "map"]
+    assert len(maps) > 10
+    for path, node in maps:
+        item = node["items"]
+        for key in node["x-kubernetes-list-map-keys"]:
+            assert key in item.get("required", []) or "default" in item["properties"][key], f"{path}: {key}"
+
+
+def test_crd_size_stays_within_the_api_servers_limits() -> None:
+    """Two embedded PodSpecs: etcd takes 1.5 MiB, `kubectl apply`'s last-applied annotation 256 KiB."""
+    compact = len(json.dumps(crd.build_crd(), separators=(",", ":")))
+    assert compact < 200 * 1024, compact
+    assert len(crd.crd_yaml()) < 512 * 1024

@@ -8,7 +8,7 @@ from enum import StrEnum
 
 from pydantic import ConfigDict, Field
 
-from grpo_operator.api.base import ApiModel, cel, immutable
+from grpo_operator.api.base import MAX_SEED, ApiModel, cel, immutable
 
 
 class KLEstimator(StrEnum):
@@ -41,12 +41,15 @@ class ImportanceSampling(StrEnum):
 class OverlongPenalty(ApiModel):
     buffer_tokens: int = Field(
         ge=1,
-        description="bufferTokens: required. Completions within this many tokens of the limit are penalised.",
+        le=131072,
+        description="bufferTokens: required, [1, 131072], less than maxNewTokens. Completions within this "
+        "many tokens of the limit are penalised.",
     )
     penalty: float = Field(
         default=1.0,
         ge=0,
-        description="penalty: optional, default 1.0. Largest reward reduction (at the limit).",
+        le=1000,
+        description="penalty: optional, default 1.0, [0, 1000]. Largest reward reduction (at the limit).",
     )
 
 
@@ -70,15 +73,20 @@ class AlgorithmSpec(ApiModel):
         default=32,
         ge=1,
         le=65536,
-        description="promptsPerStep: optional, default 32. Prompts per optimizer step.",
+        description="promptsPerStep: optional, default 32, [1, 65536]. Prompts per optimizer step.",
     )
     micro_batch_size: int = Field(
         default=8,
         ge=1,
-        description="microBatchSize: optional, default 8. Sequences per forward/backward per rank.",
+        le=65536,
+        description="microBatchSize: optional, default 8, [1, 65536]. Sequences per forward/backward per "
+        "rank.",
     )
     max_steps: int = Field(
-        default=1000, ge=1, description="maxSteps: optional, default 1000. Optimizer steps."
+        default=1000,
+        ge=1,
+        le=10_000_000,
+        description="maxSteps: optional, default 1000, [1, 10000000]. Optimizer steps.",
     )
     learning_rate: float = Field(
         default=1e-6,
@@ -99,12 +107,14 @@ class AlgorithmSpec(ApiModel):
         description="clipHigh: optional, default 0.28 (DAPO's clip-higher), [0, 10]. Ratio clipped above "
         "1+clipHigh.",
     )
-    kl_coef: float = Field(default=0.0, ge=0, description="klCoef: optional, default 0 (no reference model).")
+    kl_coef: float = Field(
+        default=0.0, ge=0, le=100, description="klCoef: optional, default 0 (no reference model), [0, 100]."
+    )
     kl_estimator: KLEstimator = Field(
         default=KLEstimator.K3, description="klEstimator: optional, default k3. Estimator of KL(π‖π_ref)."
     )
     entropy_coef: float = Field(
-        default=0.0, ge=0, description="entropyCoef: optional, default 0. Entropy bonus."
+        default=0.0, ge=0, le=100, description="entropyCoef: optional, default 0, [0, 100]. Entropy bonus."
     )
     loss_aggregation: LossAggregation = Field(
         default=LossAggregation.TOKEN_MEAN,
@@ -129,7 +139,8 @@ class AlgorithmSpec(ApiModel):
     importance_sampling_cap: float = Field(
         default=2.0,
         ge=1,
-        description="importanceSamplingCap: optional, default 2.0, ≥ 1. Truncation of the IS weight.",
+        le=1000,
+        description="importanceSamplingCap: optional, default 2.0, [1, 1000]. Truncation of the IS weight.",
     )
     filter_zero_variance_groups: bool = Field(
         default=True,
@@ -151,10 +162,13 @@ class AlgorithmSpec(ApiModel):
         default=256,
         ge=1,
         le=131072,
-        description="maxNewTokens: optional, default 256. Completion length limit.",
+        description="maxNewTokens: optional, default 256, [1, 131072]. Completion length limit.",
     )
     seed: int = Field(
-        default=0, ge=0, description="seed: optional, default 0. Seeds sampling and initialisation."
+        default=0,
+        ge=0,
+        le=MAX_SEED,
+        description="seed: optional, default 0, [0, 4294967295]. Seeds sampling and initialisation.",
     )
     routing_replay: bool = Field(
         default=False,

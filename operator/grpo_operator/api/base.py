@@ -12,6 +12,11 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 CEL_KEY = "x-kubernetes-validations"
+# Maxima of integers that reach Python or Kubernetes arithmetic (datetime, seeds, counters):
+# generous for any real job, far from where datetime, int64 or a float64 JSON number give out.
+MAX_SECONDS = 315_360_000  # 10 years
+MAX_SEED = 2**32 - 1  # what every RNG the workloads seed accepts (numpy's is the narrowest)
+MAX_COUNT = 2**53 - 1  # counters written to status: exact in every JSON reader (float64)
 
 
 def cel(*rules: tuple[str, str] | tuple[str, str, str]) -> dict[str, Any]:

@@ -5,11 +5,12 @@ these into the two StatefulSets' pods.
 """
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
-from grpo_operator.api.base import ApiModel, cel, immutable
+from grpo_operator.api import podspec
+from grpo_operator.api.base import MAX_SECONDS, ApiModel, cel, immutable
 
 Quantity = Annotated[str | int, Field(description="A Kubernetes quantity such as 4, '500m' or '16Gi'.")]
 # Bounds on strings, lists and maps keep the API server's CEL cost estimates within its limits.
@@ -52,7 +53,11 @@ class Toleration(ApiModel):
         description="effect: optional. NoSchedule, PreferNoSchedule or NoExecute; empty matches all.",
     )
     toleration_seconds: int | None = Field(
-        default=None, description="tolerationSeconds: optional. How long a NoExecute taint is tolerated."
+        default=None,
+        ge=-MAX_SECONDS,
+        le=MAX_SECONDS,
+        description="tolerationSeconds: optional, at most 315360000 (10 years). How long a NoExecute taint "
+        "is tolerated; unset tolerates it forever.",
     )
 
 
@@ -82,12 +87,15 @@ class PodTemplateOverride(ApiModel):
     metadata: PodMetadata | None = Field(
         default=None, description="metadata: optional. Pod labels, annotations."
     )
-    spec: dict[str, Any] | None = Field(
+    spec: podspec.PodSpecOverride | None = Field(
         default=None,
-        description="spec: optional. A partial PodSpec merged onto the rendered one (volumes, sidecars, "
-        "envFrom, imagePullSecrets, priorityClassName, securityContext...). The operator's own fields "
-        "win on conflict and the conflict is reported.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        description="spec: optional. A partial core/v1 PodSpec merged onto the rendered one (volumes, "
+        "sidecars, envFrom, imagePullSecrets, priorityClassName, securityContext...), checked against "
+        "the Kubernetes PodSpec schema: no field is required, a container with the role's name changes "
+        "the rendered container, any other container needs an image; lists and maps hold at most 256 "
+        "entries, integers stay within their int32/int64 range; activeDeadlineSeconds and "
+        "ephemeralContainers are refused and restartPolicy may only be Always (a StatefulSet's pods). "
+        "The operator's own fields win on conflict and the conflict is reported.",
     )
 
 
@@ -143,29 +151,30 @@ class TrainerSpec(RoleCommon):
                 "epBackend deepep needs GPU nodes: set trainer.instanceType",
                 ".epBackend",
             ),
+            podspec.sidecars_need_images("trainer"),
         )
     )
     replicas: int = Field(
         default=1,
         ge=1,
         le=1024,
-        description="replicas: optional, default 1, immutable. Trainer pods (one per node).",
+        description="replicas: optional, default 1, [1, 1024], immutable. Trainer pods (one per node).",
         json_schema_extra=immutable("trainer.replicas"),
     )
     processes_per_pod: int = Field(
         default=8,
         ge=1,
         le=64,
-        description="processesPerPod: optional, default 8, immutable. Ranks per pod, one per GPU on GPU "
-        "nodes.",
+        description="processesPerPod: optional, default 8, [1, 64], immutable. Ranks per pod, one per GPU "
+        "on GPU nodes.",
         json_schema_extra=immutable("trainer.processesPerPod"),
     )
     expert_parallel_size: int = Field(
         default=1,
         ge=1,
         le=4096,
-        description="expertParallelSize: optional, default 1, immutable. Ranks that share one copy of the "
-        "experts.",
+        description="expertParallelSize: optional, default 1, [1, 4096], immutable. Ranks that share one "
+        "copy of the experts.",
         json_schema_extra=immutable("trainer.expertParallelSize"),
     )
     ep_backend: EPBackend = Field(
@@ -199,6 +208,7 @@ class RolloutSpec(RoleCommon):
                 "rollout.replicas must be <= rollout.maxReplicas",
                 ".maxReplicas",
             ),
+            podspec.sidecars_need_images("rollout"),
         )
     )
     image: str = Field(
@@ -208,7 +218,7 @@ class RolloutSpec(RoleCommon):
         description=f"image: optional, default {ROLLOUT_IMAGE} (vLLM and the torch engine). Container image.",
     )
     replicas: int = Field(
-        default=1, ge=0, le=4096, description="replicas: optional, default 1. Mutable live."
+        default=1, ge=0, le=4096, description="replicas: optional, default 1, [0, 4096]. Mutable live."
     )
     min_replicas: int | None = Field(
         default=None, ge=0, le=4096, description="minReplicas: optional, [0, 4096]. Lower scaling bound."
@@ -224,10 +234,11 @@ class RolloutSpec(RoleCommon):
         default=1,
         ge=1,
         le=64,
-        description="tensorParallelSize: optional, default 1. GPUs per rollout server.",
+        description="tensorParallelSize: optional, default 1, [1, 64]. GPUs per rollout server.",
     )
     max_batch_size: int = Field(
         default=256,
         ge=1,
-        description="maxBatchSize: optional, default 256. Sequences one server decodes at once.",
+        le=65536,
+        description="maxBatchSize: optional, default 256, [1, 65536]. Sequences one server decodes at once.",
     )

@@ -12,7 +12,7 @@ from enum import StrEnum
 from pydantic import ConfigDict, Field
 
 from grpo_operator.api.algorithm import AlgorithmSpec
-from grpo_operator.api.base import ApiModel, cel, immutable
+from grpo_operator.api.base import MAX_SECONDS, MAX_SEED, ApiModel, cel, immutable
 from grpo_operator.api.roles import RolloutSpec, TrainerSpec
 
 URI_PATTERN = r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|/.*|\./.*|[A-Za-z0-9_.\-][^:]*)$"
@@ -59,7 +59,10 @@ class DatasetSpec(ApiModel):
         description="promptField: optional, default 'prompt'. Column with the prompt.",
     )
     shuffle_seed: int = Field(
-        default=0, ge=0, description="shuffleSeed: optional, default 0. Seed of the per-epoch prompt order."
+        default=0,
+        ge=0,
+        le=MAX_SEED,
+        description="shuffleSeed: optional, default 0, [0, 4294967295]. Seed of the per-epoch prompt order.",
     )
 
 
@@ -87,7 +90,10 @@ class RewardFunction(ApiModel):
         "fn(prompts, completions, **columns) -> list[float].",
     )
     weight: float = Field(
-        default=1.0, description="weight: optional, default 1.0. Factor in the summed reward."
+        default=1.0,
+        ge=-1000,
+        le=1000,
+        description="weight: optional, default 1.0, [-1000, 1000]. Factor in the summed reward.",
     )
 
 
@@ -139,9 +145,14 @@ class CheckpointSpec(ApiModel):
         description=f"path: optional. Checkpoint root: {URI_HELP}.",
     )
     every_steps: int = Field(
-        default=50, ge=1, description="everySteps: optional, default 50. Steps between saves."
+        default=50,
+        ge=1,
+        le=10_000_000,
+        description="everySteps: optional, default 50, [1, 10000000]. Steps between saves.",
     )
-    keep_last: int = Field(default=3, ge=1, le=1000, description="keepLast: optional, default 3. Saves kept.")
+    keep_last: int = Field(
+        default=3, ge=1, le=1000, description="keepLast: optional, default 3, [1, 1000]. Saves kept."
+    )
 
 
 class PodGroupKind(StrEnum):
@@ -169,7 +180,7 @@ class RunPolicy(ApiModel):
         default=3,
         ge=0,
         le=1000,
-        description="backoffLimit: optional, default 3. Gang restarts before Failed.",
+        description="backoffLimit: optional, default 3, [0, 1000]. Gang restarts before Failed.",
     )
     suspend: bool = Field(
         default=False, description="suspend: optional, default false. Removes pods, keeps job."
@@ -177,12 +188,16 @@ class RunPolicy(ApiModel):
     active_deadline_seconds: int | None = Field(
         default=None,
         ge=1,
-        description="activeDeadlineSeconds: optional. Running time before the job is Failed.",
+        le=MAX_SECONDS,
+        description="activeDeadlineSeconds: optional, [1, 315360000] (10 years). Running time before the "
+        "job is Failed.",
     )
     ttl_seconds_after_finished: int | None = Field(
         default=None,
         ge=0,
-        description="ttlSecondsAfterFinished: optional. Delete the job this long after it ends.",
+        le=MAX_SECONDS,
+        description="ttlSecondsAfterFinished: optional, [0, 315360000] (10 years). Delete the job this long "
+        "after it ends.",
     )
 
 

@@ -9,7 +9,10 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from grpo_operator.api.base import ApiModel
+from grpo_operator.api.base import MAX_COUNT, ApiModel
+
+# Every counter below is at most MAX_COUNT (2^53 - 1, exact in any JSON reader), far above what a
+# job reaches; the bound keeps a corrupted status from reaching arithmetic unbounded.
 
 
 class Phase(StrEnum):
@@ -63,14 +66,14 @@ class Condition(ApiModel):
 
 
 class ReplicaStatus(ApiModel):
-    replicas: int = Field(default=0, description="replicas: pods wanted for this role.")
-    ready: int = Field(default=0, description="ready: pods of this role that are Ready.")
+    replicas: int = Field(default=0, le=MAX_COUNT, description="replicas: pods wanted for this role.")
+    ready: int = Field(default=0, le=MAX_COUNT, description="ready: pods of this role that are Ready.")
     ready_text: str = Field(default="0/0", description="readyText: 'ready/replicas', for printer columns.")
 
 
 class Progress(ApiModel):
-    step: int = Field(default=0, description="step: optimizer steps completed.")
-    max_steps: int | None = Field(default=None, description="maxSteps: steps the job will run.")
+    step: int = Field(default=0, le=MAX_COUNT, description="step: optimizer steps completed.")
+    max_steps: int | None = Field(default=None, le=MAX_COUNT, description="maxSteps: steps the job will run.")
     reward_mean: float | None = Field(default=None, description="rewardMean: mean reward of the last step.")
     tokens_per_second: float | None = Field(
         default=None, description="tokensPerSecond: generated plus trained tokens per second, last step."
@@ -86,9 +89,13 @@ class Progress(ApiModel):
         ge=0,
         description="epAllToAllSeconds: seconds in expert-parallel dispatch and combine, last step.",
     )
-    weight_version: int | None = Field(default=None, description="weightVersion: policy version on rollout.")
+    weight_version: int | None = Field(
+        default=None, le=MAX_COUNT, description="weightVersion: policy version on rollout."
+    )
     last_checkpoint: str | None = Field(default=None, description="lastCheckpoint: path of the newest one.")
-    last_checkpoint_step: int | None = Field(default=None, description="lastCheckpointStep: its step.")
+    last_checkpoint_step: int | None = Field(
+        default=None, le=MAX_COUNT, description="lastCheckpointStep: its step."
+    )
     updated_at: str | None = Field(
         default=None, description="updatedAt: when rank 0 last reported (RFC 3339)."
     )
@@ -103,9 +110,11 @@ class GRPOJobStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(
-        default=None, description="observedGeneration: the spec generation this status describes."
+        default=None,
+        le=MAX_COUNT,
+        description="observedGeneration: the spec generation this status describes.",
     )
-    restarts: int = Field(default=0, description="restarts: trainer gang restarts so far.")
+    restarts: int = Field(default=0, le=MAX_COUNT, description="restarts: trainer gang restarts so far.")
     trainer: ReplicaStatus | None = Field(default=None, description="trainer: trainer pod readiness.")
     rollout: ReplicaStatus | None = Field(default=None, description="rollout: rollout pod readiness.")
     progress: Progress | None = Field(default=None, description="progress: reported by trainer rank 0.")

@@ -4,7 +4,8 @@ Called by `grpo-operator validate` and by the tests that hold it to a real API s
 It follows kube-apiserver's steps for a custom resource, in order: YAML to JSON (as
 kubectl converts it), non-nullable nulls pruned and schema defaults applied from the
 generated CRD, the OpenAPI schema checked (by the pydantic models the schema is generated
-from, in strict mode), then every `x-kubernetes-validations` rule of the CRD evaluated with
+from, in strict mode, and inside the embedded PodSpecs, plain dicts to the models, by the
+CRD's schema itself: `structural`), then every `x-kubernetes-validations` rule of the CRD evaluated with
 cel-python on the defaulted object; transition rules (`oldSelf`) only when an old object is
 given. Rules are read from the CRD, never re-implemented here.
 """
@@ -14,10 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pydantic
+
 from grpo_operator import crd
 from grpo_operator.api import job
+from grpo_operator.validation import escalation
 from grpo_operator.validation.cel import cel_problems
 from grpo_operator.validation.schema import apply_defaults, metadata_problems, schema_problems
+from grpo_operator.validation.structural import embedded_problems
 from grpo_operator.validation.yaml_docs import Path_, Problem, dotted, json_value, load_documents
 
 
@@ -55,7 +60,9 @@ def check_object(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list
         new["metadata"]["name"] = f"{str(meta['generateName'])[:58]}x7b2q"
     apply_defaults(new, schema)
     problems, blocking = schema_problems(new)
-    out += problems
+    embedded, embedded_blocking = embedded_problems(new, schema)  # template.spec: dicts to the models
+    out += problems + embedded
+    blocking |= embedded_blocking
     if not blocking:
         if old is not None:
             old = {k: json_value(v) for k, v in old.items() if k != "status"}
@@ -86,8 +93,34 @@ def validate_text(
     return problems
 
 
-def validate_file(path: str | Path, old: str | Path | None = None) -> list[Problem]:
-    """validate_text on a file (and its old version); `-` reads standard input."""
+def escalation_warnings(text: str, file: str = "<stdin>") -> list[Problem]:
+    """What each GRPOJob in `text` asks beyond what GRPOJob `create` grants (`escalation.refusals`):
+    valid for the CRD, but refused by the chart's admission policy unless the requester may escalate."""
+    docs, _ = load_documents(text, file)
+    out = []
+    for doc in docs:
+        if not is_grpojob(doc.data):
+            continue
+        try:
+            model = job.GRPOJob.model_validate(doc.data)
+        except pydantic.ValidationError:
+            continue  # validate_text says why
+        meta = doc.data.get("metadata") if isinstance(doc.data.get("metadata"), dict) else {}
+        annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+        for refusal in escalation.refusals(model, annotations):
+            path, _, message = refusal.partition(": ")
+            out.append(Problem(file, doc.line(tuple(path.split("[", 1)[0].split("."))), path, message))
+    return out
+
+
+def validate_file(
+    path: str | Path, old: str | Path | None = None, warnings: list[Problem] | None = None
+) -> list[Problem]:
+    """validate_text on a file (and its old version); `-` reads standard input. With `warnings`, the
+    escalation warnings of a valid file are appended to it."""
     text = sys.stdin.read() if str(path) == "-" else Path(path).read_text(encoding="utf-8")
     old_text = Path(old).read_text(encoding="utf-8") if old is not None else None
-    return validate_text(text, str(path), old_text, str(old))
+    problems = validate_text(text, str(path), old_text, str(old))
+    if warnings is not None and not problems:
+        warnings += escalation_warnings(text, str(path))
+    return problems
