@@ -16,6 +16,12 @@ PLURAL = "grpojobs"
 SINGULAR = "grpojob"
 SHORT_NAMES = ("grpo",)
 CATEGORIES = ("all", "ml")
+# The RBAC verb on grpojobs that lets a requester ask for pods beyond what GRPOJob `create` grants
+# (docs/security.md); the chart's admission policy checks it, and its ClusterRole grants it.
+ESCALATE_VERB = "escalate"
+# A job carrying this annotation with the value "true" was approved by a holder of ESCALATE_VERB
+# (the admission policy refuses it from anyone else); only then does the operator render escalations.
+ESCALATION_APPROVED_ANNOTATION = f"{GROUP}/escalation-approved"
 # Child names are '<job>-trainer' / '<job>-rollout': Services need DNS-1035 labels, and a StatefulSet
 # name must leave room for its pods' 11-character controller-revision-hash suffix within 63.
 MAX_NAME_LENGTH = 44

@@ -2,7 +2,10 @@
 
 Gives the API server's verdict without a cluster (see `grpo_operator.validation`): one
 line `FILE:LINE: field.path: message` per problem, `FILE: valid` otherwise, and a
-non-zero exit status when any file is invalid. Documents of other kinds are skipped.
+non-zero exit status when any file is invalid. Documents of other kinds are skipped. A valid job
+that asks for more than GRPOJob `create` grants (privilege, host access, Secrets...) gets one
+`FILE:LINE: warning: field.path: message` each: the chart's admission policy refuses it unless
+the requester holds the `escalate` verb (docs/security.md).
 """
 
 import argparse
@@ -23,14 +26,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     invalid = 0
     for name in args.files:
+        warnings: list[validation.Problem] = []
         try:
-            problems = validation.validate_file(name, old=args.old)
+            problems = validation.validate_file(name, old=args.old, warnings=warnings)
         except OSError as err:
             print(f"{name}: cannot read: {err.strerror or err}", file=sys.stderr)
             invalid += 1
             continue
         for problem in problems:
             print(problem, file=sys.stderr)
+        for w in warnings:
+            print(f"{w.file}:{w.line}: warning: {w.path}: {w.message}", file=sys.stderr)
         if problems:
             invalid += 1
         else:
