@@ -1,7 +1,7 @@
 """The one table of EC2 instance types the renderer knows: GPUs and EFA devices per node.
 
-`grpo_operator.render` reads it to size trainer and rollout pods (DESIGN.md §5). It is kept
-in code so a render needs no cluster, and it is overridable because AWS adds instance types
+`grpo_operator.render` reads it to size trainer and rollout pods (docs/install-eks.md has the
+EFA facts). It is kept in code so a render needs no cluster, and it is overridable because AWS adds instance types
 faster than we release: `load(path)` merges a YAML/JSON file (for example a mounted
 ConfigMap, `grpo-operator operator --instance-types FILE` or env `GRPO_INSTANCE_TYPES`)
 over the built-in rows.

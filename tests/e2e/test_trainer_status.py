@@ -14,11 +14,12 @@ import pytest
 import yaml
 from grpo_operator import render
 from grpo_operator.api.job import GROUP, PLURAL, VERSION, GRPOJob
-from grpo_operator.api.status import Progress
 from grpo_operator.render import names
 from grpo_trainer.progress import StatusPatcher
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from tests.unit.test_grpo_progress import REPORT
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,8 +69,8 @@ def test_rank0_progress_lands_in_status_and_only_for_its_own_job(
     as_trainer = trainer_api(k8s_api, kubectl, job, namespace)
 
     patcher = StatusPatcher(namespace, "reporter", api=as_trainer)
-    progress = Progress(step=7, max_steps=1000, reward_mean=0.625, tokens_per_second=1234.5, weight_version=7)
-    patcher.submit(progress.wire())
+    report = REPORT.model_copy(update={"step": 7, "reward_mean": 0.625, "weight_version": 7})
+    patcher.submit(report.to_progress().wire())  # every progress field, through the CRD's schema
 
     def reported() -> bool:
         got = admin.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "reporter")
@@ -78,6 +79,7 @@ def test_rank0_progress_lands_in_status_and_only_for_its_own_job(
     wait_for(reported, what="status.progress.step == 7 written with the trainer's identity", timeout=30)
     status = admin.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "reporter")["status"]
     assert status["progress"]["rewardMean"] == 0.625 and status["progress"]["weightVersion"] == 7
+    assert status["progress"]["epAllToAllSeconds"] == REPORT.ep_all_to_all_s
 
     body = {"status": {"progress": {"step": 99}}}
     with pytest.raises(ApiException) as denied:

@@ -85,9 +85,13 @@ def check_model(name: str, reference: torch.nn.Module, rank: int, world: int, ba
     vocab = reference.config.vocab_size
     model = moe.expert_parallel(copy.deepcopy(reference), backend=backend)
     assert len(moe.moe_layers(model)) >= 1
+    assert moe.exchange_seconds(model) == 0.0  # auto's start-up measurement is not training time
     ids, proj = batch(rank, vocab)
     logits = model(ids).logits
     (logits * proj).sum().backward()
+    # forward and backward exchanges are timed at EP > 1; nothing leaves the rank at EP = 1
+    assert (moe.exchange_seconds(model) > 0) == (world > 1)
+    assert moe.exchange_seconds(model) == 0.0  # taken: the next step starts from zero
 
     ref_logits = reference(ids).logits
     (ref_logits * proj).sum().backward()

@@ -1,4 +1,5 @@
-"""Rank 0's progress lines: one JSON object per step, readable by the local runtime."""
+"""Rank 0's step reports: one StepReport JSON line per step, read back by the local runtime, and
+the GRPOJob's status.progress made from the same report."""
 
 import json
 from pathlib import Path
@@ -6,12 +7,31 @@ from pathlib import Path
 import pytest
 from grpo_operator import render
 from grpo_operator.api.job import GRPOJob
+from grpo_operator.api.report import ENV_PROGRESS_FILE, StepReport
+from grpo_operator.api.status import Progress
 from grpo_operator.local.progress import ProgressLog
-from grpo_trainer.config import ENV_PROGRESS_FILE
 from grpo_trainer.progress import ProgressReporter
 
-RECORD = {"step": 3, "reward_mean": 0.4, "tokens_per_s": 900.0, "samples_per_s": 120.0, "samples": 64,
-          "staleness": 1, "weight_version": 3, "position": 24, "time": 1.7e9}  # fmt: skip
+REPORT = StepReport(
+    step=3,
+    max_steps=10,
+    reward_mean=0.4,
+    tokens_per_s=900.0,
+    samples_per_s=120.0,
+    samples=64,
+    staleness=1,
+    weight_version=3,
+    position=24,
+    step_s=0.5,
+    rollout_s=0.1,
+    train_s=0.3,
+    push_s=0.1,
+    ep_all_to_all_s=0.05,
+    time=1.7e9,
+    last_checkpoint="/ckpt/step-00000002",
+    last_checkpoint_step=2,
+    metrics={"loss": 0.25, "grad_norm": 1.5, "kept": 1.0},
+)
 
 
 def contract():
@@ -26,32 +46,49 @@ def contract():
     return render.contract(job, name="j", namespace="ns", local_ports=render.LocalPorts(1, (2,)))
 
 
-def test_records_append_to_the_progress_file_and_the_runtime_reads_them(
+def test_reports_append_to_the_progress_file_and_the_runtime_reads_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "progress.jsonl"
     monkeypatch.setenv(ENV_PROGRESS_FILE, str(path))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    reporter = ProgressReporter.from_env(contract(), ENV_PROGRESS_FILE)
-    reporter.report(RECORD)
-    reporter.report({**RECORD, "step": 4, "reward_mean": 0.5}, checkpoint=("/ckpt/step-00000004", 4))
+    reporter = ProgressReporter.from_env(contract())
+    reporter.report(REPORT)
+    reporter.report(REPORT.model_copy(update={"step": 4, "reward_mean": 0.5}))
     reporter.close()
+    with open(path, "a") as f:  # a library's stray print and a torn line are skipped, not fatal
+        f.write("loading weights...\n" + '{"step": 5, "rew')
     lines = path.read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == [3, 4]
-    log = ProgressLog(path)
-    records = log.poll()
-    assert [(r.step, r.reward, r.weight_version, r.staleness, r.samples) for r in records] == [
-        (3, 0.4, 3, 1.0, 64),
-        (4, 0.5, 3, 1.0, 64),
-    ]
-    assert records[0].tokens_per_s == 900.0 and records[0].samples_per_s == 120.0
+    assert [json.loads(line)["step"] for line in lines[:2]] == [3, 4]
+    records = ProgressLog(path).poll()
+    assert [(r.step, r.reward_mean) for r in records] == [(3, 0.4), (4, 0.5)]
+    assert records[0] == REPORT
+
+
+def test_a_non_finite_metric_survives_the_round_trip_as_unknown() -> None:
+    line = REPORT.model_copy(update={"metrics": {"kl": float("nan")}}).model_dump_json()
+    assert StepReport.model_validate_json(line).metrics == {"kl": None}
+
+
+def test_status_progress_comes_from_the_report_and_every_field_is_written() -> None:
+    progress = REPORT.to_progress()
+    unset = [name for name in Progress.model_fields if getattr(progress, name) is None]
+    assert unset == []  # a Progress field nothing fills in would be an always-empty dashboard panel
+    assert progress.rollout_seconds == 0.1 and progress.train_seconds == 0.3
+    assert progress.ep_all_to_all_seconds == 0.05 and progress.tokens_per_second == 900.0
+    assert progress.updated_at == "2023-11-14T22:13:20+00:00"
+
+
+def test_a_report_with_a_misspelt_field_is_refused() -> None:
+    with pytest.raises(ValueError, match="gen_wait_s"):
+        StepReport.model_validate({**REPORT.model_dump(), "gen_wait_s": 0.1})
 
 
 def test_without_a_progress_file_lines_go_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     reporter = ProgressReporter(contract(), None, in_cluster=False)
-    reporter.report(RECORD)
+    reporter.report(REPORT)
     reporter.close()
-    assert json.loads(capsys.readouterr().out) == RECORD
+    assert StepReport.model_validate_json(capsys.readouterr().out) == REPORT
 
 
 def test_a_cluster_without_credentials_never_stops_the_reports(
@@ -59,6 +96,6 @@ def test_a_cluster_without_credentials_never_stops_the_reports(
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # in_cluster config cannot load
     reporter = ProgressReporter(contract(), str(tmp_path / "p.jsonl"), in_cluster=True)
-    reporter.report(RECORD)
+    reporter.report(REPORT)
     reporter.close()
-    assert json.loads((tmp_path / "p.jsonl").read_text()) == RECORD
+    assert StepReport.model_validate_json((tmp_path / "p.jsonl").read_text()) == REPORT

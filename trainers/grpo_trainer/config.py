@@ -19,7 +19,6 @@ from grpo_operator.api.contract import (
 )
 from pydantic import ValidationError
 
-ENV_PROGRESS_FILE = "GRPO_PROGRESS_FILE"  # local runtime: rank 0 appends progress JSON lines here
 MAX_GRAD_NORM = 1.0  # global gradient-norm clip (TRL's default); not a GRPOJob field
 
 

@@ -27,7 +27,7 @@ from torch import nn
 
 from grpo_trainer import checkpoint, moe
 from grpo_trainer.batch import Rollouts, micro_batches, score, shard
-from grpo_trainer.config import ENV_PROGRESS_FILE, MAX_GRAD_NORM, RankInfo, job_token
+from grpo_trainer.config import MAX_GRAD_NORM, RankInfo, job_token
 from grpo_trainer.data import PromptOrder, load_rows
 from grpo_trainer.generation import Generator
 from grpo_trainer.losses import LossConfig, Totals, grpo_loss, token_entropy, token_logprobs
@@ -41,7 +41,7 @@ from grpo_trainer.parallel import (
     make_groups,
     sync_gradients,
 )
-from grpo_trainer.progress import ProgressReporter, step_record
+from grpo_trainer.progress import ProgressReporter, StepSeconds, step_report
 
 log = logging.getLogger(__name__)
 Prefetch = Future  # a Future[Rollouts] from `Generator.submit`
@@ -91,7 +91,7 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
         run.state = checkpoint.load(found[0], model, optimizer, info)
     if info.is_main:
         run.generator = Generator(contract.rollout.endpoints, token, algo)
-        run.reporter = ProgressReporter.from_env(contract, ENV_PROGRESS_FILE)
+        run.reporter = ProgressReporter.from_env(contract)
     sync_at_start(run, resumed=found[0] is not None)
     return run
 
@@ -293,9 +293,24 @@ def loop(run: Run) -> bool:
         if run.state.step % every == 0 or run.state.step == algo.max_steps or stopping:
             last_save = save(run)
         if run.reporter is not None:
-            times = {"gen_wait_s": t_gen - t0, "train_s": t_train - t_gen, "push_s": t_push - t_train}
-            record = step_record(run.state, rollouts, staleness, times | stats, time.time() - t0)
-            run.reporter.report(record, checkpoint=last_save)
+            ep_s = moe.exchange_seconds(run.model) + (moe.exchange_seconds(run.ref) if run.ref else 0.0)
+            seconds = StepSeconds(
+                step=time.time() - t0,
+                rollout=t_gen - t0,
+                train=t_train - t_gen,
+                push=t_push - t_train,
+                ep_all_to_all=ep_s if run.groups.ep is not None else None,
+            )
+            report = step_report(
+                run.state,
+                rollouts,
+                max_steps=algo.max_steps,
+                staleness=staleness,
+                seconds=seconds,
+                metrics=stats,
+                checkpoint=last_save,
+            )
+            run.reporter.report(report)
         if stopping:
             return False
     return True

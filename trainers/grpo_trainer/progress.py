@@ -1,24 +1,24 @@
 """Progress reports of trainer rank 0: one JSON line per step, and the GRPOJob status in a cluster.
 
-Called by the training loop after every optimizer step (`step_record` builds the line).
-Lines go to the file named by GRPO_PROGRESS_FILE (the local runtime follows it) or to stdout.
-Inside a Kubernetes pod the same numbers are patched into the GRPOJob's `status.progress`
-from a background thread that only ever holds the newest report: a slow or failing API server
-costs a log line, never a training step. The pod's ServiceAccount needs `patch` on `grpojobs/status`.
+Called by the training loop after every optimizer step (`step_report` builds the report, the
+API's `StepReport`). Lines go to the file named by ENV_PROGRESS_FILE (the local runtime follows
+it) or to stdout. Inside a Kubernetes pod the same report is patched into the GRPOJob's
+`status.progress` from a background thread that only ever holds the newest one: a slow or
+failing API server costs a log line, never a training step. The pod's ServiceAccount needs
+`patch` on `grpojobs/status`.
 """
 
-import json
 import logging
 import os
 import sys
 import threading
 import time
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from grpo_operator.api.contract import RunContract
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
-from grpo_operator.api.status import Progress
+from grpo_operator.api.report import ENV_PROGRESS_FILE, StepReport
 
 from grpo_trainer.batch import Rollouts
 from grpo_trainer.checkpoint import TrainState
@@ -63,11 +63,10 @@ class StatusPatcher:
 
 
 class ProgressReporter:
-    """Writes rank 0's per-step records; also the GRPOJob status when running in a cluster."""
+    """Writes rank 0's per-step reports; also the GRPOJob status when running in a cluster."""
 
     def __init__(self, contract: RunContract, path: str | None, in_cluster: bool) -> None:
         self._out: TextIO = open(path, "a") if path else sys.stdout  # noqa: SIM115 - lives as long as training
-        self._max_steps = contract.spec.algorithm.max_steps
         self._patcher: StatusPatcher | None = None
         if in_cluster:
             try:
@@ -76,46 +75,62 @@ class ProgressReporter:
                 log.warning("GRPOJob status progress disabled: %s", e)
 
     @classmethod
-    def from_env(cls, contract: RunContract, env_name: str) -> "ProgressReporter":
-        return cls(contract, os.environ.get(env_name), in_cluster="KUBERNETES_SERVICE_HOST" in os.environ)
+    def from_env(cls, contract: RunContract) -> "ProgressReporter":
+        path = os.environ.get(ENV_PROGRESS_FILE)
+        return cls(contract, path, in_cluster="KUBERNETES_SERVICE_HOST" in os.environ)
 
-    def report(self, record: dict[str, Any], *, checkpoint: tuple[str, int] | None = None) -> None:
-        """`record` must hold step, reward_mean, tokens_per_s, weight_version; written as one line."""
-        self._out.write(json.dumps(record) + "\n")
+    def report(self, report: StepReport) -> None:
+        self._out.write(report.model_dump_json() + "\n")
         self._out.flush()
         if self._patcher is not None:
-            progress = Progress(
-                step=record["step"],
-                max_steps=self._max_steps,
-                reward_mean=record["reward_mean"],
-                tokens_per_second=record["tokens_per_s"],
-                weight_version=record["weight_version"],
-                last_checkpoint=checkpoint[0] if checkpoint else None,
-                last_checkpoint_step=checkpoint[1] if checkpoint else None,
-                updated_at=datetime.now(UTC).isoformat(timespec="seconds"),
-            )
-            self._patcher.submit(progress.wire())
+            self._patcher.submit(report.to_progress().wire())
 
     def close(self) -> None:
         if self._out is not sys.stdout:
             self._out.close()
 
 
-def step_record(
-    state: TrainState, rollouts: Rollouts, staleness: int, extra: dict[str, float], wall: float
-) -> dict[str, Any]:
-    """Rank 0's line for the step just finished (gen_wait_s: generation not hidden behind training)."""
+@dataclass(frozen=True)
+class StepSeconds:
+    """Where a step's wall time went, on rank 0."""
+
+    step: float
+    rollout: float  # waiting for generations not hidden behind training
+    train: float
+    push: float
+    ep_all_to_all: float | None  # dispatch and combine, inside `train`; None without EP
+
+
+def step_report(
+    run_state: TrainState,
+    rollouts: Rollouts,
+    *,
+    max_steps: int,
+    staleness: int,
+    seconds: StepSeconds,
+    metrics: dict[str, float],
+    checkpoint: tuple[str, int] | None,
+) -> StepReport:
+    """Rank 0's report of the step just finished."""
     tokens = sum(map(len, rollouts.prompt_tokens)) + rollouts.completion_tokens_total()
-    return {
-        "step": state.step,
-        "reward_mean": sum(rollouts.rewards) / len(rollouts),
-        "tokens_per_s": tokens / wall,
-        "samples_per_s": len(rollouts) / wall,
-        "samples": len(rollouts),
-        "staleness": staleness,
-        "weight_version": state.version,
-        "position": state.position,
-        "step_s": wall,
-        "time": time.time(),
-        **extra,
-    }
+    wall = seconds.step
+    return StepReport(
+        step=run_state.step,
+        max_steps=max_steps,
+        reward_mean=sum(rollouts.rewards) / len(rollouts),
+        tokens_per_s=tokens / wall if wall > 0 else None,
+        samples_per_s=len(rollouts) / wall if wall > 0 else None,
+        samples=len(rollouts),
+        staleness=staleness,
+        weight_version=run_state.version,
+        position=run_state.position,
+        step_s=wall,
+        rollout_s=seconds.rollout,
+        train_s=seconds.train,
+        push_s=seconds.push,
+        ep_all_to_all_s=seconds.ep_all_to_all,
+        time=time.time(),
+        last_checkpoint=checkpoint[0] if checkpoint else None,
+        last_checkpoint_step=checkpoint[1] if checkpoint else None,
+        metrics=metrics,
+    )

@@ -16,7 +16,7 @@ from grpo_operator import lifecycle
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from grpo_operator.controller import metrics, observe
 from grpo_operator.controller.reconcile import JobMemory, Reconciler
-from grpo_operator.render import names
+from grpo_operator.render import kueue, names
 
 DEBOUNCE_SECONDS = 0.2
 ERROR_BACKOFF_SECONDS = 5.0
@@ -117,9 +117,11 @@ def watch_workloads() -> None:
     """With --kueue: a change of a job's Kueue Workload (admitted, evicted) wakes the job.
     Registered at start, not at import, so an operator without Kueue never watches for it."""
 
+    group, version = kueue.API_VERSION.split("/")
+
     @kopf.on.event(
-        "kueue.x-k8s.io",
-        "v1beta2",
+        group,
+        version,
         "workloads",
         labels={names.LABEL_JOB: kopf.PRESENT, names.LABEL_MANAGED_BY: names.MANAGER},
     )

@@ -1,16 +1,15 @@
-"""One reconcile pass of one GRPOJob: read, render, observe, decide, then write only diffs.
+"""One reconcile pass of one GRPOJob: snapshot → decide → apply → status, writing only diffs.
 
-Called by the per-job kopf daemon in `controller.handlers` (in an executor thread). Order
-matters for restart safety: a gang restart is recorded in status (restarts = attempt)
-before any pod is deleted, and stale-attempt trainer pods are deleted on every pass, so an
-operator killed at any point converges on the next pass without duplicates.
+Called by the per-job kopf daemon in `controller.handlers` (in an executor thread). The pass
+reads the job, its pods and (for a queued job) its Kueue gate; `status.decide` turns that into
+a decision; the children are rendered once from the decision and applied; the status is
+patched last. Order matters for restart safety: a gang restart is recorded in status
+(restarts = attempt) before any pod is deleted, and stale-attempt trainer pods are deleted on
+every pass, so an operator killed at any point converges on the next pass without duplicates.
+The map of the house: docs/architecture.md.
 """
 
-import dataclasses
-import hashlib
-import json
 import logging
-import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -20,25 +19,17 @@ from pydantic import ValidationError
 
 from grpo_operator import render
 from grpo_operator.api.job import API_VERSION, KIND, GRPOJob
-from grpo_operator.api.status import TERMINAL_PHASES, GRPOJobStatus, Phase
-from grpo_operator.controller import admission, metrics, observe, placement, status
+from grpo_operator.api.status import GRPOJobStatus
+from grpo_operator.controller import metrics, observe, placement, status
+from grpo_operator.controller.children import AppliedMemory, ChildApplier
 from grpo_operator.controller.kube import Kube
+from grpo_operator.controller.queueing import Gate, Queueing, QueueMemory
 from grpo_operator.instance_types import INSTANCE_TYPE_LABEL, InstanceTable
-from grpo_operator.render import kueue, names
+from grpo_operator.render import names
 from grpo_operator.render.pods import ZONE_KEY
 
-HASH_ANNOTATION = "grpo.dev/applied-hash"
-OPERATOR_STATUS_FIELDS = (
-    "phase",
-    "conditions",
-    "observedGeneration",
-    "restarts",
-    "trainer",
-    "rollout",
-    "startTime",
-    "completionTime",
-    "message",
-)
+# Every status field but progress, which trainer rank 0 owns.
+OPERATOR_STATUS_FIELDS = tuple(f.alias or n for n, f in GRPOJobStatus.model_fields.items() if n != "progress")
 log = logging.getLogger("grpo_operator.reconcile")
 
 
@@ -46,27 +37,24 @@ log = logging.getLogger("grpo_operator.reconcile")
 class JobMemory:
     """What one job's worker remembers between passes (lost on restart, which only costs reads)."""
 
-    applied: dict[str, str] = field(default_factory=dict)
-    verified_at: float = float("-inf")
-    token_ok: bool = False
+    children: AppliedMemory = field(default_factory=AppliedMemory)
     warned_generation: int | None = None
     zone: tuple[int, str | None] | None = None  # (attempt, zone) of the trainer gang
     verdicts: deque = field(default_factory=deque)
-    kueue_warned: bool = False  # the queue label was seen without --kueue (one Event)
-    # ResourceFlavors of the current Kueue admission, read once per admission, not every pass.
-    flavors: dict[str, kueue.FlavorPlacement] = field(default_factory=dict)
+    queue: QueueMemory = field(default_factory=QueueMemory)
 
 
-def child_key(obj: dict) -> str:
-    return f"{obj['kind']}/{obj['metadata']['name']}"
+@dataclass
+class Snapshot:
+    """What one pass reads before deciding anything."""
 
-
-def with_hash(obj: dict) -> tuple[dict, str]:
-    """The object annotated with a hash of its desired state, compared instead of diffing."""
-    digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-    annotated = {**obj, "metadata": {**obj["metadata"]}}
-    annotated["metadata"]["annotations"] = {**obj["metadata"].get("annotations", {}), HASH_ANNOTATION: digest}
-    return annotated, digest
+    body: dict
+    old: GRPOJobStatus
+    job: GRPOJob | None  # None when the spec does not parse or cannot render
+    error: str | None
+    pods: list[dict]
+    obs: observe.Observation
+    gate: Gate | None  # a queued job's Kueue standing
 
 
 class Reconciler:
@@ -75,8 +63,8 @@ class Reconciler:
     ) -> None:
         self.kube = kube
         self.table = table
-        self.verify_seconds = verify_seconds
-        self.kueue = kueue  # queue labelled jobs through Kueue Workloads
+        self.children = ChildApplier(kube, verify_seconds=verify_seconds)
+        self.queueing = Queueing(kube, enabled=kueue)  # queue labelled jobs through Kueue Workloads
         self.lost_nodes: set[str] = set()  # deleted or not Ready: their trainer pods fail the gang
         self.gone_nodes: set[str] = set()  # deleted: their pods are force-deleted
 
@@ -100,209 +88,101 @@ class Reconciler:
         body = self.kube.get(API_VERSION, KIND, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
-        meta = body["metadata"]
-        generation = meta.get("generation", 1)
         now = datetime.now(UTC)
-        old = _old_status(body)
-        job, error, rendered = self._render(body, memory, attempt=old.restarts)
-        born = meta.get("creationTimestamp", "")  # RFC 3339 in UTC: compares as text
-        pods = self.kube.list_pods(namespace, names.label_selector(name))
-        pods = [p for p in pods if p["metadata"].get("creationTimestamp", "") >= born]  # not a namesake's
-        obs = observe.summarize(pods, attempt=old.restarts, lost_nodes=frozenset(self.lost_nodes))
-        obs.verdicts += [v for v in pending if v.created >= born]
-        queue, workload, priority = self._queue(body, job if error is None else None, memory, now)
+        snap = self._snapshot(body, memory, pending, now)
         decision = status.decide(
-            spec=job.spec if job else None,
-            generation=generation,
-            old=old,
-            obs=obs,
+            spec=snap.job.spec if snap.job else None,
+            generation=body["metadata"].get("generation", 1),
+            old=snap.old,
+            obs=snap.obs,
             now=now,
-            render_error=error,
-            queue=queue,
+            render_error=snap.error,
+            queue=snap.gate.admission if snap.gate else None,
         )
         if decision.gang_restart:
             # Record the new attempt first: a crash after this line still restarts the gang.
             self._write_status(body, decision.status)
             metrics.GANG_RESTARTS.inc()
-        if job is not None and error is None:
-            admitted = queue is not None and queue.runs and decision.running
-            if not admitted:
-                memory.flavors = {}  # a later admission may assign other flavors
-            if not decision.running or decision.status.restarts != old.restarts or admitted:
-                _, _, rendered = self._render(
-                    body,
-                    memory,
-                    attempt=decision.status.restarts,
-                    running=decision.running,
-                    admitted=queue if admitted else None,
-                )
-            self._apply_children(rendered, memory, body)
-            self._delete_stale(
-                namespace, pods, attempt=decision.status.restarts, obs=obs, running=decision.running
-            )
-            if queue is not None:
-                self._sync_workload(body, job, rendered, queue, workload, priority, decision, pods, now)
-        elif any(not p["metadata"].get("deletionTimestamp") for p in pods):
-            # The spec no longer renders (say an edit named an unknown instance type): a
-            # Failed job must not keep GPUs, so stop what the last good spec started.
-            for role in (names.ROLE_TRAINER, names.ROLE_ROLLOUT):
-                self.kube.scale_statefulset(namespace, names.statefulset(name, role), 0)
+        rendered = self._apply(snap, decision, memory, now)
         if not decision.gang_restart:
             self._write_status(body, decision.status)
-        self._emit(body, decision.events, memory, rendered, generation, now)
+        self._emit(body, decision.events, memory, rendered, now)
         metrics.set_phase(f"{namespace}/{name}", decision.status.phase)
         if decision.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished passed", namespace, name)
             self.kube.delete_job(namespace, name)
         return decision.requeue_after
 
-    def _render(
-        self,
-        body: dict,
-        memory: JobMemory,
-        *,
-        attempt: int,
-        running: bool = True,
-        admitted: admission.Admission | None = None,
-    ):
-        """(job, error, rendered): a bad object becomes an error message, never an exception.
-        `admitted`: Kueue's admission of a queued job (its flavors and admitted counts)."""
+    def _snapshot(self, body: dict, memory: JobMemory, pending: list, now: datetime) -> Snapshot:
+        meta = body["metadata"]
+        old = _old_status(body)
+        job, error = self._validate(body)
+        born = meta.get("creationTimestamp", "")  # RFC 3339 in UTC: compares as text
+        pods = self.kube.list_pods(meta["namespace"], names.label_selector(meta["name"]))
+        pods = [p for p in pods if p["metadata"].get("creationTimestamp", "") >= born]  # not a namesake's
+        obs = observe.summarize(pods, attempt=old.restarts, lost_nodes=frozenset(self.lost_nodes))
+        obs.verdicts += [v for v in pending if v.created >= born]
+        gate = self.queueing.gate(body, job, memory.queue, now)
+        return Snapshot(body, old, job, error, pods, obs, gate)
+
+    def _validate(self, body: dict) -> tuple[GRPOJob | None, str | None]:
+        """(job, None), or (None, why) for a spec that does not parse or cannot render: a bad
+        object becomes a status message, never an exception."""
         meta = body["metadata"]
         try:
             job = GRPOJob.model_validate({"metadata": {}, "spec": body.get("spec") or {}})
-            flavors, rollout_cap = None, None
-            if admitted is not None:
-                if not memory.flavors:
-                    memory.flavors = {r: self._flavor(admitted.flavors.get(r, [])) for r in kueue.ROLES}
-                flavors = memory.flavors
-                rollout_cap = min(job.spec.rollout.replicas, admitted.counts.get(names.ROLE_ROLLOUT, 1 << 30))
-            # A flavor that names a zone is where Kueue reserved the quota: it wins over our choice.
-            zoned = flavors is not None and ZONE_KEY in flavors[names.ROLE_TRAINER].node_labels
-            zone = self._zone(job, meta, memory, attempt) if running and not zoned else None
-            out = render.render(
-                job,
-                name=meta["name"],
-                namespace=meta["namespace"],
-                uid=meta["uid"],
-                generation=meta.get("generation", 1),
-                attempt=attempt,
-                running=running,
-                zone=zone,
-                instance_types=self.table,
-                flavors=flavors,
-                rollout_replicas=rollout_cap,
-            )
-            if rollout_cap is not None and rollout_cap < job.spec.rollout.replicas:
-                out.warnings.append(
-                    f"rollout.replicas {job.spec.rollout.replicas} is more than the {rollout_cap} Kueue "
-                    "admitted: the rest start when the job is admitted again (suspend and resume it)"
-                )
-            return job, None, out
+            render.validate(job, name=meta["name"], namespace=meta["namespace"], instance_types=self.table)
         except ValidationError as e:
-            return None, f"invalid spec: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}", None
+            return None, f"invalid spec: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}"
         except render.RenderError as e:
-            return None, str(e), None
+            return None, str(e)
+        return job, None
 
-    def _flavor(self, flavor_names: list[str]) -> kueue.FlavorPlacement:
-        flavors = [
-            self.kube.get_cluster_scoped(kueue.API_VERSION, "resourceflavors", n) for n in flavor_names
-        ]
-        return kueue.flavor_placement([f for f in flavors if f is not None])
-
-    def _queue(
-        self, body: dict, job: GRPOJob | None, memory: JobMemory, now: datetime
-    ) -> tuple[admission.Admission | None, dict | None, kueue.Priority | None]:
-        """(admission, Workload, priority for a new Workload) of a job Kueue queues; Nones for
-        any other. Without --kueue a queue label gets one Warning Event, and the job runs."""
-        meta = body["metadata"]
-        queue_name = kueue.queue_name(meta.get("labels"))
-        if queue_name and not self.kueue and not memory.kueue_warned:
-            memory.kueue_warned = True
-            text = f"{names.KUEUE_QUEUE_LABEL}={queue_name} is ignored: the operator runs without --kueue"
-            self.kube.event(body, "Warning", "KueueDisabled", text, status.timestamp(now))
-        if not (queue_name and self.kueue and job is not None):
-            return None, None, None
-        workload = self.kube.get(
-            kueue.API_VERSION, "Workload", meta["namespace"], names.workload(meta["name"])
-        )
-        queue, priority = admission.read(queue_name, workload), None
-        if workload is None:
-            try:
-                priority = self._priority(meta, job)
-            except LookupError as e:  # no Workload until it exists: the status says why
-                queue = dataclasses.replace(queue, message=str(e), blocked=True)
-        return queue, workload, priority
-
-    def _priority(self, meta: dict, job: GRPOJob) -> kueue.Priority | None:
-        """As Kueue's integrations resolve it: the job's WorkloadPriorityClass label, else the
-        pods' PriorityClass. A class that does not exist is an error Kueue would refuse too."""
-        wpc = (meta.get("labels") or {}).get(kueue.PRIORITY_LABEL)
-        if wpc:
-            found = self.kube.get_cluster_scoped(kueue.API_VERSION, "workloadpriorityclasses", wpc)
-            group, kind, name = "kueue.x-k8s.io", "WorkloadPriorityClass", wpc
-        elif job.spec.scheduling.priority_class_name:
-            name = job.spec.scheduling.priority_class_name
-            found = self.kube.get_cluster_scoped("scheduling.k8s.io/v1", "priorityclasses", name)
-            group, kind = "scheduling.k8s.io", "PriorityClass"
-        else:
+    def _apply(
+        self, snap: Snapshot, decision: status.Decision, memory: JobMemory, now: datetime
+    ) -> render.Rendered | None:
+        """Make the cluster match the decision: children rendered once and applied, stale pods
+        deleted, the Kueue Workload in step. Returns what was rendered (None for a bad spec)."""
+        body, job, meta = snap.body, snap.job, snap.body["metadata"]
+        if job is None:
+            if any(not p["metadata"].get("deletionTimestamp") for p in snap.pods):
+                # The spec no longer renders (say an edit named an unknown instance type): a
+                # Failed job must not keep GPUs, so stop what the last good spec started.
+                for role in (names.ROLE_TRAINER, names.ROLE_ROLLOUT):
+                    self.kube.scale_statefulset(meta["namespace"], names.statefulset(meta["name"], role), 0)
             return None
-        if found is None:
-            raise LookupError(f"{kind} {name!r} does not exist; create it or fix the job")
-        return kueue.Priority(group, kind, name, int(found.get("value", 0)))
+        rendered = self._render(body, job, memory, decision, snap.gate)
+        self.children.apply(rendered, memory.children, body)
+        self._delete_stale(meta["namespace"], snap.pods, decision, snap.obs)
+        if snap.gate is not None:
+            self.queueing.sync(body, job, rendered, snap.gate, decision, snap.pods, now)
+        return rendered
 
-    def _sync_workload(
-        self,
-        body: dict,
-        job: GRPOJob,
-        rendered: render.Rendered,
-        queue: admission.Admission,
-        workload: dict | None,
-        priority: kueue.Priority | None,
-        decision: status.Decision,
-        pods: list[dict],
-        now: datetime,
-    ) -> None:
-        """Keep the job's Kueue Workload in step, as Kueue's own job integrations do: one per
-        queued job while it wants to run, back in the queue after an eviction once its pods
-        are gone, Finished when the job ends (Kueue frees the quota)."""
-        meta = body["metadata"]
-        namespace, wl_name = meta["namespace"], names.workload(meta["name"])
-        phase = decision.status.phase
-        if phase in TERMINAL_PHASES:
-            if workload is not None and not queue.finished:
-                done = admission.finished(workload, phase == Phase.SUCCEEDED, decision.status.message, now)
-                self.kube.patch_status_of(workload, done)
-            return
-        if job.spec.run_policy.suspend:  # the owner stopped it: give back the quota and the queue place
-            if workload is not None:
-                self.kube.delete(kueue.API_VERSION, "Workload", namespace, wl_name)
-            return
-        spec = job.spec
-        counts = {names.ROLE_TRAINER: spec.trainer.replicas, names.ROLE_ROLLOUT: spec.rollout.replicas}
-        if workload is None:
-            if queue.blocked:  # the status says why
-                return
-            templates = {
-                child["metadata"]["name"]: child["spec"]["template"]
-                for child in rendered.children
-                if child["kind"] == "StatefulSet"
-            }
-            by_role = {role: templates[names.statefulset(meta["name"], role)] for role in kueue.ROLES}
-            obj = kueue.workload(
-                name=meta["name"],
-                namespace=namespace,
-                uid=meta["uid"],
-                queue=queue.queue,
-                templates=by_role,
-                counts=counts,
-                priority=priority,
-            )
-            self.kube.create(obj)
-        elif not queue.reserved and kueue.pod_set_counts(workload) != counts:
-            # Replicas changed while queued: a new Workload asks for the new counts.
-            self.kube.delete(kueue.API_VERSION, "Workload", namespace, wl_name)
-        elif queue.evicted is not None and queue.reserved and not pods:
-            self.kube.patch_status_of(workload, admission.cleared(workload, now))
+    def _render(
+        self, body: dict, job: GRPOJob, memory: JobMemory, decision: status.Decision, gate: Gate | None
+    ) -> render.Rendered:
+        """The children the decision asks for: this attempt's gang, running or scaled to zero,
+        on the admitted Kueue flavors, in the gang's zone."""
+        meta, attempt = body["metadata"], decision.status.restarts
+        place = self.queueing.placement(gate, job, memory.queue, running=decision.running)
+        # A flavor that names a zone is where Kueue reserved the quota: it wins over our choice.
+        zoned = place.flavors is not None and ZONE_KEY in place.flavors[names.ROLE_TRAINER].node_labels
+        zone = self._zone(job, meta, memory, attempt) if decision.running and not zoned else None
+        out = render.render(
+            job,
+            name=meta["name"],
+            namespace=meta["namespace"],
+            uid=meta["uid"],
+            generation=meta.get("generation", 1),
+            attempt=attempt,
+            running=decision.running,
+            zone=zone,
+            instance_types=self.table,
+            flavors=place.flavors,
+            rollout_replicas=place.rollout_cap,
+        )
+        out.warnings.extend(place.warnings)
+        return out
 
     def _zone(self, job: GRPOJob, meta: dict, memory: JobMemory, attempt: int) -> str | None:
         """The gang's zone, chosen once per attempt from the nodes of its instance type, or read
@@ -320,38 +200,11 @@ class Reconciler:
             memory.zone = (attempt, zone)
         return memory.zone[1]
 
-    def _apply_children(self, rendered: render.Rendered, memory: JobMemory, body: dict) -> None:
-        """Server-side apply each child whose desired hash differs from what the cluster has."""
-        verify = time.monotonic() - memory.verified_at > self.verify_seconds
-        for child in rendered.children:
-            obj, digest = with_hash(child)
-            key = child_key(child)
-            if not verify and memory.applied.get(key) == digest:
-                continue
-            if verify or key not in memory.applied:
-                meta = child["metadata"]
-                live = self.kube.get(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
-                if live and (live["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == digest:
-                    memory.applied[key] = digest
-                    continue
-            self.kube.apply(obj)
-            memory.applied[key] = digest
-        if verify:
-            memory.verified_at = time.monotonic()
-        if not memory.token_ok:
-            meta = body["metadata"]
-            if self.kube.get("v1", "Secret", meta["namespace"], names.token_secret(meta["name"])) is None:
-                secret = render.token_secret(
-                    name=meta["name"],
-                    namespace=meta["namespace"],
-                    uid=meta["uid"],
-                    token=secrets.token_urlsafe(32),
-                )
-                self.kube.create(secret)
-            memory.token_ok = True
-
-    def _delete_stale(self, namespace: str, pods: list[dict], *, attempt: int, obs, running: bool) -> None:
+    def _delete_stale(
+        self, namespace: str, pods: list[dict], decision: status.Decision, obs: observe.Observation
+    ) -> None:
         """Delete trainer pods of older attempts (a gang restart) and failed rollout pods."""
+        attempt, running = decision.status.restarts, decision.running
         for pod in pods:
             meta = pod["metadata"]
             gone = (pod.get("spec") or {}).get("nodeName") in self.gone_nodes
@@ -372,8 +225,10 @@ class Reconciler:
             self.kube.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], patch)
             body["status"] = {**current, **patch}
 
-    def _emit(self, body: dict, events, memory: JobMemory, rendered, generation: int, now: datetime) -> None:
-        stamp = status.timestamp(now)
+    def _emit(
+        self, body: dict, events: list, memory: JobMemory, rendered: render.Rendered | None, now: datetime
+    ) -> None:
+        stamp, generation = status.timestamp(now), body["metadata"].get("generation", 1)
         for event_type, reason, message in events:
             self.kube.event(body, event_type, reason, message, stamp)
         if rendered and rendered.warnings and memory.warned_generation != generation:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from grpo_operator.local.progress import StepRecord
+from grpo_operator.api.report import StepReport
 
 PLAIN_LINE_EVERY_S = 1.0  # off a terminal, at most one progress line per second (plus the last step)
 
@@ -41,7 +41,7 @@ class ProgressView:
         self.console = console
         self.title = title
         self._live: Live | None = None
-        self._last: StepRecord | None = None
+        self._last: StepReport | None = None
         self._state = RunState()
         self._printed_at = -math.inf
 
@@ -61,7 +61,7 @@ class ProgressView:
         """A line above the panel: restarts, phase changes, failures."""
         self.console.print(message, soft_wrap=True, markup=False)
 
-    def update(self, state: RunState, new: list[StepRecord]) -> None:
+    def update(self, state: RunState, new: list[StepReport]) -> None:
         self._state = state
         if new:
             self._last = new[-1]
@@ -74,7 +74,7 @@ class ProgressView:
                 continue  # fast steps: a line a second is plenty for a log
             self._printed_at = now
             self.console.print(
-                f"step {rec.step}/{state.max_steps}  reward {_fmt(rec.reward)}  "
+                f"step {rec.step}/{state.max_steps}  reward {_fmt(rec.reward_mean)}  "
                 f"tokens/s {_fmt(rec.tokens_per_s, '.0f')}  samples/s {_fmt(rec.samples_per_s, '.1f')}  "
                 f"staleness {_fmt(rec.staleness, '.0f')}  restarts {state.gang_restarts}",
                 highlight=False,
@@ -89,7 +89,7 @@ class ProgressView:
             table.add_column(col, justify="right", no_wrap=True)
         table.add_row(
             f"{r.step if r else 0}/{s.max_steps}",
-            _fmt(r.reward if r else None),
+            _fmt(r.reward_mean if r else None),
             _fmt(r.tokens_per_s if r else None, ".0f"),
             _fmt(r.samples_per_s if r else None, ".1f"),
             _fmt(r.staleness if r else None, ".0f"),

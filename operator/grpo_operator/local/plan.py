@@ -25,8 +25,8 @@ from pydantic import ValidationError
 from grpo_operator import render, validation
 from grpo_operator.api.contract import CONTRACT_FILE, ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN, RunContract
 from grpo_operator.api.job import KIND, GRPOJob
+from grpo_operator.api.report import ENV_PROGRESS_FILE
 from grpo_operator.local.procs import PodCommand
-from grpo_operator.local.progress import ENV_PROGRESS_FILE
 from grpo_operator.render import names
 
 LOCAL_NAMESPACE = "local"

@@ -1,56 +1,19 @@
-"""Progress of a local run: trainer rank 0's JSON lines, their summary and the reward curve.
+"""Progress of a local run: trainer rank 0's step reports, their summary and the reward curve.
 
-The trainer's rank 0 appends one JSON object per optimizer step to the file named by
-`GRPO_PROGRESS_FILE`; `ProgressLog` follows that file for the supervisor and the live
-display, `summarize` turns it into the numbers `grpo-operator run --summary-json` writes,
-and `plot_rewards` draws the PNG. After a gang restart the trainer resumes from its last
-checkpoint and re-reports the steps after it: the newest record of a step wins.
+The trainer's rank 0 appends one `StepReport` (grpo_operator.api.report) per optimizer step as a
+JSON line to the file named by ENV_PROGRESS_FILE; `ProgressLog` follows that file for the
+supervisor and the live display, `summarize` turns it into the numbers `grpo-operator run
+--summary-json` writes, and `plot_rewards` draws the PNG. After a gang restart the trainer
+resumes from its last checkpoint and re-reports the steps after it: the newest report wins.
 """
 
-import json
 import math
 import os
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-ENV_PROGRESS_FILE = "GRPO_PROGRESS_FILE"
+from pydantic import ValidationError
 
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One optimizer step as rank 0 reports it (grpo_trainer.progress), the fields the runtime uses.
-
-    Only `step` is required: a field the trainer leaves out (or reports as NaN) shows as "-".
-    """
-
-    step: int
-    reward: float | None  # "reward_mean"
-    tokens_per_s: float | None
-    samples_per_s: float | None
-    staleness: float | None
-    weight_version: int | None
-    samples: int | None  # completions in the step
-    time: float  # the trainer's wall-clock stamp, else when the runtime read the line
-
-    @classmethod
-    def parse(cls, obj: dict[str, Any], seen_at: float) -> "StepRecord":
-        def num(key: str) -> float | None:
-            v = obj.get(key)
-            return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
-
-        version, samples, stamp = num("weight_version"), num("samples"), num("time")
-        return cls(
-            step=int(obj["step"]),
-            reward=num("reward_mean"),
-            tokens_per_s=num("tokens_per_s"),
-            samples_per_s=num("samples_per_s"),
-            staleness=num("staleness"),
-            weight_version=None if version is None else int(version),
-            samples=None if samples is None else int(samples),
-            time=seen_at if stamp is None else stamp,
-        )
+from grpo_operator.api.report import StepReport
 
 
 class ProgressLog:
@@ -60,10 +23,10 @@ class ProgressLog:
         self.path = path
         self._offset = 0
         self._partial = b""
-        self.by_step: dict[int, StepRecord] = {}
-        self.latest: StepRecord | None = None
+        self.by_step: dict[int, StepReport] = {}
+        self.latest: StepReport | None = None
 
-    def poll(self) -> list[StepRecord]:
+    def poll(self) -> list[StepReport]:
         """Read what was appended since the last call; returns the new records in file order."""
         try:
             with open(self.path, "rb") as f:
@@ -73,21 +36,18 @@ class ProgressLog:
             return []
         self._offset += len(chunk)
         *lines, self._partial = (self._partial + chunk).split(b"\n")
-        now = time.time()
         new = []
         for line in lines:
             try:
-                obj = json.loads(line)
-            except ValueError:
-                continue  # a torn or foreign line must not stop the run's bookkeeping
-            if isinstance(obj, dict) and isinstance(obj.get("step"), int):
-                rec = StepRecord.parse(obj, now)
-                self.by_step[rec.step] = rec
-                self.latest = rec
-                new.append(rec)
+                rec = StepReport.model_validate_json(line)
+            except ValidationError:
+                continue  # a torn or foreign line (a library's print) must not stop the bookkeeping
+            self.by_step[rec.step] = rec
+            self.latest = rec
+            new.append(rec)
         return new
 
-    def steps(self) -> list[StepRecord]:
+    def steps(self) -> list[StepReport]:
         return [self.by_step[s] for s in sorted(self.by_step)]
 
 
@@ -95,22 +55,19 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def summarize(
-    records: list[StepRecord], *, samples_per_step: int, wall_s: float, restarts: int
-) -> dict[str, float | int | None]:
+def summarize(records: list[StepReport], *, wall_s: float, restarts: int) -> dict[str, float | int | None]:
     """The run's summary: reward over the first/last 10% of steps, steady-state samples/s.
 
     samples_per_s counts the samples of steps 2..N over the time between step 1's and step
     N's reports: start-up (imports, model load, rendezvous) is left out, as throughput
     figures usually do, so the number compares with any other trainer measured the same way.
     """
-    rewarded = [r for r in records if r.reward is not None]
+    rewarded = [r.reward_mean for r in records if r.reward_mean is not None]
     k = max(1, math.ceil(len(rewarded) * 0.1))
-    first = _mean([r.reward for r in rewarded[:k] if r.reward is not None])
-    last = _mean([r.reward for r in rewarded[-k:] if r.reward is not None])
+    first, last = _mean(rewarded[:k]), _mean(rewarded[-k:])
     samples_per_s = None
     if len(records) >= 2 and records[-1].time > records[0].time:
-        samples = sum(r.samples or samples_per_step for r in records[1:])
+        samples = sum(r.samples for r in records[1:])
         samples_per_s = samples / (records[-1].time - records[0].time)
     return {
         "steps": records[-1].step if records else 0,
@@ -122,9 +79,9 @@ def summarize(
     }
 
 
-def plot_rewards(records: list[StepRecord], path: Path, title: str) -> Path | None:
+def plot_rewards(records: list[StepReport], path: Path, title: str) -> Path | None:
     """Draw reward per step to a PNG (matplotlib, Agg backend); None when nothing was rewarded."""
-    points = [(r.step, r.reward) for r in records if r.reward is not None]
+    points = [(r.step, r.reward_mean) for r in records if r.reward_mean is not None]
     if not points:
         return None
     os.environ.setdefault("MPLBACKEND", "Agg")

@@ -20,12 +20,13 @@ from typing import Any
 from rich.console import Console
 
 from grpo_operator import lifecycle
+from grpo_operator.api.report import StepReport
 from grpo_operator.api.status import Phase, Reason
 from grpo_operator.lifecycle import GangDecision, Outcome, Verdict, VerdictKind
 from grpo_operator.local.display import ProgressView, RunState, print_failure
 from grpo_operator.local.plan import LocalPlan
 from grpo_operator.local.procs import PodProcess, stop_all
-from grpo_operator.local.progress import ProgressLog, StepRecord, summarize
+from grpo_operator.local.progress import ProgressLog, summarize
 from grpo_operator.render import names
 
 ROLLOUT_RESTART_LIMIT = 5  # per server; a server that keeps dying is a bug, not bad luck
@@ -53,7 +54,7 @@ class Interrupted(Exception):
 @dataclass
 class RunResult:
     summary: dict[str, Any]
-    records: list[StepRecord]
+    records: list[StepReport]
     state: RunState
     failure: RunFailed | None = None
     interrupted: Interrupted | None = None
@@ -106,13 +107,7 @@ class Supervisor:
             for s, handler in previous.items():
                 signal.signal(s, handler)
         records = self.progress.steps()
-        summary = summarize(
-            records,
-            samples_per_step=self.plan.job.spec.algorithm.prompts_per_step
-            * self.plan.job.spec.algorithm.group_size,
-            wall_s=time.monotonic() - start,
-            restarts=self.state.gang_restarts,
-        )
+        summary = summarize(records, wall_s=time.monotonic() - start, restarts=self.state.gang_restarts)
         if failure is not None:
             print_failure(self.console, failure.reason, failure.tails)
         return RunResult(summary, records, self.state, failure, interrupted)

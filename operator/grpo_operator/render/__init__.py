@@ -4,7 +4,7 @@ Callers: the controller (every reconcile), `grpo-operator render`, and the local
 (`contract(..., local_ports=...)` plus the StatefulSets' pod templates for the commands).
 """
 
-from grpo_operator.render.children import Rendered, children, render, token_secret
+from grpo_operator.render.children import Rendered, children, render, token_secret, validate
 from grpo_operator.render.contract import LocalPorts, RenderError, contract
 from grpo_operator.render.pods import COMMANDS, Hardware, hardware
 
@@ -19,4 +19,5 @@ __all__ = [
     "hardware",
     "render",
     "token_secret",
+    "validate",
 ]

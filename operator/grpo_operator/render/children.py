@@ -101,6 +101,14 @@ def render(
     return Rendered(children=out, contract=run, warnings=w1 + w2)
 
 
+def validate(job: GRPOJob, *, name: str, namespace: str, instance_types: InstanceTable) -> None:
+    """Raise RenderError for a job no pass could render (its name, topology, or hardware), so the
+    controller can fail it before deciding anything, and render only jobs that will render."""
+    render_contract(job, name=name, namespace=namespace, instance_types=instance_types)
+    for role in (names.ROLE_TRAINER, names.ROLE_ROLLOUT):
+        pods.hardware(job, role, instance_types)
+
+
 def children(job: GRPOJob, *, name: str, namespace: str, uid: str, **kwargs) -> list[dict]:
     """The children only (see `render` for the keyword arguments)."""
     return render(job, name=name, namespace=namespace, uid=uid, **kwargs).children

@@ -1,6 +1,6 @@
 """Merge a user's pod template override onto the pod the operator rendered.
 
-Called by `render.pods` for spec.trainer.template / spec.rollout.template (DESIGN.md §8).
+Called by `render.pods` for spec.trainer.template / spec.rollout.template (docs/architecture.md).
 The user adds what the operator does not set (volumes, sidecars, envFrom, imagePullSecrets,
 priorityClassName, annotations...). Where both set a value, the operator's wins, because
 GPU/EFA resources, rendezvous env and ports are what make the gang work; every such

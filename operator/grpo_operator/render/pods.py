@@ -1,6 +1,6 @@
 """EFA-aware pod templates for the trainer gang and the rollout servers.
 
-Called by `render.children`. Sizes each pod from the instance-type table (DESIGN.md §5):
+Called by `render.children`. Sizes each pod from the instance-type table (`instance_types`):
 GPUs and EFA devices of the node, hugepages, IPC_LOCK, /dev/shm, EFA/NCCL/NVSHMEM env,
 node selector, GPU tolerations and, for the gang, one-zone and network-spine affinity.
 The user's template override is merged last; the operator's fields win (see overrides).

@@ -19,6 +19,8 @@ Public API (stable; the trainer, checkpoints and weight sync use it):
         Routing replay: reuse the rollout engine's expert choices; read the latest choices.
     with moe.replaying(model, [topk_idx per layer] | None): ...
         Routing replay for the forwards inside the block only.
+    moe.exchange_seconds(model)
+        Seconds spent in dispatch/combine exchanges (forward and backward) since the last call.
     moe.moe_aux_loss(model)
         Sum of the routers' load-balancing losses of the last training forward (or None).
     moe.MoELayer, moe.Router, moe.RouterConfig, moe.GroupedExperts, moe.make_dispatcher,
@@ -40,6 +42,7 @@ from grpo_trainer.moe.experts import GroupedExperts, grouped_swiglu
 from grpo_trainer.moe.hf import ARCHITECTURES, expert_parallel
 from grpo_trainer.moe.layer import (
     MoELayer,
+    exchange_seconds,
     moe_aux_loss,
     moe_layers,
     recorded_routing,
@@ -57,6 +60,7 @@ __all__ = [
     "Router",
     "RouterConfig",
     "available_backends",
+    "exchange_seconds",
     "expert_parallel",
     "full_state_dict",
     "grouped_swiglu",

@@ -18,7 +18,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grpo_trainer.moe.dispatch import Dispatched, expand_by_local_expert, register_backend, sum_per_token
+from grpo_trainer.moe.dispatch import (
+    Dispatched,
+    ExchangeClock,
+    expand_by_local_expert,
+    register_backend,
+    sum_per_token,
+)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -43,7 +49,8 @@ class _AllToAll(torch.autograd.Function):
 
 def _exchange(x, out_splits: list[int], in_splits: list[int], group, owner: AllToAllDispatcher):
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
-    dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+    with owner.clock.timing(x.device):
+        dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
     row_bytes = math.prod(x.shape[1:]) * x.element_size()
     owner.bytes_sent += (sum(in_splits) - in_splits[owner.rank]) * row_bytes
     return out
@@ -103,6 +110,7 @@ class AllToAllDispatcher:
         self.num_experts = num_experts
         self.num_local = num_experts // self.world
         self.bytes_sent = 0
+        self.clock = ExchangeClock()
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         num_tokens, k = topk_idx.shape

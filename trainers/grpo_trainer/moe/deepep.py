@@ -17,7 +17,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grpo_trainer.moe.dispatch import Dispatched, expand_by_local_expert, register_backend, sum_per_token
+from grpo_trainer.moe.dispatch import (
+    Dispatched,
+    ExchangeClock,
+    expand_by_local_expert,
+    register_backend,
+    sum_per_token,
+)
 
 try:
     from deep_ep import Buffer
@@ -45,39 +51,45 @@ def get_buffer(group: dist.ProcessGroup, hidden_bytes: int) -> Any:
 
 class _Dispatch(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, topk_weights, topk_idx, buffer, num_experts, meta):  # type: ignore[override]
+    def forward(ctx, x, topk_weights, topk_idx, buffer, num_experts, meta, clock):  # type: ignore[override]
         per_rank, per_rdma_rank, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, num_experts)
-        recv_x, recv_idx, recv_weights, _, handle, _ = buffer.dispatch(
-            x,
-            topk_idx=topk_idx,
-            topk_weights=topk_weights,
-            num_tokens_per_rank=per_rank,
-            num_tokens_per_rdma_rank=per_rdma_rank,
-            is_token_in_rank=in_rank,
-            num_tokens_per_expert=per_expert,
-        )
-        ctx.buffer, ctx.handle = buffer, handle
+        with clock.timing(x.device):
+            recv_x, recv_idx, recv_weights, _, handle, _ = buffer.dispatch(
+                x,
+                topk_idx=topk_idx,
+                topk_weights=topk_weights,
+                num_tokens_per_rank=per_rank,
+                num_tokens_per_rdma_rank=per_rdma_rank,
+                is_token_in_rank=in_rank,
+                num_tokens_per_expert=per_expert,
+            )
+        ctx.buffer, ctx.handle, ctx.clock = buffer, handle, clock
         meta["handle"], meta["recv_idx"] = handle, recv_idx
         return recv_x, recv_weights
 
     @staticmethod
     def backward(ctx, grad_x, grad_weights):  # type: ignore[override]
         weights = None if grad_weights is None else grad_weights.float().contiguous()
-        grad_x, grad_weights, _ = ctx.buffer.combine(grad_x.contiguous(), ctx.handle, topk_weights=weights)
-        return grad_x, grad_weights, None, None, None, None
+        with ctx.clock.timing(grad_x.device):
+            grad_x, grad_weights, _ = ctx.buffer.combine(
+                grad_x.contiguous(), ctx.handle, topk_weights=weights
+            )
+        return grad_x, grad_weights, None, None, None, None, None
 
 
 class _Combine(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, buffer, handle):  # type: ignore[override]
-        combined, _, _ = buffer.combine(x, handle)
-        ctx.buffer, ctx.handle = buffer, handle
+    def forward(ctx, x, buffer, handle, clock):  # type: ignore[override]
+        with clock.timing(x.device):
+            combined, _, _ = buffer.combine(x, handle)
+        ctx.buffer, ctx.handle, ctx.clock = buffer, handle, clock
         return combined
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        grad_x, _, _, _, _, _ = ctx.buffer.dispatch(grad.contiguous(), handle=ctx.handle)
-        return grad_x, None, None
+        with ctx.clock.timing(grad.device):
+            grad_x, _, _, _, _, _ = ctx.buffer.dispatch(grad.contiguous(), handle=ctx.handle)
+        return grad_x, None, None, None
 
 
 class DeepEPDispatcher:
@@ -93,6 +105,7 @@ class DeepEPDispatcher:
         self.num_experts = num_experts
         self.num_local = num_experts // self.world
         self.bytes_sent = 0
+        self.clock = ExchangeClock()
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         dtype = x.dtype
@@ -100,7 +113,7 @@ class DeepEPDispatcher:
         buffer = get_buffer(self.group, send.shape[1] * send.element_size())
         meta: dict[str, Any] = {}
         recv_x, recv_weights = _Dispatch.apply(
-            send, topk_weights.float(), topk_idx.to(torch.int64), buffer, self.num_experts, meta
+            send, topk_weights.float(), topk_idx.to(torch.int64), buffer, self.num_experts, meta, self.clock
         )
         recv_idx = meta["recv_idx"]  # (R, K) local expert ids, -1 where not on this rank
         order, counts = expand_by_local_expert(recv_idx, self.num_local)
@@ -115,7 +128,7 @@ class DeepEPDispatcher:
         buffer, deepep_handle, token, num_recv = handle
         partial = sum_per_token(rows, token, num_recv).to(torch.bfloat16)
         self.bytes_sent += partial.numel() * partial.element_size()
-        combined = _Combine.apply(partial, buffer, deepep_handle)
+        combined = _Combine.apply(partial, buffer, deepep_handle, self.clock)
         return combined.to(rows.dtype)
 
 

@@ -10,8 +10,10 @@ communication) is the numerical reference the others are tested against.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -32,12 +34,48 @@ class Dispatched:
     """Backend state that `combine` needs (orders, splits, weights)."""
 
 
+@dataclass
+class ExchangeClock:
+    """Seconds a backend spends exchanging tokens with other ranks, forward and backward.
+
+    Wall time on CPU (gloo's collectives return when done); CUDA events on GPU, resolved only
+    in `take`, so keeping time never adds a host sync inside a step."""
+
+    _seconds: float = 0.0
+    _events: list[tuple[Any, Any]] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def timing(self, device: torch.device) -> Iterator[None]:
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events.append((start, end))
+            return
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._seconds += time.perf_counter() - began
+
+    def take(self) -> float:
+        """Seconds since the last take (waits for pending GPU exchanges to finish)."""
+        for start, end in self._events:
+            end.synchronize()
+            self._seconds += start.elapsed_time(end) / 1e3
+        seconds, self._seconds, self._events = self._seconds, 0.0, []
+        return seconds
+
+
 class Dispatcher(Protocol):
     """One way of moving tokens to experts and back."""
 
     name: str
     bytes_sent: int
     """Bytes this rank has sent to other ranks so far (forward and backward)."""
+    clock: ExchangeClock
+    """Time this rank has spent in those exchanges (`exchange_seconds` reads it per step)."""
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         """x (T, H), topk_idx (T, K) global expert ids, topk_weights (T, K) → rows for local experts."""
@@ -115,6 +153,7 @@ class LocalDispatcher:
             raise ValueError("the local backend needs a group of one rank")
         self.num_experts = num_experts
         self.bytes_sent = 0
+        self.clock = ExchangeClock()  # never ticks: nothing leaves the rank
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         order, counts = sort_by_expert(topk_idx, self.num_experts)

@@ -67,6 +67,11 @@ def moe_layers(model: nn.Module) -> list[MoELayer]:
     return [m for m in model.modules() if isinstance(m, MoELayer)]
 
 
+def exchange_seconds(model: nn.Module) -> float:
+    """Seconds the model's MoE layers spent in dispatch/combine exchanges since the last call."""
+    return sum(layer.dispatcher.clock.take() for layer in moe_layers(model))
+
+
 def moe_aux_loss(model: nn.Module) -> torch.Tensor | None:
     """Sum of the routers' balancing losses of the latest training forward, or None."""
     losses = [m.gate.aux_loss for m in moe_layers(model) if m.gate.aux_loss is not None]

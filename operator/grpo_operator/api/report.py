@@ -1,0 +1,61 @@
+"""The per-step report: what trainer rank 0 says after each optimizer step, in one model.
+
+Written by the trainer (`grpo_trainer.progress`) as one JSON line per step: to the file named by
+ENV_PROGRESS_FILE under the local runtime, which follows it (`grpo_operator.local.progress`) for
+its live table, summary and plot; in a cluster the same report becomes the GRPOJob's
+`status.progress` through `to_progress`, the only place those fields are filled in.
+"""
+
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from grpo_operator.api.status import Progress
+
+ENV_PROGRESS_FILE = "GRPO_PROGRESS_FILE"  # local runtime: rank 0 appends its reports here
+
+
+class StepReport(BaseModel):
+    """One optimizer step. Seconds are wall time of rank 0; rates count generated and trained
+    tokens of the step over the step's whole wall time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int = Field(ge=1, description="Optimizer steps completed, this one included.")
+    max_steps: int = Field(ge=1, description="Steps the job will run.")
+    reward_mean: float | None = Field(description="Mean reward of the step's completions.")
+    tokens_per_s: float | None = Field(ge=0, description="Prompt plus completion tokens per second.")
+    samples_per_s: float | None = Field(ge=0, description="Completions per second.")
+    samples: int = Field(ge=0, description="Completions in the step.")
+    staleness: int = Field(ge=0, description="Policy versions between sampling and training.")
+    weight_version: int = Field(ge=0, description="Policy version the rollout servers hold after it.")
+    position: int = Field(ge=0, description="Prompts consumed so far (the data cursor).")
+    step_s: float = Field(ge=0, description="Seconds of the whole step.")
+    rollout_s: float = Field(ge=0, description="Seconds spent waiting for generations.")
+    train_s: float = Field(ge=0, description="Seconds of forward, backward and optimizer step.")
+    push_s: float = Field(ge=0, description="Seconds of the weight sync to the rollout servers.")
+    ep_all_to_all_s: float | None = Field(
+        default=None, ge=0, description="Seconds in expert-parallel dispatch and combine; None without EP."
+    )
+    time: float = Field(description="Unix time of the report.")
+    last_checkpoint: str | None = Field(default=None, description="Path of the newest checkpoint.")
+    last_checkpoint_step: int | None = Field(default=None, ge=0, description="Its step.")
+    metrics: dict[str, float | None] = Field(
+        default_factory=dict, description="Loss terms and diagnostics (loss, grad_norm, kept, clip...)."
+    )
+
+    def to_progress(self) -> Progress:
+        """The GRPOJob's status.progress for this report."""
+        return Progress(
+            step=self.step,
+            max_steps=self.max_steps,
+            reward_mean=self.reward_mean,
+            tokens_per_second=self.tokens_per_s,
+            rollout_seconds=self.rollout_s,
+            train_seconds=self.train_s,
+            ep_all_to_all_seconds=self.ep_all_to_all_s,
+            weight_version=self.weight_version,
+            last_checkpoint=self.last_checkpoint,
+            last_checkpoint_step=self.last_checkpoint_step,
+            updated_at=datetime.fromtimestamp(self.time, UTC).isoformat(timespec="seconds"),
+        )

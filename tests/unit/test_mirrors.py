@@ -1,0 +1,63 @@
+"""Every table that mirrors an API enum, pinned to it: a value the API accepts must mean something
+to the code that acts on it, and the code must not offer what the API cannot ask for.
+
+The enums (operator/grpo_operator/api) are the one source; each registry below is where the
+workload or the operator gives a value its meaning. Adding an option means adding it to both,
+and this file says so the moment one side is forgotten.
+"""
+
+import pytest
+from grpo_operator.api.algorithm import (
+    AdvantageNormalization,
+    KLEstimator,
+    LossAggregation,
+    PolicyLoss,
+)
+from grpo_operator.api.roles import EPBackend, RolloutEngine
+from grpo_operator.api.spec import BuiltinReward, Dtype
+from grpo_operator.api.status import GRPOJobStatus
+from grpo_operator.controller.reconcile import OPERATOR_STATUS_FIELDS
+from grpo_operator.lifecycle import Verdict, VerdictKind
+from grpo_rollout.engines.base import ENGINES
+from grpo_rollout.engines.routing import MOE_BLOCKS
+from grpo_rollout.engines.torch_engine import DTYPES
+from grpo_rollout.rewards.base import BUILTINS
+from grpo_trainer import moe
+from grpo_trainer.advantages import ADVANTAGES
+from grpo_trainer.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from grpo_trainer.parallel import EP_BACKENDS
+
+MIRRORS = [
+    ("reward built-ins", BUILTINS, BuiltinReward),
+    ("rollout engines", ENGINES, RolloutEngine),
+    ("EP backends", EP_BACKENDS, EPBackend),
+    ("policy losses", POLICY_LOSSES, PolicyLoss),
+    ("KL estimators", KL_ESTIMATORS, KLEstimator),
+    ("loss aggregations", AGGREGATIONS, LossAggregation),
+    ("advantage normalizations", ADVANTAGES, AdvantageNormalization),
+    ("torch engine dtypes", DTYPES, Dtype),
+]
+
+
+@pytest.mark.parametrize(("what", "registry", "enum"), MIRRORS, ids=[m[0] for m in MIRRORS])
+def test_registry_has_exactly_the_api_enums_values(what, registry, enum) -> None:
+    assert set(registry) == {m.value for m in enum}, what
+
+
+def test_every_ep_backend_names_a_dispatcher_the_moe_layer_has() -> None:
+    # deepep registers itself only where deep_ep imports (GPU images)
+    assert set(EP_BACKENDS.values()) <= set(moe.available_backends()) | {"deepep"}
+
+
+def test_rollout_routing_capture_knows_exactly_the_moe_blocks_the_trainer_converts() -> None:
+    assert set(MOE_BLOCKS) == set(moe.ARCHITECTURES)
+
+
+def test_the_operator_writes_every_status_field_but_the_progress_rank0_owns() -> None:
+    wire = {f.alias for f in GRPOJobStatus.model_fields.values()}
+    assert set(OPERATOR_STATUS_FIELDS) == wire - {"progress"}
+
+
+@pytest.mark.parametrize("kind", list(VerdictKind))
+def test_every_verdict_kind_describes_itself(kind: VerdictKind) -> None:
+    assert Verdict(kind, pod="p", role="trainer", attempt=0).describe().startswith("trainer pod p ")
