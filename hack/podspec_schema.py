@@ -19,7 +19,8 @@ What the resolver does to the OpenAPI:
 
 And, as a template for a StatefulSet's pods that a user only partly overrides (OVERRIDES):
 PodSpec's `containers` is not required, fields a StatefulSet refuses are left out or narrowed,
-init containers need an image (the operator renders none, so each is added whole).
+init containers need an image (the operator renders none, so each is added whole), and port
+numbers stay within 1-65535, which the API server would otherwise only check on the pods.
 """
 
 import argparse
@@ -37,6 +38,7 @@ QUANTITY_PATTERN = (
 )
 INT_RANGE = {"int32": 2**31 - 1, "int64": 2**63 - 1}
 MAX_ITEMS = 256  # lists and maps of an override; bounded so the API server's CEL cost estimates stay small
+PORTS = {"containerPort": 1, "hostPort": 0}  # hostPort 0: none
 MAX_NAME = 63  # container names are DNS labels; bounded so CEL rules over containers stay cheap
 KEPT = (
     "type", "format", "enum", "default", "minimum", "maximum", "minLength", "maxLength", "pattern",
@@ -106,6 +108,17 @@ def without_zero_defaults(node: dict[str, Any], keep: bool = False) -> dict[str,
     return out
 
 
+def port_bounds(node: dict[str, Any]) -> None:
+    """Port numbers get their real range (Go validation, not the OpenAPI, says 1-65535)."""
+    for name, sub in node.get("properties", {}).items():
+        if name in PORTS and sub.get("type") == "integer":
+            sub["minimum"], sub["maximum"] = PORTS[name], 65535
+        port_bounds(sub)
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            port_bounds(node[key])
+
+
 def overrides(spec: dict[str, Any]) -> dict[str, Any]:
     """Fit PodSpec to a partial template for a StatefulSet's pods (the module docstring says why)."""
     props = spec["properties"]
@@ -115,6 +128,7 @@ def overrides(spec: dict[str, Any]) -> dict[str, Any]:
     props["restartPolicy"]["enum"] = ["Always"]  # the only one a StatefulSet accepts
     for key in ("containers", "initContainers"):
         props[key]["items"]["properties"]["name"]["maxLength"] = MAX_NAME
+    port_bounds(spec)
     init = props["initContainers"]["items"]
     init["required"] = sorted({*init.get("required", []), "image"})
     return spec

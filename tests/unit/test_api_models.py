@@ -67,6 +67,10 @@ def test_wire_is_camel_case_and_leaves_unset_optionals_out() -> None:
         (("trainer", "tolerations"), [{"operator": "Equals"}]),  # Exists or Equal only
         (("network", "hugepages"), "5G"),  # pattern
         (("trainer", "instanceType"), "p5 48xlarge"),  # pattern
+        (("runPolicy", "activeDeadlineSeconds"), 300000000000),  # past 10 years: datetime overflow
+        (("runPolicy", "ttlSecondsAfterFinished"), 10**15),
+        (("algorithm", "seed"), 2**32),  # past what numpy seeds
+        (("rollout", "maxBatchSize"), 65537),
     ],
 )
 def test_models_reject_bad_fields(where: tuple[str, str], value: object) -> None:

@@ -4,8 +4,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from grpo_operator import validation
+from grpo_operator import crd, validation
 from grpo_operator.cli import main
+from grpo_operator.validation import structural
+
+from tests.unit import example_mutations
 
 ROOT = Path(__file__).resolve().parents[2]
 INVALID = sorted((ROOT / "tests" / "fixtures" / "invalid").glob("*.yaml"))
@@ -213,3 +216,70 @@ def test_cli_old_flag_checks_updates(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["validate", str(new)]) == 0
     assert main(["validate", str(new), "--old", str(new.with_name(new.name.replace(".new.", ".old.")))]) == 1
     assert "immutable" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT / "examples")))
+def test_each_field_of_each_example_broken_alone_is_refused_naming_it(path: Path) -> None:
+    """Wrong types, unknown fields, numbers past their bounds, PodSpec mistakes in template.spec."""
+    cases = [m for m in example_mutations.mutations() if m.example == path.name]
+    assert len(cases) > 2 * len(example_mutations.TEMPLATE_CASES)
+    missed = []
+    for case in cases:
+        problems = validation.check_object(case.doc)
+        if not any(validation.dotted(where) == case.field for where, _ in problems):
+            missed.append(f"{case.change} at {case.field}: {problems}")
+    assert not missed, "\n".join(missed)
+
+
+@pytest.mark.parametrize("role", ["trainer", "rollout"])
+@pytest.mark.parametrize("override", example_mutations.VALID_TEMPLATES, ids=lambda o: ",".join(o))
+def test_partial_template_overrides_stay_valid(role: str, override: dict) -> None:
+    job = yaml.safe_load(JOB)
+    job["spec"][role]["template"] = {"spec": example_mutations.with_main(override, role)}
+    assert validation.check_object(job) == []
+
+
+def test_template_spec_problems_name_file_line_and_field() -> None:
+    template = "    template:\n      spec:\n        containers:\n          - name: {x: 1}\n"
+    text = JOB.replace(TRAINER, f"{TRAINER}\n{template.rstrip()}")
+    (problem,) = validation.validate_text(text, "job.yaml")
+    assert str(problem) == (
+        'job.yaml:18: spec.trainer.template.spec.containers[0].name: Invalid value: {"x": 1}: '
+        "must be of type string"
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("activeDeadlineSeconds", 300000000000),  # passed the CRD, then OverflowError in the operator
+        ("ttlSecondsAfterFinished", 10**12),
+        ("activeDeadlineSeconds", 10**19),  # past int64: the server reads a float, a type error
+    ],
+)
+def test_durations_past_their_maximum_are_refused(field: str, value: int) -> None:
+    (problem,) = validation.validate_text(JOB + f"  runPolicy:\n    {field}: {value}\n")
+    assert problem.path == f"spec.runPolicy.{field}" and str(value) in problem.message
+    if value >= 2**63:
+        assert problem.message.endswith("must be of type integer")
+
+
+def test_sidecars_need_an_image_but_the_main_container_does_not() -> None:
+    main = (
+        "    template:\n      spec:\n        containers:\n          - name: trainer\n            tty: true\n"
+    )
+    assert validation.validate_text(JOB.replace(TRAINER, f"{TRAINER}\n{main.rstrip()}")) == []
+    sidecar = main.replace("name: trainer", "name: logs")
+    (problem,) = validation.validate_text(JOB.replace(TRAINER, f"{TRAINER}\n{sidecar.rstrip()}"))
+    assert problem.path == "spec.trainer.template.spec.containers"
+    assert problem.message == "a container other than 'trainer' needs an image"
+
+
+def test_embedded_pod_specs_are_the_ones_checked_structurally() -> None:
+    schema = crd.openapi_schema()
+
+    def pod_specs(node: dict, path: tuple = ()) -> list[tuple]:
+        here = [path] if "containers" in node.get("properties", {}) else []
+        return here + [p for k, sub in node.get("properties", {}).items() for p in pod_specs(sub, (*path, k))]
+
+    assert sorted(pod_specs(schema)) == sorted(structural.EMBEDDED)

@@ -41,6 +41,11 @@ def apply_defaults(value: Any, schema: dict[str, Any]) -> None:
             apply_defaults(item, schema["items"])
 
 
+def not_int64(value: Any) -> bool:
+    """An integer JSON number the API server cannot hold as int64 (it decodes it as a float instead)."""
+    return isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63
+
+
 def schema_problems(obj: dict[str, Any]) -> tuple[list[tuple[Path_, str]], bool]:
     """Types, bounds, enums, required and unknown fields, by the models in strict (API server) mode."""
     try:
@@ -50,8 +55,11 @@ def schema_problems(obj: dict[str, Any]) -> tuple[list[tuple[Path_, str]], bool]
         blocking = False
         for e in err.errors():
             path = _loc_path(e["loc"], obj)
-            blocking |= e["type"] not in _NON_BLOCKING
-            if e["type"] == "extra_forbidden":
+            beyond = not_int64(e["input"])  # the server decodes it as a float: a type error, blocking
+            blocking |= e["type"] not in _NON_BLOCKING or beyond
+            if beyond:
+                head, text = f"Invalid value: {_short(e['input'])}", "must be of type integer"
+            elif e["type"] == "extra_forbidden":
                 head, text = f'unknown field "{dotted(path)}"', ""
             elif e["type"] == "missing":
                 head, text = "Required value", ""
