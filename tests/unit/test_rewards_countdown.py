@@ -1,7 +1,7 @@
 """Built-in countdown reward (grpo_rollout.rewards.countdown)."""
 
 import pytest
-from grpo_rollout.rewards.countdown import FORMAT_SCORE, countdown, evaluate
+from grpo_rollout.rewards.countdown import FORMAT_SCORE, MAX_EXPRESSION, countdown, evaluate
 
 
 @pytest.mark.parametrize(
@@ -14,6 +14,8 @@ from grpo_rollout.rewards.countdown import FORMAT_SCORE, countdown, evaluate
         ("2/(5-5)+3", 0.0),  # division by zero
         ("__import__('os')", 0.0),  # not arithmetic
         ("", 0.0),
+        ("<answer>1+1</answer> <answer>3 * 5 + 2</answer>", FORMAT_SCORE),  # the last tagged answer
+        ("<answer>(3 + 5) * 2</answer><answer>unclosed", 1.0),
     ],
 )
 def test_countdown_scores(completion, score):
@@ -29,3 +31,17 @@ def test_evaluate_allows_only_arithmetic():
 def test_missing_target_column_is_named():
     with pytest.raises(KeyError, match="'target'"):
         countdown(["p"], ["1+2"], numbers=[[1, 2]])
+
+
+@pytest.mark.timeout(60, method="thread")
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "<answer>" * 500_000,  # a regex would rescan to the end from each opening tag
+        "(" * 10_000 + "3+5*2" + ")" * 10_000,  # the parser's nesting limit, past MAX_EXPRESSION
+        "+".join(["3"] * (MAX_EXPRESSION // 2)),  # well-formed but long: never evaluated
+    ],
+    ids=["unclosed-tags", "deep-parens", "long-sum"],
+)
+def test_pathological_completions_score_zero_at_once(completion):
+    assert countdown(["p"], [completion], numbers=[[3, 5, 2]], target=[16]) == [0.0]

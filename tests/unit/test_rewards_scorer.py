@@ -1,7 +1,7 @@
 """Reward scoring with broken plugins: raise, hang, wrong length, NaN, crash (grpo_rollout.rewards.scorer).
 
-Plugins run in a real child process (the PluginWorker); the hang test really hangs it and checks
-the worker is killed and replaced.
+Plugins and built-ins run in a real child process (the PluginWorker); the hang tests really hang
+it and check the worker is killed and replaced.
 """
 
 import sys
@@ -11,6 +11,7 @@ import time
 import pytest
 from grpo_operator.api.spec import RewardSpec
 from grpo_rollout.protocol import RewardDetail
+from grpo_rollout.rewards.base import BUILTINS
 from grpo_rollout.rewards.scorer import RewardScorer
 
 PLUGINS = """
@@ -32,6 +33,10 @@ def picky(prompts, completions, **columns):
 
 def hangs(prompts, completions, **columns):
     time.sleep(3600)
+
+def naps(prompts, completions, **columns):
+    time.sleep(30)
+    return [1.0] * len(completions)
 
 def short(prompts, completions, **columns):
     return [1.0]
@@ -111,6 +116,24 @@ def test_hanging_plugin_times_out_and_its_worker_is_replaced():
         assert s._worker.killed == 1
     finally:
         s.close()
+
+
+def test_builtins_run_under_the_timeout_too(monkeypatch):
+    # The registry entry of `math` now names a function that outlives the timeout. Run in the
+    # server's own process, as built-ins once were, it would score 1 after 30 s instead.
+    monkeypatch.setitem(BUILTINS, "math", "grpo_test_plugins:naps")
+    out = run(scorer(("math", 1.0), ("exact_match", 1.0), timeout=1.0), ["7"], answer=["7"])
+    ((reward, (math, exact)),) = out
+    assert reward == 1.0
+    assert math.score == 0.0 and "timed out after 1s" in math.error
+    assert exact.score == 1.0 and exact.error is None
+
+
+def test_an_answer_that_once_stalled_the_math_builtin_is_scored_not_timed_out():
+    completions = ["\\boxed{1e999999999}", "\\boxed{\\frac{14}{2}}"]
+    out = run(scorer(("math", 1.0), timeout=60.0), completions, answer=["1", "7"])
+    assert [r for r, _ in out] == [0.0, 1.0]
+    assert all(d.error is None for _, (d,) in out)
 
 
 def test_wrong_length_zeroes_the_batch_with_reason():

@@ -1,9 +1,10 @@
 """Scores completions with the job's reward functions: a weighted sum that survives broken functions.
 
-The rollout server calls `RewardScorer.score` once per generate request. Built-ins run in-process;
-`module:function` plugins run in a `PluginWorker` child that is killed if it outlives
-`reward.timeoutSeconds`. A function that raises, hangs, returns the wrong number of scores or a
-NaN scores the affected samples 0 and says why in that sample's reward details; the server goes on.
+The rollout server calls `RewardScorer.score` once per generate request. Every function, built-in
+or `module:function` plugin, runs in a `PluginWorker` child that is killed if it outlives
+`reward.timeoutSeconds`, so a built-in fed a pathological completion is bounded like a plugin. A
+function that raises, hangs, returns the wrong number of scores or a NaN scores the affected
+samples 0 and says why in that sample's reward details; the server goes on.
 When a batch call raises, each sample is retried alone (within the same time budget) so one bad
 completion does not zero its whole batch.
 """
@@ -11,19 +12,15 @@ completion does not zero its whole batch.
 import logging
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 from grpo_operator.api.spec import RewardSpec
 
 from grpo_rollout.protocol import RewardDetail
-from grpo_rollout.rewards.base import BUILTINS, load_function
+from grpo_rollout.rewards.base import BUILTINS
 from grpo_rollout.rewards.worker import PluginError, PluginTimeout, PluginWorker
 
 log = logging.getLogger(__name__)
-
-Scores = list[float | None]
-Caller = Callable[[list[str], list[str], dict[str, list[Any]], float], Scores]
 
 
 class BadScores(Exception):
@@ -34,18 +31,13 @@ class RewardScorer:
     def __init__(self, spec: RewardSpec, worker: PluginWorker | None = None):
         self.timeout = spec.timeout_seconds
         self._worker = worker or PluginWorker()
-        self.functions: list[tuple[str, float, Caller]] = []
+        self.functions: list[tuple[str, float, str]] = []  # (name in the spec, weight, module:function)
         for entry in spec.functions:
             name = entry.builtin or entry.function
             assert name is not None  # the spec's CEL rule: exactly one of builtin/function
-            self.functions.append((name, entry.weight, self._caller(name)))
-
-    def _caller(self, name: str) -> Caller:
-        if name in BUILTINS:
-            fn = load_function(name)
-            return lambda p, c, cols, _timeout: list(fn(p, c, **cols))
-        self._worker.check(name)  # a missing module or function fails at start-up, by name
-        return lambda p, c, cols, timeout: self._worker.call(name, p, c, cols, timeout)
+            target = BUILTINS.get(name, name)
+            self._worker.check(target)  # a missing module or function fails at start-up, by name
+            self.functions.append((name, entry.weight, target))
 
     def close(self) -> None:
         self._worker.kill()
@@ -57,8 +49,8 @@ class RewardScorer:
         total = len(completions)
         rewards = [0.0] * total
         details: list[list[RewardDetail]] = [[] for _ in range(total)]
-        for name, weight, call in self.functions:
-            values, errors = self._run(name, call, prompts, completions, columns)
+        for name, weight, target in self.functions:
+            values, errors = self._run(name, target, prompts, completions, columns)
             for i in range(total):
                 rewards[i] += weight * values[i]
                 details[i].append(RewardDetail(name=name, weight=weight, score=values[i], error=errors[i]))
@@ -67,18 +59,19 @@ class RewardScorer:
     def _run(
         self,
         name: str,
-        call: Caller,
+        target: str,
         prompts: list[str],
         completions: list[str],
         columns: dict[str, list[Any]],
     ) -> tuple[list[float], list[str | None]]:
         total = len(completions)
         deadline = time.monotonic() + self.timeout
+        call = self._worker.call
         try:
-            return self._check(call(prompts, completions, columns, self.timeout), total)
+            return self._check(call(target, prompts, completions, columns, self.timeout), total)
         except (PluginTimeout, BadScores) as e:  # a retry would not help: zero the batch
             return self._failed(name, total, str(e))
-        except Exception as e:  # PluginError or a built-in's own exception
+        except Exception as e:  # PluginError, or columns that are not JSON
             batch_error = e if isinstance(e, PluginError) else f"{type(e).__name__}: {e}"
         if total == 1:
             return self._failed(name, 1, str(batch_error))
@@ -92,7 +85,7 @@ class RewardScorer:
             one_cols = {k: [v[i]] for k, v in columns.items()}
             try:
                 (values[i],), (errors[i],) = self._check(
-                    call([prompts[i]], [completions[i]], one_cols, left), 1
+                    call(target, [prompts[i]], [completions[i]], one_cols, left), 1
                 )
             except PluginTimeout as e:
                 errors[i] = str(e)
