@@ -28,7 +28,7 @@ from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from kubernetes import client, config
 
 ROOT = Path(__file__).resolve().parents[1]
-CHILDREN_PER_JOB = 11  # contract, 2 SAs, Role, RoleBinding, 2 Services, 2 StatefulSets, PDB, NetworkPolicy
+CHILDREN_PER_JOB = 12  # contract, 2 SAs, Role, RoleBinding, 2 Services, 2 StatefulSets, PDB, 2 NetPols
 OWNED = ("grpojobs", "statefulsets", "configmaps", "services", "serviceaccounts", "roles", "rolebindings")
 OWNED += ("poddisruptionbudgets", "networkpolicies", "secrets", "events", "pods")
 

@@ -99,6 +99,7 @@ def test_all_children_exist_with_owner_references():
             ("StatefulSet", "moe-trainer"),
             ("StatefulSet", "moe-rollout"),
             ("PodDisruptionBudget", "moe-trainer"),
+            ("NetworkPolicy", "moe-trainer"),
             ("NetworkPolicy", "moe-rollout"),
         ]
     )
@@ -143,7 +144,7 @@ def test_commands_and_per_pod_env():
     assert e["GRPO_POD_INDEX"] == {
         "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}
     }
-    assert e["GRPO_TOKEN"] == {"secretKeyRef": {"name": "moe-token", "key": "token"}}
+    assert e["GRPO_TOKEN"] == {"secretKeyRef": {"name": "moe-token-uid-1", "key": "token"}}
 
 
 def test_p5_trainer_requests_whole_node_with_efa():

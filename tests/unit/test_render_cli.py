@@ -22,7 +22,7 @@ def test_render_prints_children_and_reports_conflicts(tmp_path, capsys):
     assert main(["render", str(f), "-n", "team"]) == 0
     out, err = capsys.readouterr()
     docs = list(yaml.safe_load_all(out))
-    assert len(docs) == 11 and {d["metadata"]["namespace"] for d in docs} == {"team"}
+    assert len(docs) == 12 and {d["metadata"]["namespace"] for d in docs} == {"team"}
     assert "warning: team/moe: trainer.template.spec.containers[trainer].image" in err
 
 

@@ -12,7 +12,10 @@ from grpo_operator.api.job import GROUP, PLURAL, GRPOJob
 from grpo_operator.instance_types import InstanceTable
 from grpo_operator.instance_types import load as load_instance_types
 from grpo_operator.render import kueue, names, pods
+from grpo_operator.render.contract import RenderError
 from grpo_operator.render.contract import contract as render_contract
+
+MAX_CONTRACT_BYTES = 1 << 20  # a ConfigMap's data, as the API server limits it
 
 POD_GROUP_API = {
     "scheduler-plugins": "scheduling.x-k8s.io/v1alpha1",
@@ -42,18 +45,23 @@ def render(
     instance_types: InstanceTable | None = None,
     flavors: dict[str, kueue.FlavorPlacement] | None = None,
     rollout_replicas: int | None = None,
+    metrics_from: list[dict] | None = None,
 ) -> Rendered:
     """Render all children. `attempt` labels the trainer gang (bumped per gang restart);
     `running=False` (suspended or finished) scales both StatefulSets to zero pods; `zone`
     pins the trainer gang to one availability zone chosen by the caller (see pods).
     `flavors` (per role) add the node labels and tolerations of the Kueue ResourceFlavors a
-    queued job was admitted on; `rollout_replicas` caps rollout pods at what Kueue admitted."""
+    queued job was admitted on; `rollout_replicas` caps rollout pods at what Kueue admitted.
+    `metrics_from` (NetworkPolicy peers, e.g. the Prometheus pods' namespace and pod selectors)
+    may reach the pods' metrics ports; by default no one outside the job may."""
     table = instance_types or load_instance_types()
     run = render_contract(job, name=name, namespace=namespace, generation=generation, instance_types=table)
     trainer_tpl, w1 = pods.pod_template(
-        job, name=name, role=names.ROLE_TRAINER, attempt=attempt, table=table, zone=zone
+        job, name=name, uid=uid, role=names.ROLE_TRAINER, attempt=attempt, table=table, zone=zone
     )
-    rollout_tpl, w2 = pods.pod_template(job, name=name, role=names.ROLE_ROLLOUT, attempt=attempt, table=table)
+    rollout_tpl, w2 = pods.pod_template(
+        job, name=name, uid=uid, role=names.ROLE_ROLLOUT, attempt=attempt, table=table
+    )
     for role, placement in (flavors or {}).items():
         if role == names.ROLE_TRAINER:
             trainer_tpl, conflicts = kueue.with_flavor(trainer_tpl, placement)
@@ -80,6 +88,7 @@ def render(
             "data": {CONTRACT_FILE: run.model_dump_json(by_alias=True, exclude_none=True, indent=2)},
         },
         *_rbac(job, name, meta),
+        *_network_policies(name, uid, meta, metrics_from or []),  # before any pod exists
         _service(name, names.ROLE_TRAINER, names.TRAINER_PORT, "rendezvous", meta, publish_not_ready=True),
         _service(name, names.ROLE_ROLLOUT, names.ROLLOUT_PORT, "http", meta, publish_not_ready=False),
         _statefulset(name, names.ROLE_ROLLOUT, rollout_n, rollout_tpl, meta, on_delete=False),
@@ -93,7 +102,6 @@ def render(
                 "selector": {"matchLabels": names.selector(name, names.ROLE_TRAINER)},
             },
         },
-        _network_policy(name, meta),
     ]
     group = _pod_group(job, name, meta)
     if group:
@@ -104,7 +112,13 @@ def render(
 def validate(job: GRPOJob, *, name: str, namespace: str, instance_types: InstanceTable) -> None:
     """Raise RenderError for a job no pass could render (its name, topology, or hardware), so the
     controller can fail it before deciding anything, and render only jobs that will render."""
-    render_contract(job, name=name, namespace=namespace, instance_types=instance_types)
+    run = render_contract(job, name=name, namespace=namespace, instance_types=instance_types)
+    size = len(run.model_dump_json(by_alias=True, exclude_none=True, indent=2).encode())
+    if size > MAX_CONTRACT_BYTES:
+        raise RenderError(
+            f"the run contract (the spec, resolved) is {size} bytes, over the {MAX_CONTRACT_BYTES} a "
+            "ConfigMap holds: move large values (env, reward columns) into files the pods read"
+        )
     for role in (names.ROLE_TRAINER, names.ROLE_ROLLOUT):
         pods.hardware(job, role, instance_types)
 
@@ -121,7 +135,7 @@ def token_secret(*, name: str, namespace: str, uid: str, token: str) -> dict:
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {
-            "name": names.token_secret(name),
+            "name": names.token_secret(name, uid),
             "namespace": namespace,
             "labels": names.job_labels(name),
             "ownerReferences": [names.owner_reference(name, uid)],
@@ -211,23 +225,33 @@ def _statefulset(name: str, role: str, replicas: int, template: dict, meta, *, o
     }
 
 
-def _network_policy(name: str, meta) -> dict:
-    """Only this job's trainer pods may reach its rollout servers' API port."""
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": meta(names.statefulset(name, names.ROLE_ROLLOUT)),
-        "spec": {
-            "podSelector": {"matchLabels": names.selector(name, names.ROLE_ROLLOUT)},
-            "policyTypes": ["Ingress"],
-            "ingress": [
-                {
-                    "from": [{"podSelector": {"matchLabels": names.selector(name, names.ROLE_TRAINER)}}],
-                    "ports": [{"protocol": "TCP", "port": names.ROLLOUT_PORT}],
-                }
-            ],
-        },
+def _network_policies(name: str, uid: str, meta, metrics_from: list[dict]) -> list[dict]:
+    """Ingress of each role's pods, selected with the job's uid label that only the operator
+    sets. Trainer pods: any port (c10d rendezvous on TRAINER_PORT, gloo/NCCL on ephemeral
+    ports), only from this job's trainer pods; they serve no metrics. Rollout pods: the API
+    port, from this job's trainer pods and, for /metrics on the same port, `metrics_from`.
+    Egress stays open: S3, the rollout servers, the API server."""
+
+    def pods(role: str) -> dict:
+        return {"matchLabels": names.isolation_selector(name, uid, role)}
+
+    rollout_port = [{"protocol": "TCP", "port": names.ROLLOUT_PORT}]
+    rollout_ingress = [{"from": [{"podSelector": pods(names.ROLE_TRAINER)}], "ports": rollout_port}]
+    if metrics_from:
+        rollout_ingress.append({"from": metrics_from, "ports": rollout_port})
+    ingress = {
+        names.ROLE_TRAINER: [{"from": [{"podSelector": pods(names.ROLE_TRAINER)}]}],
+        names.ROLE_ROLLOUT: rollout_ingress,
     }
+    return [
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": meta(names.network_policy(name, role)),
+            "spec": {"podSelector": pods(role), "policyTypes": ["Ingress"], "ingress": ingress[role]},
+        }
+        for role in (names.ROLE_TRAINER, names.ROLE_ROLLOUT)
+    ]
 
 
 def _pod_group(job: GRPOJob, name: str, meta) -> dict | None:

@@ -9,6 +9,9 @@ from grpo_operator.api.job import API_VERSION, KIND
 LABEL_JOB = "grpo.dev/job"
 LABEL_ROLE = "grpo.dev/role"
 LABEL_ATTEMPT = "grpo.dev/attempt"
+# The job's uid on every pod the operator renders; NetworkPolicies select on it together with
+# the job and role labels, and a user's template may not set it (render.overrides).
+LABEL_JOB_UID = "grpo.dev/job-uid"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_POD_INDEX = "apps.kubernetes.io/pod-index"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -45,8 +48,14 @@ def contract_configmap(job: str) -> str:
     return f"{job}-contract"
 
 
-def token_secret(job: str) -> str:
-    return f"{job}-token"
+def token_secret(job: str, uid: str) -> str:
+    """The job's rollout-token Secret, named per uid: a job deleted and recreated under the same
+    name never finds its predecessor's Secret (which garbage collection is about to delete)."""
+    return f"{job}-token-{uid[:8]}"
+
+
+def network_policy(job: str, role: str) -> str:
+    return statefulset(job, role)
 
 
 def service_account(job: str, role: str) -> str:
@@ -69,6 +78,13 @@ def job_labels(job: str) -> dict[str, str]:
 def selector(job: str, role: str) -> dict[str, str]:
     """Labels that select one role's pods of one job (StatefulSet selector; immutable)."""
     return {LABEL_JOB: job, LABEL_ROLE: role}
+
+
+def isolation_selector(job: str, uid: str, role: str) -> dict[str, str]:
+    """Labels that select one role's pods of this incarnation of the job in NetworkPolicies:
+    the pod selector plus the uid, which only the operator sets. Not for the StatefulSet
+    selector, which is immutable: existing StatefulSets could not be updated."""
+    return {**selector(job, role), LABEL_JOB_UID: uid}
 
 
 def label_selector(job: str, role: str | None = None) -> str:

@@ -4,16 +4,21 @@ Called by `render.pods` for spec.trainer.template / spec.rollout.template (docs/
 The user adds what the operator does not set (volumes, sidecars, envFrom, imagePullSecrets,
 priorityClassName, annotations...). Where both set a value, the operator's wins, because
 GPU/EFA resources, rendezvous env and ports are what make the gang work; every such
-conflict is returned as a warning so the job's Event and condition can say so.
+conflict is returned as a warning so the job's Event and condition can say so. The labels
+NetworkPolicies select on are the operator's alone: a template can neither change nor add them.
 """
 
 from typing import Any
+
+from grpo_operator.render import names
 
 # Lists whose items are merged by a key instead of being appended side by side.
 _LIST_KEYS = {"volumeMounts": "mountPath", "ports": "containerPort", "volumeDevices": "devicePath"}
 # Lists whose items are one choice each (env value vs valueFrom, volume sources): a clash
 # keeps the operator's whole item instead of blending two into an invalid one.
 _ATOMIC = {"env", "volumes"}
+# Pod labels only the operator sets: the NetworkPolicies trust them (render.children).
+PROTECTED_LABELS = frozenset({names.LABEL_JOB, names.LABEL_ROLE, names.LABEL_JOB_UID})
 
 
 def merge(rendered: Any, override: Any, path: str) -> tuple[Any, list[str]]:
@@ -34,7 +39,15 @@ def merge(rendered: Any, override: Any, path: str) -> tuple[Any, list[str]]:
 def _merge_dicts(rendered: dict, override: dict, path: str) -> tuple[dict, list[str]]:
     out = dict(rendered)
     conflicts: list[str] = []
+    labels = path.endswith("metadata.labels")
     for key, value in override.items():
+        if labels and key in PROTECTED_LABELS:
+            if rendered.get(key) != value:
+                conflicts.append(
+                    f"{path}.{key}: only the operator sets this label (network policies trust it); "
+                    f"kept {rendered.get(key)!r} over the template's {value!r}"
+                )
+            continue
         out[key], found = merge(rendered.get(key), value, f"{path}.{key}")
         conflicts += found
     return out, conflicts

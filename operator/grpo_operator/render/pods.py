@@ -71,9 +71,17 @@ def hardware(job: GRPOJob, role: str, table: InstanceTable) -> Hardware:
 
 
 def pod_template(
-    job: GRPOJob, *, name: str, role: str, attempt: int, table: InstanceTable, zone: str | None = None
+    job: GRPOJob,
+    *,
+    name: str,
+    uid: str,
+    role: str,
+    attempt: int,
+    table: InstanceTable,
+    zone: str | None = None,
 ) -> tuple[dict, list[str]]:
-    """(pod template, override conflicts) for one role's StatefulSet.
+    """(pod template, override conflicts) for one role's StatefulSet; `uid` is the job's, on
+    the pods' labels (what NetworkPolicies select on) and in the token Secret's name.
 
     `zone` (trainer only) becomes a node selector. The gang's required one-zone affinity
     alone lets rank 0 pick a zone too small for the rest (a deadlock the e2e fleet shows:
@@ -86,7 +94,7 @@ def pod_template(
         "name": role,
         "image": spec.image,
         "command": COMMANDS[role],
-        "env": _env(job, name=name, hw=hw),
+        "env": _env(job, name=name, uid=uid, hw=hw),
         "ports": _ports(role),
         "resources": _resources(job, spec, hw),
         "volumeMounts": mounts,
@@ -96,7 +104,7 @@ def pod_template(
         container["securityContext"] = security
     if role == names.ROLE_ROLLOUT:
         container["readinessProbe"] = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5}
-    labels = {**names.job_labels(name), **names.selector(name, role)}
+    labels = {**names.job_labels(name), **names.isolation_selector(name, uid, role)}
     annotations: dict[str, str] = {}
     pod_spec: dict = {
         "serviceAccountName": names.service_account(name, role),
@@ -127,7 +135,7 @@ def pod_template(
     return overrides.merge(template, user, f"{role}.template")
 
 
-def _env(job: GRPOJob, *, name: str, hw: Hardware) -> list[dict]:
+def _env(job: GRPOJob, *, name: str, uid: str, hw: Hardware) -> list[dict]:
     env = [
         {"name": ENV_CONTRACT, "value": f"{CONTRACT_MOUNT}/{CONTRACT_FILE}"},
         {
@@ -136,7 +144,7 @@ def _env(job: GRPOJob, *, name: str, hw: Hardware) -> list[dict]:
         },
         {
             "name": ENV_TOKEN,
-            "valueFrom": {"secretKeyRef": {"name": names.token_secret(name), "key": names.TOKEN_KEY}},
+            "valueFrom": {"secretKeyRef": {"name": names.token_secret(name, uid), "key": names.TOKEN_KEY}},
         },
     ]
     if hw.gpus or hw.efa:
