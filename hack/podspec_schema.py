@@ -14,7 +14,8 @@ What the resolver does to the OpenAPI:
 - Descriptions, patch-strategy markers and union hints are dropped (size; the CRD cannot
   carry them); zero-value defaults ("", 0, false, {}) are dropped because openapi-gen writes
   them for every non-pointer field, not as API defaults; real defaults (`protocol: TCP`) stay.
-- Every integer gets its format's range as minimum/maximum, every list and map a size bound.
+- Every integer gets its format's range as minimum/maximum (int64: what a float64 holds
+  exactly, the form the API server checks bounds in), every list and map a size bound.
 - ObjectMeta (only inside ephemeral volume claim templates) keeps what a template may set.
 
 And, as a template for a StatefulSet's pods that a user only partly overrides (OVERRIDES):
@@ -36,7 +37,8 @@ QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)"
     r"|(\.[0-9]+))))?$"
 )
-INT_RANGE = {"int32": 2**31 - 1, "int64": 2**63 - 1}
+# int64 bounded at 2^53 - 1: the API server holds bounds as float64 and refuses one past int64.
+INT_RANGE = {"int32": 2**31 - 1, "int64": 2**53 - 1}
 MAX_ITEMS = 256  # lists and maps of an override; bounded so the API server's CEL cost estimates stay small
 PORTS = {"containerPort": 1, "hostPort": 0}  # hostPort 0: none
 MAX_NAME = 63  # container names are DNS labels; bounded so CEL rules over containers stay cheap

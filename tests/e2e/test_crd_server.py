@@ -5,7 +5,8 @@ then checks `kubectl explain`, the printer columns, server-side defaulting, the 
 subresource, and that the invalid corpus (tests/fixtures/invalid), the forbidden updates
 (tests/fixtures/updates) and the examples get the same verdict from the API server as from
 `grpo_operator.validation`, each rejection naming the field of the fixture's `# expect:` line
-and the server naming every field that offline validation names.
+and the server naming every field that offline validation names; so do the shipped examples
+broken one field at a time (tests/unit/example_mutations.py), `template.spec` included.
 """
 
 import copy
@@ -20,6 +21,10 @@ from typing import Any
 import pytest
 import yaml
 from grpo_operator import crd, validation
+from grpo_operator.api.job import GROUP, PLURAL, VERSION
+from kubernetes import client
+
+from tests.unit import example_mutations
 
 ROOT = Path(__file__).resolve().parents[2]
 INVALID = sorted((ROOT / "tests" / "fixtures" / "invalid").glob("*.yaml"))
@@ -45,7 +50,7 @@ def in_namespace(path: Path, namespace: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def crd_installed(kubectl: Any) -> None:
+def crd_installed(kubectl: Any, wait_for: Any) -> None:
     """Install the CRD the documented way and wait until the API server serves it."""
     text = subprocess.run(
         [sys.executable, "-m", "grpo_operator.cli", "crd"], capture_output=True, text=True, check=True
@@ -53,7 +58,13 @@ def crd_installed(kubectl: Any) -> None:
     out = kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text)
     assert f"customresourcedefinition.apiextensions.k8s.io/{CRD_NAME} serverside-applied" in out.stdout
     assert "Warning" not in out.stderr, out.stderr
-    kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    # polled, not `kubectl wait`: that fails at once while a new CRD has no status.conditions yet
+    established = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+    wait_for(
+        lambda: kubectl("get", "crd", CRD_NAME, "-o", established, check=False).stdout == "True",
+        what=f"crd/{CRD_NAME} Established",
+        timeout=60,
+    )
 
 
 def test_crd_is_accepted_with_names_and_no_cel_cost_complaints(crd_installed: None, kubectl: Any) -> None:
@@ -260,3 +271,50 @@ def test_random_updates_get_the_same_verdict_offline_and_on_the_server(
         for d in loaded
     }
     compare(accepted, verdicts, proc.stderr)
+
+
+def test_each_example_field_broken_alone_is_refused_by_the_server_as_offline(
+    crd_installed: None, k8s_api: Any, namespace: str
+) -> None:
+    """tests/unit/example_mutations.py on the API server: every one refused, naming the broken field.
+
+    Sent one by one as server-side dry-run creates with strict field validation (what kubectl
+    does by default), so each refusal is matched to its mutation; `validate` must name the same
+    field, and the server every field `validate` names.
+    """
+    api = client.CustomObjectsApi(k8s_api)
+    wrong = []
+    for case in example_mutations.mutations():
+        body = {**case.doc, "metadata": {"name": case.name, "namespace": namespace}}
+        try:
+            api.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, body, dry_run="All", field_validation="Strict"
+            )
+            wrong.append(f"{case.example}: {case.change} at {case.field}: accepted by the server")
+            continue
+        except client.ApiException as err:
+            message = json.loads(err.body).get("message", err.body) if err.body else str(err)
+        offline = [validation.dotted(p) for p, _ in validation.check_object(case.doc)]
+        if case.field not in message or case.field not in offline:
+            wrong.append(f"{case.example}: {case.change}: server {message!r}, offline {offline}")
+        elif unnamed := [p for p in offline if p not in message]:
+            wrong.append(f"{case.example}: {case.change}: server does not name {unnamed}: {message!r}")
+    assert not wrong, f"{len(wrong)} differ:\n" + "\n".join(wrong[:40])
+
+
+def test_partial_template_overrides_are_accepted_by_the_server(
+    crd_installed: None, kubectl: Any, namespace: str
+) -> None:
+    base = yaml.safe_load(in_namespace(ROOT / "examples" / "minimal.yaml", namespace))["items"][0]
+    items = []
+    for i, override in enumerate(example_mutations.VALID_TEMPLATES):
+        for role in ("trainer", "rollout"):
+            job = copy.deepcopy(base)
+            job["metadata"]["name"] = f"partial-{role}-{i}"
+            job["spec"].setdefault(role, {})["template"] = {
+                "spec": example_mutations.with_main(override, role)
+            }
+            assert validation.check_object(job) == [], override
+            items.append(job)
+    body = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+    kubectl("create", "--dry-run=server", "-f", "-", input=body)
