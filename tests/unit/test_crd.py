@@ -12,6 +12,7 @@ import yaml
 from grpo_operator import crd, validation
 from grpo_operator.api import job, podspec
 from grpo_operator.cli import main
+from grpo_operator.render import names
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED_IN = ROOT / "crds" / "grpojobs.grpo.dev.yaml"
@@ -194,6 +195,8 @@ def test_template_spec_is_the_generated_pod_spec(schema: dict[str, Any]) -> None
     assert containers["items"]["required"] == ["name"] and "image" not in containers["items"]["required"]
     assert expected["properties"]["initContainers"]["items"]["required"] == ["image", "name"]
     assert not {"ephemeralContainers", "activeDeadlineSeconds"} & set(expected["properties"])
+    # the sidecar-image rule's exemption is the container the renderer names after the role
+    assert {r: r for r in (names.ROLE_TRAINER, names.ROLE_ROLLOUT)} == podspec.MAIN_CONTAINERS
 
 
 def test_pod_spec_comes_from_the_control_planes_kubernetes_version() -> None:
