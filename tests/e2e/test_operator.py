@@ -202,15 +202,17 @@ def test_p5_job_gets_children_efa_pods_and_runs(operator, cluster, kubectl, wait
     cluster.create(
         manifest("moe", rollout={"replicas": 2, "instanceType": "p5en.48xlarge", "tensorParallelSize": 8})
     )
-    wait_for(lambda: len(cluster.children()) == 12, what="12 children", timeout=60)
+    wait_for(lambda: len(cluster.children()) == 13, what="13 children", timeout=60)
+    uid = cluster.job("moe")["metadata"]["uid"]
     assert cluster.children() == sorted(
         [
             "configmap/moe-contract",
             "networkpolicy.networking.k8s.io/moe-rollout",
+            "networkpolicy.networking.k8s.io/moe-trainer",
             "poddisruptionbudget.policy/moe-trainer",
             "role.rbac.authorization.k8s.io/moe-trainer",
             "rolebinding.rbac.authorization.k8s.io/moe-trainer",
-            "secret/moe-token",
+            f"secret/moe-token-{uid[:8]}",
             "service/moe-rollout",
             "service/moe-trainer",
             "serviceaccount/moe-rollout",
@@ -370,7 +372,7 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(operator, cluster, 
     operator.start()
     cluster.wait_phase("crash", "Running")
     time.sleep(3)
-    assert len(cluster.children()) == 12
+    assert len(cluster.children()) == 13
     assert len(cluster.pods("crash", "trainer")) == 2 and len(cluster.pods("crash", "rollout")) == 2
     assert cluster.status("crash").get("restarts", 0) == 0
     secrets = [
@@ -458,7 +460,7 @@ def test_one_leader_among_replicas(crd, kubeconfig, kubectl, namespace, cluster,
         cluster.patch("lead", {"runPolicy": {"suspend": True}})
         cluster.wait_phase("lead", "Suspended", timeout=120)
         assert low.writes() > 0
-        assert len(cluster.children()) == 12
+        assert len(cluster.children()) == 13
         kubectl("delete", "grpojobs", "--all", "-n", namespace, "--timeout=60s")
     finally:
         high.kill(signal.SIGTERM)
