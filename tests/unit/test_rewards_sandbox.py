@@ -35,6 +35,20 @@ def chatty(prompts, completions, **columns):
 def flood(prompts, completions, **columns):
     return [0.0] * 1_000_000
 
+class Opens:  # unpickling this creates the file it names
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+def forge(prompts, completions, marker, **columns):
+    import gc, io, pickle
+    (channel,) = [o for o in gc.get_objects() if isinstance(o, io.BufferedWriter) and o.mode == "wb"]
+    channel.write(pickle.dumps(Opens(marker[0])) + b"\\n")
+    channel.flush()
+    return [1.0]
+
 def spawn_and_hang(prompts, completions, pidfile, **columns):
     forked = os.fork()  # stays in the worker's process group
     if forked == 0:
@@ -119,6 +133,14 @@ def test_printing_does_not_corrupt_the_answers_and_a_flood_is_refused(worker):
         call(worker, "flood")
     assert worker.killed == 1
     assert call(worker, "chatty") == [1.0]  # a fresh worker
+
+
+def test_a_forged_answer_is_parsed_as_json_never_unpickled(worker, tmp_path):
+    marker = tmp_path / "unpickled"
+    with pytest.raises(PluginError, match="reward worker answered"):
+        call(worker, "forge", marker=str(marker))
+    assert not marker.exists()
+    assert worker.killed == 1  # a worker that forged once is not trusted with the next call
 
 
 def test_a_timeout_kills_the_worker_with_everything_it_started(worker, tmp_path):

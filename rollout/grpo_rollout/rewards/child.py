@@ -25,19 +25,23 @@ PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 MAX_ERROR_CHARS = 2000  # a reward's error message, as it appears in the sample's reward details
 
 
-def confine(memory_bytes: int) -> None:
-    """Limit this process before any reward code runs; the hard limits match, so a reward cannot raise them.
+def confine(memory_bytes: int) -> int:
+    """Limit this process before any reward code runs; returns the memory limit applied.
 
-    RLIMIT_DATA, not RLIMIT_AS: it counts what a process can write to (heap, anonymous mappings,
-    thread stacks) but not the address space libraries only reserve, which for torch alone is over
-    3 GiB and for a CUDA context far more, so a reward that imports them still starts.
+    Hard limits equal soft ones, so a reward cannot raise them. RLIMIT_DATA, not RLIMIT_AS: it
+    counts what a process can write to (heap, anonymous mappings, thread stacks), not the address
+    space libraries only reserve, which for torch alone is over 3 GiB and for a CUDA context far
+    more, so a reward that imports them still starts.
     """
-    resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)  # a container may already hold it lower
+    limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if sys.platform == "linux":
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+    return limit
 
 
 def answer(request: dict[str, Any], functions: dict[str, Any], memory_bytes: int) -> dict[str, Any]:
@@ -65,12 +69,10 @@ def serve(requests: BinaryIO, answers: BinaryIO, memory_bytes: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    memory_bytes = int(argv[1])
     requests, answers = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(2, 1)  # print() in a reward goes to the server's log, not into the answers
-    confine(memory_bytes)
-    serve(requests, answers, memory_bytes)
+    serve(requests, answers, confine(int(argv[1])))
     # The server is gone (EOF): take down anything a reward left running in this process group.
     os.killpg(0, signal.SIGKILL)
 

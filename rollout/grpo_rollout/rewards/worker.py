@@ -88,17 +88,17 @@ class PluginWorker:
             except PluginError:
                 self.kill()
                 raise
-            try:
+            try:  # only a reward that wrote to the answer channel itself gets past this as garbage
                 answer = json.loads(raw)
-                ok = answer["ok"]
-                payload = answer["scores"] if ok is True else str(answer["error"])
-            except (ValueError, TypeError, KeyError):
+                ok = answer["ok"] is True
+                payload = answer["scores"] if ok else str(answer["error"])
+                if ok and not isinstance(payload, list):
+                    raise TypeError
+            except (ValueError, TypeError, KeyError, RecursionError):
                 self.kill()
                 raise PluginError(f"reward worker answered garbage: {raw[:80]!r}") from None
         if not ok:
             raise PluginError(payload)
-        if not isinstance(payload, list):
-            raise PluginError(f"reward worker answered {type(payload).__name__}, not a list of scores")
         return payload
 
     def check(self, path: str, timeout: float = 60.0) -> None:
@@ -132,7 +132,7 @@ def exchange(proc: subprocess.Popen[bytes], request: bytes, deadline: float, lim
         wait_for(poller, deadline)
         chunk = os.read(inp, 1 << 16)
         if not chunk:
-            raise PluginError("reward worker died during the call (crash or os._exit in the plugin)")
+            raise PluginError("reward worker died during the call (a crash or os._exit; see the server log)")
         answer += chunk
         if len(answer) > limit or b"\n" in answer[:-1]:
             raise PluginError(f"reward worker answered more than one line of at most {limit} bytes")
