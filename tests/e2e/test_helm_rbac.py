@@ -262,6 +262,7 @@ class OperatorRun:
     proc: subprocess.Popen[bytes]
     command: list[str]
     env: dict[str, str]
+    identity: str  # the chart's ServiceAccount as a user name, for `kubectl auth can-i --as`
 
     def another(self, log: Path, metrics_port: int) -> subprocess.Popen[bytes]:
         """A second replica: the same command and identity, its own /metrics port."""
@@ -363,6 +364,7 @@ def operator_run(
             proc=proc,
             command=command,
             env=env,
+            identity=f"system:serviceaccount:{namespace}:{pod_spec['serviceAccountName']}",
         )
     finally:
         try:
@@ -487,6 +489,13 @@ def test_operator_under_chart_identity_runs_and_restarts_a_job(
     assert diff.returncode == 0, f"drift after the operator ran:\n{diff.stdout}"
 
     assert not operator_run.refused(), f"the chart lacks permissions: {operator_run.diagnose()}"
+    # Each job's token Secret is named per uid and created blind (409: it is there): the operator
+    # may create Secrets and read none.
+    for verb, answer in (("create", "yes"), ("get", "no"), ("list", "no"), ("watch", "no")):
+        can = kubectl(
+            "auth", "can-i", verb, "secrets", "-n", namespace, f"--as={operator_run.identity}", check=False
+        )
+        assert can.stdout.strip() == answer, f"can-i {verb} secrets: {can.stdout} {can.stderr}"
     used = {(c.verb, c.group, c.resource) for c in operator_run.proxy.calls}
     unused = operator_run.granted - used - set(NOT_EXERCISED)
     assert not unused, f"the chart grants permissions the operator never used: {sorted(unused)}"
