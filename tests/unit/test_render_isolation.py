@@ -4,7 +4,7 @@ Secret (docs/security.md, "Network isolation" and "Ownership of child objects").
 
 import pytest
 from grpo_operator import render
-from grpo_operator.render import names
+from grpo_operator.render import names, overrides
 
 from tests.unit.test_render import by_kind, container, env, job, rendered
 
@@ -95,3 +95,10 @@ def test_token_secret_is_named_per_uid_and_pods_read_that_one():
 def test_longest_job_name_keeps_a_valid_token_secret_name():
     name = "x" * names.MAX_JOB_NAME
     assert len(names.token_secret(name, "0f3c9a2e-1111")) <= 63
+
+
+def test_only_the_pods_own_labels_are_protected():
+    claim = {"metadata": {"labels": {names.LABEL_JOB: "x"}}}
+    user = {"spec": {"volumes": [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": claim}}]}}
+    merged, conflicts = overrides.merge({"metadata": {"labels": {}}, "spec": {}}, user, "trainer.template")
+    assert conflicts == [] and merged["spec"]["volumes"][0]["ephemeral"]["volumeClaimTemplate"] == claim

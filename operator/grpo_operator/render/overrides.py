@@ -39,7 +39,7 @@ def merge(rendered: Any, override: Any, path: str) -> tuple[Any, list[str]]:
 def _merge_dicts(rendered: dict, override: dict, path: str) -> tuple[dict, list[str]]:
     out = dict(rendered)
     conflicts: list[str] = []
-    labels = path.endswith("metadata.labels")
+    labels = path.count(".") == 3 and path.endswith(".template.metadata.labels")  # the pod's, not a PVC's
     for key, value in override.items():
         if labels and key in PROTECTED_LABELS:
             if rendered.get(key) != value:
