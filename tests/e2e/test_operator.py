@@ -93,12 +93,7 @@ def crd(kubectl, wait_for):
 def operator(crd, kubeconfig, kubectl, namespace, tmp_path):
     op = Operator(kubeconfig, namespace, tmp_path / "operator.log").start()
     yield op
-    # Jobs carry kopf's finalizer: delete them while the operator runs, or the namespace hangs.
-    done = kubectl("delete", "grpojobs", "--all", "-n", namespace, "--timeout=60s", check=False)
-    if done.returncode != 0:
-        for name in kubectl("get", "grpojobs", "-n", namespace, "-o", "name").stdout.split():
-            kubectl("patch", name, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
-    op.kill(signal.SIGTERM)
+    op.kill(signal.SIGTERM)  # jobs carry no finalizer: the namespace goes without the operator
     print(op.log.read_text()[-8000:])  # pytest shows it only when the test failed
 
 
@@ -178,6 +173,9 @@ class Cluster:
 
     def condition(self, name: str, ctype: str) -> dict:
         return next(c for c in self.status(name).get("conditions", []) if c["type"] == ctype)
+
+    def has_condition(self, name: str, ctype: str) -> dict | None:
+        return next((c for c in self.status(name).get("conditions", []) if c["type"] == ctype), None)
 
     def children(self) -> list[str]:
         out = self.kubectl(
@@ -429,13 +427,58 @@ def test_bad_object_fails_clearly_and_operator_keeps_running(operator, cluster):
     cluster.create(manifest("good"))
     cluster.wait_phase("good", "Running")
     assert cluster.children() and "statefulset.apps/bad-trainer" not in cluster.children()
-    # an edit that no longer renders fails the running job and stops its pods
+    # a live edit that no longer renders is refused: the job runs on, its pods and children untouched
+    trainers = cluster.uids("good", "trainer")
     cluster.patch("good", {"rollout": {"instanceType": "p9.bogus"}})
-    cluster.wait_phase("good", "Failed")
-    assert "rollout.instanceType: unknown instance type" in cluster.condition("good", "Failed")["message"]
+    rejected = cluster.wait_for(lambda: cluster.has_condition("good", "UpdateRejected"), what="refused")
+    assert rejected["status"] == "True"
+    assert "rollout.instanceType: unknown instance type" in rejected["message"]
+    assert cluster.status("good")["phase"] == "Running" and cluster.uids("good", "trainer") == trainers
+    sts = cluster.apps.read_namespaced_stateful_set("good-rollout", cluster.ns)
+    assert sts.spec.replicas == 2 and "p9.bogus" not in json.dumps(sts.to_dict(), default=str)
+    events = cluster.core.list_namespaced_event(cluster.ns, field_selector="involvedObject.name=good").items
+    assert any(e.reason == "InvalidSpec" and "not applied" in e.message for e in events)
+    cluster.patch("good", {"rollout": {"instanceType": None}})  # fixed: the condition clears
     cluster.wait_for(
-        lambda: not cluster.pods("good", "trainer") and not cluster.pods("good", "rollout"), what="stopped"
+        lambda: cluster.condition("good", "UpdateRejected")["status"] == "False", what="accepted"
     )
+
+
+def test_poison_specs_get_a_status_back_off_and_never_block_a_healthy_job(operator, cluster, wait_for):
+    # well-typed, so admitted; but the mount names no volume: the API server refuses the StatefulSet
+    mount = {
+        "spec": {"containers": [{"name": "trainer", "volumeMounts": [{"name": "nope", "mountPath": "/x"}]}]}
+    }
+    cluster.create(manifest("poison", trainer={"replicas": 1, "template": mount}))
+    failed = wait_for(lambda: cluster.has_condition("poison", "ReconcileError"), what="a status", timeout=60)
+    assert failed["status"] == "True" and "answered 422" in failed["message"] and "nope" in failed["message"]
+    events = cluster.core.list_namespaced_event(cluster.ns, field_selector="involvedObject.name=poison").items
+    assert [e.reason for e in events if e.type == "Warning"].count("ReconcileFailed") == 1
+    errors = operator.metric("grpo_operator_reconcile_errors_total")
+    cluster.create(manifest("healthy"))
+    cluster.wait_phase("healthy", "Running")
+    time.sleep(12)  # resync is 2 s: without backoff (5, 10, 20 s) this would be 6 more failed passes
+    assert operator.metric("grpo_operator_reconcile_errors_total") - errors <= 3
+    assert operator.get("/healthz")[0] == 200
+
+
+def test_deleting_a_job_does_not_wait_for_the_operator(operator, cluster, wait_for):
+    cluster.create(manifest("orphan"))
+    cluster.wait_phase("orphan", "Running")
+    assert not cluster.job("orphan")["metadata"].get("finalizers")
+    operator.kill()  # scaled to zero, or crashed
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, cluster.ns, PLURAL, "orphan")
+    wait_for(lambda: cluster.gone("orphan"), what="job deleted without an operator", timeout=30)
+    wait_for(lambda: not cluster.children(), what="children garbage-collected", timeout=90)
+
+
+def test_a_job_that_bypassed_admission_is_failed_and_never_rendered(operator, cluster):
+    privileged = manifest("sneaky", network={"privileged": True})  # no approval annotation
+    cluster.create(privileged)  # this namespace has no admission policy bound: only the operator guards
+    cluster.wait_phase("sneaky", "Failed")
+    failed = cluster.condition("sneaky", "Failed")
+    assert failed["reason"] == "EscalationNotApproved" and "spec.network.privileged" in failed["message"]
+    assert not [c for c in cluster.children() if "sneaky" in c]
 
 
 def test_one_leader_among_replicas(crd, kubeconfig, kubectl, namespace, cluster, tmp_path):

@@ -194,7 +194,7 @@ def test_invalid_spec_fails_with_message():
         old=GRPOJobStatus(),
         obs=observe.Observation(),
         now=NOW,
-        render_error="bad type",
+        spec_error=status.SpecError(Reason.INVALID_SPEC, "bad type"),
     )
     assert d.status.phase == Phase.FAILED and cond(d.status, "Failed").message == "bad type"
     assert d.events == [("Warning", Reason.INVALID_SPEC, "New → Failed: bad type")]
@@ -248,3 +248,47 @@ def test_a_sidecar_exit_is_not_a_trainer_failure():
     }
     v = observe.verdict(p)
     assert (v.kind, v.exit_code, v.reason) == ("failed", 137, "OOMKilled")
+
+
+def test_a_refused_live_edit_keeps_the_job_running_on_its_last_spec_and_says_so_once():
+    running = decide(all_ready()).status
+    error = status.SpecError(Reason.INVALID_SPEC, "rollout.instanceType: unknown instance type 'p9.bogus'")
+    d = decide(all_ready(), old=running, spec_error=error)  # `spec` is the last one that ran
+    assert d.running and d.status.phase == Phase.RUNNING and not d.gang_restart
+    rejected = cond(d.status, "UpdateRejected")
+    assert rejected.status == "True" and rejected.reason == "InvalidSpec"
+    assert rejected.message.startswith("generation 3 not applied, the job runs on as before: rollout.")
+    assert [e[:2] for e in d.events] == [("Warning", "InvalidSpec")]
+    again = decide(all_ready(), old=d.status, spec_error=error)
+    assert again.events == []  # one Event per refusal, not per pass
+    fixed = decide(all_ready(), old=again.status)
+    assert cond(fixed.status, "UpdateRejected").status == "False" and fixed.events == []
+
+
+def test_a_refused_edit_without_the_last_spec_changes_nothing_but_the_condition():
+    running = decide(all_ready()).status
+    error = status.SpecError(Reason.ESCALATION_REFUSED, "spec.network.privileged: needs approval")
+    d = status.rejected_update(running, 4, error, NOW)
+    assert d.status.phase == Phase.RUNNING and d.status.restarts == running.restarts
+    assert cond(d.status, "UpdateRejected").reason == "EscalationNotApproved"
+    assert d.events == [("Warning", "EscalationNotApproved", cond(d.status, "UpdateRejected").message)]
+
+
+def test_a_job_that_bypassed_admission_fails_with_the_refusal():
+    error = status.SpecError(Reason.ESCALATION_REFUSED, "spec.trainer.template.spec.hostPID: host namespaces")
+    d = status.decide(spec=None, generation=1, old=GRPOJobStatus(), obs=observe.Observation(), now=NOW,
+                      spec_error=error)  # fmt: skip
+    assert d.status.phase == Phase.FAILED and not d.running
+    assert cond(d.status, "Failed").reason == "EscalationNotApproved"
+    assert d.events[0][0] == "Warning"
+
+
+def test_a_failed_pass_is_a_condition_until_a_pass_succeeds():
+    st = decide(all_ready()).status
+    status.failed_pass(st, "ChildConflict", "ServiceAccount j-trainer is not ours", NOW)
+    assert cond(st, "ReconcileError").status == "True" and st.message.endswith("is not ours")
+    status.recovered(st, NOW)
+    assert cond(st, "ReconcileError").status == "False"
+    clean = decide(all_ready()).status
+    status.recovered(clean, NOW)
+    assert not [c for c in clean.conditions if c.type == "ReconcileError"]  # never set: not listed

@@ -35,6 +35,8 @@ class ConditionType(StrEnum):
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    UPDATE_REJECTED = "UpdateRejected"  # a live edit the operator cannot run; the job runs on
+    RECONCILE_ERROR = "ReconcileError"  # the last pass failed; retried with backoff
 
 
 class Reason(StrEnum):
@@ -53,10 +55,19 @@ class Reason(StrEnum):
     AWAITING_ADMISSION = "AwaitingAdmission"
     EVICTED = "EvictedByKueue"
     COMPLETED = "TrainingCompleted"
+    ESCALATION_REFUSED = "EscalationNotApproved"
+    SPEC_ACCEPTED = "SpecAccepted"
+    RECOVERED = "Recovered"
+    RECONCILE_FAILED = "ReconcileFailed"
 
 
 class Condition(ApiModel):
-    type: str = Field(description="type: one of Created, Running, Restarting, Suspended, Succeeded, Failed.")
+    type: str = Field(
+        description=(
+            "type: one of Created, Running, Restarting, Suspended, Succeeded, Failed, UpdateRejected, "
+            "ReconcileError."
+        )
+    )
     status: str = Field(description="status: True, False or Unknown.")
     reason: str = Field(default="", description="reason: a CamelCase word saying why the condition holds.")
     message: str = Field(default="", description="message: what happened, for humans; names pod, rank, step.")

@@ -8,6 +8,7 @@ tests). Watches GRPOJobs in the given namespaces (all when none), serves /metric
 import argparse
 import logging
 import random
+from concurrent.futures import ThreadPoolExecutor
 
 import kopf
 from kubernetes import client, config
@@ -47,7 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--verify-seconds", type=float, default=300.0, help="read children back to catch drift this often"
     )
-    parser.add_argument("--workers", type=int, default=8, help="threads that run reconcile passes")
+    parser.add_argument(
+        "--workers", type=int, default=8, help="threads that run reconcile passes (jobs reconciled at once)"
+    )
     parser.add_argument(
         "--kueue",
         action="store_true",
@@ -70,13 +73,16 @@ def run(args: argparse.Namespace) -> int:
     reconciler = Reconciler(Kube(api), table, verify_seconds=args.verify_seconds, kueue=args.kueue)
     if args.kueue:
         handlers.watch_workloads()
-    runtime = handlers.Runtime(reconciler=reconciler, resync_seconds=args.resync_seconds)
+    runtime = handlers.Runtime(
+        reconciler=reconciler,
+        resync_seconds=args.resync_seconds,
+        executor=ThreadPoolExecutor(args.workers, "reconcile"),
+    )
     if args.metrics_port:
         server = metrics.serve(args.metrics_port, args.metrics_host)
         logging.getLogger("grpo_operator").info("metrics on %s:%d", args.metrics_host, server.server_port)
     settings = kopf.OperatorSettings()
     settings.posting.enabled = False  # we post our own Events, one per transition
-    settings.execution.max_workers = args.workers
     settings.peering.standalone = args.peering is None
     if args.peering:
         settings.peering.name = args.peering

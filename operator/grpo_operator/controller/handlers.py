@@ -2,12 +2,17 @@
 
 Imported (for its decorators) by `grpo-operator operator`. Each handler is a thin shell:
 watch events only record what they saw and wake the job's worker; the worker runs
-`Reconciler.reconcile` in a thread, one pass at a time per job, so passes never race.
-kopf's daemons stop when the job is deleted or when this replica loses leadership (peering).
+`Reconciler.reconcile` on the runtime's thread pool (`--workers` threads), one pass at a time
+per job, so passes never race. The worker is a kopf daemon, so it stops when this replica loses
+leadership (peering); it is registered without kopf's finalizer (children are garbage-collected
+through their owner references, nothing needs the operator at deletion), so deleting a job or
+its namespace never waits for a running operator: the worker ends when its job is gone.
 """
 
 import asyncio
 import contextlib
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import kopf
@@ -15,11 +20,11 @@ import kopf
 from grpo_operator import lifecycle
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from grpo_operator.controller import metrics, observe
-from grpo_operator.controller.reconcile import JobMemory, Reconciler
+from grpo_operator.controller.reconcile import GONE, JobMemory, Reconciler
 from grpo_operator.render import kueue, names
 
 DEBOUNCE_SECONDS = 0.2
-ERROR_BACKOFF_SECONDS = 5.0
+ERROR_BACKOFF_SECONDS = 5.0  # only for a failure the reconciler could not report itself
 
 
 @dataclass
@@ -28,6 +33,7 @@ class Jobs:
 
     memories: dict[tuple[str, str], JobMemory] = field(default_factory=dict)
     wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    generations: dict[tuple[str, str], int] = field(default_factory=dict)  # newest seen per job
 
     def memory(self, namespace: str, name: str) -> JobMemory:
         return self.memories.setdefault((namespace, name), JobMemory())
@@ -40,6 +46,11 @@ class Jobs:
         if event is not None:
             event.set()
 
+    def edited(self, namespace: str, name: str, memory: JobMemory) -> bool:
+        """A generation newer than the last pass saw has arrived (an edit that may fix it)."""
+        newest = self.generations.get((namespace, name))
+        return newest is not None and newest != memory.generation
+
     def wake_all(self) -> None:
         for event in self.wakers.values():
             event.set()
@@ -47,6 +58,7 @@ class Jobs:
     def forget(self, namespace: str, name: str) -> None:
         self.memories.pop((namespace, name), None)
         self.wakers.pop((namespace, name), None)
+        self.generations.pop((namespace, name), None)
         metrics.set_phase(f"{namespace}/{name}", None)
 
 
@@ -57,34 +69,71 @@ class Runtime:
     reconciler: Reconciler
     jobs: Jobs = field(default_factory=Jobs)
     resync_seconds: float = 60.0
+    executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(8, "reconcile"))
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
 async def job_worker(namespace: str, name: str, memo: kopf.Memo, logger: kopf.Logger, **_) -> None:
-    """Reconcile this job whenever woken, and at least every resync period."""
+    """Reconcile this job whenever woken, and at least every resync period; end once it is gone."""
     rt: Runtime = memo.runtime
     memory, waker = rt.jobs.memory(namespace, name), rt.jobs.waker(namespace, name)
+    loop = asyncio.get_running_loop()
     try:
         while True:
             waker.clear()
             try:
-                delay = await asyncio.to_thread(rt.reconciler.reconcile, namespace, name, memory)
-            except Exception as e:  # a transient API error must not kill the worker
+                delay = await loop.run_in_executor(
+                    rt.executor, rt.reconciler.reconcile, namespace, name, memory
+                )
+            except Exception as e:  # the reconciler reports its own failures; this is a last resort
                 logger.warning(
                     f"reconcile failed, retrying in {ERROR_BACKOFF_SECONDS:g}s: {type(e).__name__}: {e}"
                 )
                 delay = ERROR_BACKOFF_SECONDS
+            if delay == GONE:
+                return
             timeout = rt.resync_seconds if delay is None else min(delay, rt.resync_seconds)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waker.wait(), timeout=max(timeout, DEBOUNCE_SECONDS))
+            if memory.failures:  # backing off: not even the periodic resync comes sooner
+                timeout = delay
+            await _wait(rt, namespace, name, memory, max(timeout, DEBOUNCE_SECONDS))
             await asyncio.sleep(DEBOUNCE_SECONDS)
     finally:
         rt.jobs.forget(namespace, name)
 
 
+async def _wait(rt: Runtime, namespace: str, name: str, memory: JobMemory, seconds: float) -> None:
+    """Until woken or `seconds` passed. After failed passes only an edit cuts the backoff short:
+    pod events and the job's own status writes (the failure report among them) do not."""
+    waker, loop = rt.jobs.waker(namespace, name), asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while (left := deadline - loop.time()) > 0:
+        try:
+            await asyncio.wait_for(waker.wait(), timeout=left)
+        except TimeoutError:
+            return
+        if not memory.failures or rt.jobs.edited(namespace, name, memory):
+            return
+        waker.clear()
+
+
+def _without_finalizer(fn: object) -> None:
+    """Register `fn`'s daemon without the finalizer kopf adds for daemons by default (kopf has
+    no public switch for it): deletion then never waits for the operator."""
+    spawning = kopf.get_default_registry()._spawning
+    spawning._handlers = [
+        dataclasses.replace(h, requires_finalizer=False) if h.fn is fn else h for h in spawning._handlers
+    ]
+
+
+_without_finalizer(job_worker)
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def job_changed(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
+async def job_changed(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_) -> None:
     """Spec edits (live rollout replicas, suspend) and rank 0's progress wake the worker."""
+    generation = body.get("metadata", {}).get("generation")
+    if generation is not None:
+        memo.runtime.jobs.generations[(namespace, name)] = generation
     memo.runtime.jobs.wake(namespace, name)
 
 

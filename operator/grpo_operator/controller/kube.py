@@ -35,6 +35,9 @@ PLURALS = {
     "GRPOJob": PLURAL,
 }
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE"}
+# (connect, read) seconds of every call: a black-holed connection fails the pass instead of
+# hanging a worker (a pass still running after metrics.PassWatch.stuck_after fails /healthz).
+REQUEST_TIMEOUT = (10.0, 60.0)
 
 
 def path(api_version: str, kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
@@ -72,7 +75,9 @@ class Kube:
         )
         if method in WRITE_VERBS:
             metrics.API_WRITES.labels(verb=method.lower(), kind=kind or "other").inc()
-        resp = self.api.call_api(method_, full, header_params=headers, body=data)
+        resp = self.api.call_api(
+            method_, full, header_params=headers, body=data, _request_timeout=REQUEST_TIMEOUT
+        )
         resp.read()
         if not 200 <= resp.status <= 299:
             raise ApiException(http_resp=resp)

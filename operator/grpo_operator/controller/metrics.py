@@ -2,11 +2,14 @@
 
 Counters are bumped by `controller.kube` (API writes) and `controller.reconcile`; the
 server is started by `grpo-operator operator --metrics-port`. `/healthz` answers 200 while
-the operator's event loop is alive (it beats a heartbeat) and 503 once it is stuck.
+the operator's event loop is alive (it beats a heartbeat) and no reconcile pass is stuck, and
+503 otherwise, so the liveness probe restarts a wedged operator.
 """
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
@@ -42,7 +45,35 @@ class Heartbeat:
         return time.monotonic() - self.last < self.stale_after
 
 
+class PassWatch:
+    """Reconcile passes in flight; one running longer than `stuck_after` makes /healthz fail.
+
+    Every API call has a timeout (`controller.kube`), so a pass that runs this long is stuck
+    (a black-holed connection, a deadlock), and a restart is the cure."""
+
+    def __init__(self, stuck_after: float = 300.0) -> None:
+        self.stuck_after = stuck_after
+        self._started: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def running(self, key: str) -> Iterator[None]:
+        with self._lock:
+            self._started[key] = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._started.pop(key, None)
+
+    def stuck(self) -> list[str]:
+        now = time.monotonic()
+        with self._lock:
+            return sorted(k for k, t in self._started.items() if now - t > self.stuck_after)
+
+
 HEARTBEAT = Heartbeat()
+PASSES = PassWatch()
 _PHASES: dict[str, str] = {}
 _PHASES_LOCK = threading.Lock()
 
@@ -63,8 +94,10 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/metrics"):
             body, code, ctype = generate_latest(), 200, CONTENT_TYPE_LATEST
         elif self.path.startswith("/healthz"):
-            ok = HEARTBEAT.healthy()
-            body, code, ctype = (b"ok\n" if ok else b"stuck\n"), (200 if ok else 503), "text/plain"
+            stuck = PASSES.stuck()
+            ok = HEARTBEAT.healthy() and not stuck
+            text = "ok\n" if ok else f"stuck: {', '.join(stuck) or 'event loop'}\n"
+            body, code, ctype = text.encode(), (200 if ok else 503), "text/plain"
         else:
             body, code, ctype = b"not found\n", 404, "text/plain"
         self.send_response(code)

@@ -19,17 +19,19 @@ from pydantic import ValidationError
 
 from grpo_operator import render
 from grpo_operator.api.job import API_VERSION, KIND, GRPOJob
-from grpo_operator.api.status import GRPOJobStatus
-from grpo_operator.controller import metrics, observe, placement, status
+from grpo_operator.api.status import TERMINAL_PHASES, GRPOJobStatus, Reason
+from grpo_operator.controller import failures, metrics, observe, placement, status
 from grpo_operator.controller.children import AppliedMemory, ChildApplier
 from grpo_operator.controller.kube import Kube
 from grpo_operator.controller.queueing import Gate, Queueing, QueueMemory
 from grpo_operator.instance_types import INSTANCE_TYPE_LABEL, InstanceTable
 from grpo_operator.render import names
 from grpo_operator.render.pods import ZONE_KEY
+from grpo_operator.validation import escalation
 
 # Every status field but progress, which trainer rank 0 owns.
 OPERATOR_STATUS_FIELDS = tuple(f.alias or n for n, f in GRPOJobStatus.model_fields.items() if n != "progress")
+GONE = -1.0  # what `reconcile` returns once the job is deleted: its worker ends
 log = logging.getLogger("grpo_operator.reconcile")
 
 
@@ -42,6 +44,10 @@ class JobMemory:
     zone: tuple[int, str | None] | None = None  # (attempt, zone) of the trainer gang
     verdicts: deque = field(default_factory=deque)
     queue: QueueMemory = field(default_factory=QueueMemory)
+    last_good: GRPOJob | None = None  # the last spec that rendered: a refused live edit runs on it
+    failures: int = 0  # passes that raised in a row (backoff)
+    generation: int | None = None  # of the job as the last pass read it
+    reported: str | None = None  # the failure last reported as an Event
 
 
 @dataclass
@@ -50,8 +56,8 @@ class Snapshot:
 
     body: dict
     old: GRPOJobStatus
-    job: GRPOJob | None  # None when the spec does not parse or cannot render
-    error: str | None
+    job: GRPOJob | None  # what runs: None when the spec does not parse or cannot render
+    error: status.SpecError | None  # why the current spec cannot run
     pods: list[dict]
     obs: observe.Observation
     gate: Gate | None  # a queued job's Kueue standing
@@ -69,36 +75,52 @@ class Reconciler:
         self.gone_nodes: set[str] = set()  # deleted: their pods are force-deleted
 
     def reconcile(self, namespace: str, name: str, memory: JobMemory) -> float | None:
-        """One pass; returns seconds until a pass is due anyway (deadline, TTL), or None."""
+        """One pass; returns seconds until a pass is due anyway (deadline, TTL, backoff after a
+        failed pass), None, or GONE once the job is deleted. A pass that raises is reported on
+        the job, never raised."""
         started = time.perf_counter()
         pending = [memory.verdicts.popleft() for _ in range(len(memory.verdicts))]
         try:
-            delay = self._pass(namespace, name, memory, pending)
-        except Exception:
+            with metrics.PASSES.running(f"{namespace}/{name}"):
+                delay = self._pass(namespace, name, memory, pending)
+        except Exception as e:
             memory.verdicts.extendleft(reversed(pending))
             metrics.RECONCILE_ERRORS.inc()
             metrics.RECONCILES.labels(result="error").inc()
-            raise
+            memory.failures += 1
+            backoff = failures.backoff_seconds(memory.failures)
+            log.warning("pass of %s/%s failed, retrying in %gs: %s", namespace, name, backoff, e)
+            memory.reported = failures.report(self.kube, namespace, name, e, memory.reported)
+            return backoff
         finally:
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+        memory.failures, memory.reported = 0, None
         metrics.RECONCILES.labels(result="ok").inc()
         return delay
 
     def _pass(self, namespace: str, name: str, memory: JobMemory, pending: list) -> float | None:
         body = self.kube.get(API_VERSION, KIND, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
-            return None
+            return GONE
         now = datetime.now(UTC)
+        generation = memory.generation = body["metadata"].get("generation", 1)
         snap = self._snapshot(body, memory, pending, now)
+        if snap.error is not None and snap.job is None and _running(snap.old):
+            # A live edit that cannot run, and no memory of the spec that ran: touch nothing.
+            decision = status.rejected_update(snap.old, generation, snap.error, now)
+            self._write_status(body, decision.status)
+            self._emit(body, decision.events, memory, None, now)
+            return None
         decision = status.decide(
             spec=snap.job.spec if snap.job else None,
-            generation=body["metadata"].get("generation", 1),
+            generation=generation,
             old=snap.old,
             obs=snap.obs,
             now=now,
-            render_error=snap.error,
+            spec_error=snap.error,
             queue=snap.gate.admission if snap.gate else None,
         )
+        status.recovered(decision.status, now)
         if decision.gang_restart:
             # Record the new attempt first: a crash after this line still restarts the gang.
             self._write_status(body, decision.status)
@@ -117,6 +139,10 @@ class Reconciler:
         meta = body["metadata"]
         old = _old_status(body)
         job, error = self._validate(body)
+        if error is None:
+            memory.last_good = job
+        elif _running(old):
+            job = memory.last_good  # a refused live edit: the job runs on what it ran
         born = meta.get("creationTimestamp", "")  # RFC 3339 in UTC: compares as text
         pods = self.kube.list_pods(meta["namespace"], names.label_selector(meta["name"]))
         pods = [p for p in pods if p["metadata"].get("creationTimestamp", "") >= born]  # not a namesake's
@@ -125,17 +151,22 @@ class Reconciler:
         gate = self.queueing.gate(body, job, memory.queue, now)
         return Snapshot(body, old, job, error, pods, obs, gate)
 
-    def _validate(self, body: dict) -> tuple[GRPOJob | None, str | None]:
-        """(job, None), or (None, why) for a spec that does not parse or cannot render: a bad
-        object becomes a status message, never an exception."""
+    def _validate(self, body: dict) -> tuple[GRPOJob | None, status.SpecError | None]:
+        """(job, None), or (None, why) for a spec that does not parse, cannot render, or asks
+        for escalations nobody approved (a job that bypassed admission): a bad object becomes a
+        status message, never an exception, and is never rendered."""
         meta = body["metadata"]
         try:
             job = GRPOJob.model_validate({"metadata": {}, "spec": body.get("spec") or {}})
             render.validate(job, name=meta["name"], namespace=meta["namespace"], instance_types=self.table)
         except ValidationError as e:
-            return None, f"invalid spec: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}"
+            where = ".".join(str(x) for x in e.errors()[0]["loc"])
+            return None, status.SpecError(Reason.INVALID_SPEC, f"{where}: {e.errors()[0]['msg']}")
         except render.RenderError as e:
-            return None, str(e)
+            return None, status.SpecError(Reason.INVALID_SPEC, str(e))
+        refused = escalation.refusals(job, meta.get("annotations") or {})
+        if refused:
+            return None, status.SpecError(Reason.ESCALATION_REFUSED, "; ".join(refused))
         return job, None
 
     def _apply(
@@ -235,6 +266,11 @@ class Reconciler:
             text = "; ".join(rendered.warnings)
             self.kube.event(body, "Warning", "TemplateConflict", f"operator fields kept: {text}", stamp)
         memory.warned_generation = generation
+
+
+def _running(old: GRPOJobStatus) -> bool:
+    """The job has pods to keep: started, not suspended (no start time), not finished."""
+    return old.start_time is not None and old.phase not in TERMINAL_PHASES
 
 
 def _old_status(body: dict) -> GRPOJobStatus:

@@ -25,6 +25,7 @@ from grpo_operator.lifecycle import GangDecision, Outcome, Verdict, gang_decisio
 from grpo_operator.render import names
 
 WARNING_REASONS = {
+    Reason.ESCALATION_REFUSED,
     Reason.TRAINER_FAILED,
     Reason.NODE_LOST,
     Reason.BACKOFF_LIMIT_EXCEEDED,
@@ -32,6 +33,15 @@ WARNING_REASONS = {
     Reason.INVALID_SPEC,
     Reason.DEADLINE_EXCEEDED,
 }
+
+
+@dataclass(frozen=True)
+class SpecError:
+    """Why the job's current spec cannot run: it does not parse or render, or it asks for
+    escalations nobody approved."""
+
+    reason: Reason
+    message: str
 
 
 @dataclass
@@ -104,18 +114,36 @@ def decide(
     old: GRPOJobStatus,
     obs: Observation,
     now: datetime,
-    render_error: str | None = None,
+    spec_error: SpecError | None = None,
     queue: Admission | None = None,
 ) -> Decision:
-    """The next status and actions. `spec` is None when it could not be parsed/rendered;
-    `queue` is set for a job Kueue admits (it runs only while admitted)."""
+    """The next status and actions. `spec` is what runs: None when the job has nothing it can
+    run (`spec_error` says why; the job fails), or the last spec that ran when a live edit was
+    refused (`spec_error` set: the job runs on and says so). `queue` is set for a job Kueue
+    admits (it runs only while admitted)."""
     status = old.model_copy(deep=True)
     status.observed_generation = generation
     if old.phase in TERMINAL_PHASES:
         return _terminal(spec, status, now)
-    if render_error is not None or spec is None:
-        _finish(status, Phase.FAILED, Reason.INVALID_SPEC, render_error or "invalid spec", now)
+    if spec is None:
+        error = spec_error or SpecError(Reason.INVALID_SPEC, "invalid spec")
+        _finish(status, Phase.FAILED, error.reason, error.message, now)
         return _with_events(old, Decision(status=status, running=False))
+    events = _update_verdict(status, generation, spec_error, now)
+    decision = _decide_running(spec, old, status, obs, now, queue)
+    decision.events[:0] = events
+    return decision
+
+
+def _decide_running(
+    spec: GRPOJobSpec,
+    old: GRPOJobStatus,
+    status: GRPOJobStatus,
+    obs: Observation,
+    now: datetime,
+    queue: Admission | None,
+) -> Decision:
+    """Suspended, queued, past its deadline, finished, failed, restarting or progressing."""
     status.trainer, status.rollout = _replicas(spec, obs)
     if spec.run_policy.suspend:
         return _suspended(old, status, now)
@@ -142,6 +170,42 @@ def decide(
     else:
         _on_failure(spec, status, gang, now, decision)
     return _with_events(old, decision)
+
+
+def _update_verdict(
+    status: GRPOJobStatus, generation: int, error: SpecError | None, now: datetime
+) -> list[tuple[str, str, str]]:
+    """UpdateRejected while a live edit cannot run (one Warning Event per refusal), cleared once
+    a valid spec is back."""
+    if error is None:
+        _clear(status, ConditionType.UPDATE_REJECTED, Reason.SPEC_ACCEPTED, "the spec is valid", now)
+        return []
+    text = f"generation {generation} not applied, the job runs on as before: {error.message}"
+    seen = next((c for c in status.conditions if c.type == ConditionType.UPDATE_REJECTED), None)
+    set_condition(status, ConditionType.UPDATE_REJECTED, True, error.reason, text, now)
+    if seen is not None and seen.status == "True" and seen.message == text:
+        return []
+    return [("Warning", str(error.reason), text)]
+
+
+def rejected_update(old: GRPOJobStatus, generation: int, error: SpecError, now: datetime) -> Decision:
+    """A refused live edit when the spec that ran is not known (the operator restarted since):
+    change nothing, only say why. Lifecycle decisions resume with the next valid spec."""
+    status = old.model_copy(deep=True)
+    status.observed_generation = generation
+    events = _update_verdict(status, generation, error, now)
+    return Decision(status=status, running=True, events=events)
+
+
+def recovered(status: GRPOJobStatus, now: datetime) -> None:
+    """A pass succeeded: a ReconcileError of an earlier pass no longer holds."""
+    _clear(status, ConditionType.RECONCILE_ERROR, Reason.RECOVERED, "the last pass succeeded", now)
+
+
+def failed_pass(status: GRPOJobStatus, reason: str, message: str, now: datetime) -> None:
+    """A pass raised: say so in the status (the operator retries with backoff)."""
+    set_condition(status, ConditionType.RECONCILE_ERROR, True, reason, message, now)
+    status.message = f"reconcile failed, retrying: {message}"
 
 
 def _on_failure(
