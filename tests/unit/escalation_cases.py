@@ -159,8 +159,8 @@ ESCALATIONS = [
     ),
     Case(
         "nfs",
-        _pod("rollout", {"volumes": [{"name": "n", "nfs": {"server": "10.0.0.1", "path": "/"}}]}),
-        (f"{R}.volumes[n].nfs",),
+        _pod("rollout", {"volumes": [{"name": "share", "nfs": {"server": "10.0.0.1", "path": "/"}}]}),
+        (f"{R}.volumes[share].nfs",),
     ),
 ]
 # Several at once, in both roles: every one is named, in the policy's order.
@@ -173,7 +173,7 @@ MANY = Case(
                 "template": {
                     "spec": {
                         "hostPID": True,
-                        "nodeName": "n",
+                        "nodeName": "node-1",
                         "volumes": [
                             {"name": "ok", "emptyDir": {}},
                             {"name": "h", "hostPath": {"path": "/var"}},
