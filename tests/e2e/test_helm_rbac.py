@@ -205,12 +205,22 @@ def helm(bin_dir: Path, kubeconfig: Path, *args: str) -> str:
 
 
 def granted(docs: list[dict[str, Any]], namespace: str) -> set[tuple[str, str, str]]:
-    """(verb, group, resource) the chart's Roles/ClusterRoles grant for this run's namespace."""
+    """(verb, group, resource) the chart's Roles/ClusterRoles bound to its ServiceAccount grant for
+    this run's namespace (the chart's ClusterRole for platform admins is bound to nobody)."""
+    accounts = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
+    bound = {
+        (b["roleRef"]["kind"], b["roleRef"]["name"])
+        for b in docs
+        if b["kind"] in {"RoleBinding", "ClusterRoleBinding"}
+        and any(
+            s.get("kind") == "ServiceAccount" and s.get("name") in accounts for s in b.get("subjects") or []
+        )
+    }
     out = set()
     for role in docs:
         if role["kind"] == "Role" and role["metadata"]["namespace"] != namespace:
             continue
-        if role["kind"] in {"Role", "ClusterRole"}:
+        if role["kind"] in {"Role", "ClusterRole"} and (role["kind"], role["metadata"]["name"]) in bound:
             for rule in role["rules"]:
                 for verb in rule["verbs"]:
                     for group in rule["apiGroups"]:

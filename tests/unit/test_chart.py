@@ -308,3 +308,12 @@ def test_instance_types_reach_the_operator_as_a_file_it_loads() -> None:
     table = instance_types.BUILTIN.merged(yaml.safe_load(cm["data"]["instance-types.yaml"]))
     assert (table.get("p6e-gb200.36xlarge").gpus, table.get("p6e-gb200.36xlarge").efa) == (4, 8)
     assert not arg_value(container(render())["args"], "--instance-types"), "off by default"
+
+
+def test_job_scrapers_reach_the_operator_as_network_policy_peers() -> None:
+    assert not [a for a in container(render())["args"] if a.startswith("--metrics-from")]
+    label = "kubernetes\\.io/metadata\\.name"
+    peer = f"metrics.jobScrapersFrom[0].namespaceSelector.matchLabels.{label}=monitoring"
+    args = container(render(peer))["args"]
+    parsed = build_parser(args).parse_args(args).metrics_from
+    assert parsed == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]

@@ -6,6 +6,7 @@ tests). Watches GRPOJobs in the given namespaces (all when none), serves /metric
 """
 
 import argparse
+import json
 import logging
 import random
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port", type=int, default=8080, help="port of /metrics and /healthz (0: off)"
     )
     parser.add_argument("--metrics-host", default="0.0.0.0", help="address of /metrics and /healthz")
+    parser.add_argument(
+        "--metrics-from",
+        type=_peers,
+        default=[],
+        help="JSON list of NetworkPolicy peers that may scrape each job's rollout /metrics",
+    )
     parser.add_argument(
         "--instance-types", help="YAML/JSON instance-type rows merged over the built-in table"
     )
@@ -62,6 +69,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logs")
 
 
+def _peers(text: str) -> list[dict]:
+    """--metrics-from: a JSON list of NetworkPolicyPeer objects, checked here so a typo fails at
+    start-up rather than in every job's NetworkPolicy."""
+    try:
+        peers = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    keys = {"podSelector", "namespaceSelector", "ipBlock"}
+    if not isinstance(peers, list) or not all(isinstance(p, dict) and p and set(p) <= keys for p in peers):
+        raise argparse.ArgumentTypeError(
+            f"a list of NetworkPolicy peers (objects with keys among {sorted(keys)})"
+        )
+    return peers
+
+
 def run(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose, log_format=LOG_FORMATS[args.log_format])
     logging.getLogger("grpo_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
@@ -70,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
     config.load_config()
     api = client.ApiClient()
     table = instance_types.load(args.instance_types)
-    reconciler = Reconciler(Kube(api), table, verify_seconds=args.verify_seconds, kueue=args.kueue)
+    reconciler = Reconciler(
+        Kube(api), table, verify_seconds=args.verify_seconds, kueue=args.kueue, metrics_from=args.metrics_from
+    )
     if args.kueue:
         handlers.watch_workloads()
     runtime = handlers.Runtime(

@@ -3,10 +3,30 @@
 Called by `controller.reconcile` when it renders a new gang attempt. Required one-zone pod
 affinity alone lets the first rank pick any zone, even one with too few nodes for the rest
 of the gang, which then stays Pending forever; picking the zone up front avoids that.
+`gang_zone` is the thin I/O shell over the two pure choices below.
 """
 
+from grpo_operator.api.job import GRPOJob
+from grpo_operator.controller.kube import Kube
+from grpo_operator.instance_types import INSTANCE_TYPE_LABEL
 from grpo_operator.render import names
 from grpo_operator.render.pods import ZONE_KEY
+
+
+def gang_zone(kube: Kube, job: GRPOJob, meta: dict, attempt: int) -> str | None:
+    """The zone of this attempt's gang: read back from the running gang (a replica that took over
+    has no memory of the choice), else chosen from the nodes of its instance type; None when
+    the job pins no instance type or names its zone itself."""
+    trainer = job.spec.trainer
+    if trainer.instance_type is None or ZONE_KEY in trainer.node_selector:
+        return None
+    sts_name = names.statefulset(meta["name"], names.ROLE_TRAINER)
+    known, zone = zone_of_running_gang(
+        kube.get("apps/v1", "StatefulSet", meta["namespace"], sts_name), attempt
+    )
+    if known:
+        return zone
+    return choose_zone(kube.list_nodes(f"{INSTANCE_TYPE_LABEL}={trainer.instance_type}"), trainer.replicas)
 
 
 def _usable(node: dict) -> bool:

@@ -24,7 +24,7 @@ from grpo_operator.controller import failures, metrics, observe, placement, stat
 from grpo_operator.controller.children import AppliedMemory, ChildApplier
 from grpo_operator.controller.kube import Kube
 from grpo_operator.controller.queueing import Gate, Queueing, QueueMemory
-from grpo_operator.instance_types import INSTANCE_TYPE_LABEL, InstanceTable
+from grpo_operator.instance_types import InstanceTable
 from grpo_operator.render import names
 from grpo_operator.render.pods import ZONE_KEY
 from grpo_operator.validation import escalation
@@ -65,11 +65,18 @@ class Snapshot:
 
 class Reconciler:
     def __init__(
-        self, kube: Kube, table: InstanceTable, *, verify_seconds: float = 300.0, kueue: bool = False
+        self,
+        kube: Kube,
+        table: InstanceTable,
+        *,
+        verify_seconds: float = 300.0,
+        kueue: bool = False,
+        metrics_from: list[dict] | None = None,
     ) -> None:
         self.kube = kube
         self.table = table
         self.children = ChildApplier(kube, verify_seconds=verify_seconds)
+        self.metrics_from = metrics_from or []  # NetworkPolicy peers that may scrape rollout /metrics
         self.queueing = Queueing(kube, enabled=kueue)  # queue labelled jobs through Kueue Workloads
         self.lost_nodes: set[str] = set()  # deleted or not Ready: their trainer pods fail the gang
         self.gone_nodes: set[str] = set()  # deleted: their pods are force-deleted
@@ -198,7 +205,11 @@ class Reconciler:
         place = self.queueing.placement(gate, job, memory.queue, running=decision.running)
         # A flavor that names a zone is where Kueue reserved the quota: it wins over our choice.
         zoned = place.flavors is not None and ZONE_KEY in place.flavors[names.ROLE_TRAINER].node_labels
-        zone = self._zone(job, meta, memory, attempt) if decision.running and not zoned else None
+        zone = None
+        if decision.running and not zoned:
+            if memory.zone is None or memory.zone[0] != attempt:  # chosen once per attempt
+                memory.zone = (attempt, placement.gang_zone(self.kube, job, meta, attempt))
+            zone = memory.zone[1]
         out = render.render(
             job,
             name=meta["name"],
@@ -211,25 +222,10 @@ class Reconciler:
             instance_types=self.table,
             flavors=place.flavors,
             rollout_replicas=place.rollout_cap,
+            metrics_from=self.metrics_from,
         )
         out.warnings.extend(place.warnings)
         return out
-
-    def _zone(self, job: GRPOJob, meta: dict, memory: JobMemory, attempt: int) -> str | None:
-        """The gang's zone, chosen once per attempt from the nodes of its instance type, or read
-        back from the running gang by a replica that has no memory of the choice."""
-        trainer = job.spec.trainer
-        if trainer.instance_type is None or ZONE_KEY in trainer.node_selector:
-            return None
-        if memory.zone is None or memory.zone[0] != attempt:
-            sts_name = names.statefulset(meta["name"], names.ROLE_TRAINER)
-            live = self.kube.get("apps/v1", "StatefulSet", meta["namespace"], sts_name)
-            known, zone = placement.zone_of_running_gang(live, attempt)
-            if not known:
-                nodes = self.kube.list_nodes(f"{INSTANCE_TYPE_LABEL}={trainer.instance_type}")
-                zone = placement.choose_zone(nodes, trainer.replicas)
-            memory.zone = (attempt, zone)
-        return memory.zone[1]
 
     def _delete_stale(
         self, namespace: str, pods: list[dict], decision: status.Decision, obs: observe.Observation
