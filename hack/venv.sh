@@ -25,7 +25,7 @@ import sys, tomllib
 print(next(d for d in tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["trainer"] if d.startswith("torch")))
 PY
 )"
-  DS_BUILD_OPS=0 "$venv/bin/pip" install -q -e "${root}[trainer,dev]"
+  DS_BUILD_OPS=0 "$venv/bin/pip" install -q -e "${root}[trainer,storage,dev]"
   touch "$venv/.complete"
 fi
 "$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$root" >/dev/null
