@@ -51,7 +51,7 @@ def test_killed_rollout_server_is_replaced_and_the_job_finishes(tmp_path: Path, 
     servers = [
         pid
         for pid, cmdline, env in run.processes()
-        if "grpo_rollout" in cmdline and env["GRPO_POD_INDEX"] == "1"
+        if "grpo_rollout serve" in cmdline and env["GRPO_POD_INDEX"] == "1"  # not its reward worker
     ]
     assert len(servers) == 1, run.processes()
     os.kill(servers[0], signal.SIGKILL)

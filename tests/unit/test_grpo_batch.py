@@ -84,3 +84,26 @@ def test_micro_batches_pad_with_masked_dummies_to_the_same_count() -> None:
     assert len(batches) == 3
     assert batches[0].mask.sum() == 1
     assert all(b.mask.sum() == 0 and b.input_ids.shape == (1, 2) for b in batches[1:])
+
+
+@pytest.mark.parametrize("with_routing", [False, True])
+def test_rollouts_travel_as_safetensors_bytes_exactly(with_routing: bool) -> None:
+    r = rollouts()
+    if with_routing:  # [prompt + completion - 1, layers, k] per sequence, uint8 or int16 on the wire
+        r.routing = [
+            torch.randint(0, 200, (len(p) + len(c) - 1, 2, 2), dtype=torch.uint8 if i % 2 else torch.int16)
+            for i, (p, c) in enumerate(zip(r.prompt_tokens, r.completion_tokens, strict=True))
+        ]
+    r.rollout_logprobs[0][0] = -1.2345678901234567  # float64: no precision lost on the way
+    data = r.to_bytes()
+    assert b"__reduce__" not in data and not data.startswith(b"\x80")  # no pickle anywhere
+    back = Rollouts.from_bytes(data)
+    assert back.prompt_tokens == r.prompt_tokens and back.completion_tokens == r.completion_tokens
+    assert back.rollout_logprobs == r.rollout_logprobs and back.rewards == r.rewards
+    assert (back.group_size, back.weight_version) == (r.group_size, r.weight_version)
+    if with_routing:
+        assert all(
+            torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(back.routing, r.routing, strict=True)
+        )
+    else:
+        assert back.routing is None

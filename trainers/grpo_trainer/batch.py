@@ -1,15 +1,17 @@
 """A step's rollouts: from the rollout servers' answers to advantages and padded micro-batches.
 
-Rank 0 turns the `grpo_rollout.client` results into a `Rollouts` (plain lists, cheap to
-broadcast); every rank then calls `score` (rewards → advantages, which groups to keep),
+Rank 0 turns the `grpo_rollout.client` results into a `Rollouts` (broadcast as safetensors
+bytes, never pickled); every rank then calls `score` (rewards → advantages, which groups to keep),
 takes its share with `shard`, and iterates `micro_batches`. Shapes: S sequences in the step,
 b per micro-batch, L = longest prompt+completion in the micro-batch. With routing replay each
 sequence also keeps the experts the rollout engine chose, laid out by `replay_routing` exactly
 as the micro-batch's tokens are.
 """
 
+import json
 from dataclasses import dataclass
 
+import safetensors.torch
 import torch
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_rollout.protocol import PromptResult, Routing
@@ -52,8 +54,56 @@ class Rollouts:
     def __len__(self) -> int:
         return len(self.rewards)
 
+    def to_bytes(self) -> bytes:
+        """The rollouts as safetensors bytes (what rank 0 broadcasts): tensors and a JSON header,
+        nothing a reader must unpickle."""
+        tensors = {
+            "prompt_tokens": _flat(self.prompt_tokens, torch.int64),
+            "prompt_lengths": torch.tensor([len(t) for t in self.prompt_tokens], dtype=torch.int64),
+            "completion_tokens": _flat(self.completion_tokens, torch.int64),
+            "completion_lengths": torch.tensor([len(t) for t in self.completion_tokens], dtype=torch.int64),
+            "rollout_logprobs": _flat(self.rollout_logprobs, torch.float64),
+            "rewards": torch.tensor(self.rewards, dtype=torch.float64),
+        }
+        for i, r in enumerate(self.routing or []):
+            tensors[f"routing.{i}"] = r.contiguous()
+        header = {"group_size": self.group_size, "weight_version": self.weight_version}
+        header["routing"] = self.routing is not None
+        return safetensors.torch.save(tensors, metadata={"rollouts": json.dumps(header)})
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Rollouts":
+        header = json.loads(_safetensors_metadata(data)["rollouts"])
+        t = safetensors.torch.load(data)
+        prompt_lengths = t["prompt_lengths"].tolist()
+        lengths = t["completion_lengths"].tolist()
+        n = len(lengths)
+        return cls(
+            group_size=header["group_size"],
+            prompt_tokens=_split(t["prompt_tokens"], prompt_lengths),
+            completion_tokens=_split(t["completion_tokens"], lengths),
+            rollout_logprobs=_split(t["rollout_logprobs"], lengths),
+            rewards=t["rewards"].tolist(),
+            weight_version=header["weight_version"],
+            routing=[t[f"routing.{i}"] for i in range(n)] if header["routing"] else None,
+        )
+
     def completion_tokens_total(self) -> int:
         return sum(len(c) for c in self.completion_tokens)
+
+
+def _flat(rows: list[list], dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor([x for row in rows for x in row], dtype=dtype)
+
+
+def _split(flat: torch.Tensor, lengths: list[int]) -> list[list]:
+    return [chunk.tolist() for chunk in torch.split(flat, lengths)] if lengths else []
+
+
+def _safetensors_metadata(data: bytes) -> dict[str, str]:
+    """The metadata of a safetensors byte string (its JSON header's __metadata__)."""
+    size = int.from_bytes(data[:8], "little")
+    return json.loads(data[8 : 8 + size]).get("__metadata__") or {}
 
 
 def decode_routing(prompt_id: str, routing: Routing | None) -> torch.Tensor:

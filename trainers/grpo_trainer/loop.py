@@ -19,6 +19,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -35,6 +36,8 @@ from grpo_trainer.optim import GangAdamW
 from grpo_trainer.parallel import (
     Groups,
     StopRequest,
+    broadcast_bytes,
+    broadcast_json,
     clip_gradients,
     init_distributed,
     load_policy,
@@ -85,14 +88,15 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     state, cfg = checkpoint.TrainState(), LossConfig.from_spec(algo)
     run = Run(contract, info, groups, device, model, ref, optimizer, cfg, order, pad_id, state, None, None)
-    found = [checkpoint.latest(contract.checkpoint_dir) if info.is_main else None]
-    dist.broadcast_object_list(found, src=0)  # one decision for the gang, even without shared storage
-    if found[0] is not None:
-        run.state = checkpoint.load(found[0], model, optimizer, info)
+    newest = checkpoint.latest(contract.checkpoint_dir) if info.is_main else None
+    # one decision for the gang, even without shared storage
+    found = broadcast_json(str(newest) if newest else None, device)
+    if found is not None:
+        run.state = checkpoint.load(Path(found), model, optimizer, info)
     if info.is_main:
         run.generator = Generator(contract.rollout.endpoints, token, algo)
         run.reporter = ProgressReporter.from_env(contract)
-    sync_at_start(run, resumed=found[0] is not None)
+    sync_at_start(run, resumed=found is not None)
     return run
 
 
@@ -123,18 +127,18 @@ def sync_at_start(run: Run, *, resumed: bool) -> None:
     """Rollout servers start from the model on disk at version 0. After a resume, or when they
     already run newer versions (the gang restarted before its first save), push this policy
     under a version above all of theirs."""
-    decision = [None]
+    decision = None
     if run.generator is not None:
         live = run.generator.live_versions()
         newest = max(live.values(), default=0)
         if resumed or newest > 0:
-            decision = [max(run.state.version, newest) + 1]
+            decision = max(run.state.version, newest) + 1
         else:
             run.generator.version = run.state.version
-    dist.broadcast_object_list(decision, src=0)
-    if decision[0] is not None:
-        run.state.version = decision[0]
-        push_weights(run, decision[0])
+    decision = broadcast_json(decision, run.device)
+    if decision is not None:
+        run.state.version = decision
+        push_weights(run, decision)
 
 
 def autocast(run: Run) -> contextlib.AbstractContextManager:
@@ -273,11 +277,8 @@ def loop(run: Run) -> bool:
     last_save: tuple[str, int] | None = None
     while run.state.step < algo.max_steps:
         t0 = time.time()
-        box = [None]
-        if run.info.is_main:
-            box[0] = next_rollouts(run, pending)
-        dist.broadcast_object_list(box, src=0)
-        rollouts: Rollouts = box[0]
+        mine = next_rollouts(run, pending).to_bytes() if run.info.is_main else None
+        rollouts = Rollouts.from_bytes(broadcast_bytes(mine, run.device))
         t_gen = time.time()
         stats = train_step(run, rollouts)
         staleness = run.state.version - rollouts.weight_version

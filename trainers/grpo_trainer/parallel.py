@@ -12,6 +12,7 @@ into a decision the whole gang takes at the same step.
 """
 
 import datetime
+import json
 import logging
 import signal
 from dataclasses import dataclass
@@ -174,3 +175,25 @@ class StopRequest:
         flag = torch.tensor([float(self.requested)], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
+
+
+def broadcast_bytes(data: bytes | None, device: torch.device, src: int = 0) -> bytes:
+    """`data` of rank `src` on every rank, as raw bytes. Unlike broadcast_object_list nothing
+    received is unpickled: whoever reaches the gang's ports can send data, never code."""
+    size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64, device=device)
+    dist.broadcast(size, src)
+    if int(size) == 0:
+        return b""
+    if dist.get_rank() == src:
+        assert data is not None
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buf = torch.empty(int(size), dtype=torch.uint8, device=device)
+    dist.broadcast(buf, src)
+    return buf.cpu().numpy().tobytes()
+
+
+def broadcast_json(obj: object, device: torch.device, src: int = 0) -> object:
+    """A JSON value of rank `src` on every rank (other ranks pass anything, e.g. None)."""
+    mine = json.dumps(obj).encode() if dist.get_rank() == src else None
+    return json.loads(broadcast_bytes(mine, device, src))
