@@ -9,7 +9,9 @@ tests/unit/escalation_cases.py is refused for alice with exactly the messages
 `validation.escalation.refusals` gives (the same table the unit test runs through cel-python);
 her benign job is accepted; bob and a cluster admin may ask for `network.privileged` with the
 approval annotation; carol may relabel bob's approved job (as the operator patches metadata) but
-not change its spec.
+not change its spec. Every user may `get` the Secret `team-s3` (and no other): a job naming it as
+`storage.credentialsSecret` is accepted, one naming another Secret is refused unless the
+requester holds `escalate` (the policy asks the API server's authorizer).
 """
 
 import json
@@ -81,6 +83,23 @@ def admission(bin_dir: Path, kubectl: Kubectl, wait_for: Callable[..., Any]) -> 
         )
         rbac.append(_binding(namespace, user, "Role", f"{user}-grpojobs"))
     rbac.append(_binding(namespace, "bob", "ClusterRole", escalate_role, name="bob-escalate"))
+    rbac.append(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "read-readable-secrets", "namespace": namespace},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["secrets"],
+                    "verbs": ["get"],
+                    "resourceNames": list(cases.READABLE_SECRETS),
+                }
+            ],
+        }
+    )
+    for user in USERS:
+        rbac.append(_binding(namespace, user, "Role", "read-readable-secrets", name=f"{user}-read-secrets"))
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     kubectl("wait", "--for=condition=Established", "crd/grpojobs.grpo.dev", "--timeout=60s")
     try:
@@ -123,7 +142,9 @@ def create(
 
 
 def expected(job: dict[str, Any], approval: bool = False) -> str:
-    refusals = escalation.refusals(GRPOJob.model_validate(job), {})
+    refusals = escalation.refusals(
+        GRPOJob.model_validate(job), {}, may_get_secret=lambda name: name in cases.READABLE_SECRETS
+    )
     return "; ".join([escalation.APPROVAL_REFUSAL] * approval + refusals)
 
 
@@ -177,6 +198,21 @@ def test_escalate_holders_may_approve_network_privileged(
     stored = yaml.safe_load(kubectl("get", "grpojob", name, "-n", admission, "-o", "yaml").stdout)
     assert stored["spec"]["network"]["privileged"] is True
     assert escalation.refusals(GRPOJob.model_validate(stored), stored["metadata"]["annotations"]) == []
+
+
+def test_a_credentials_secret_the_requester_cannot_get_needs_escalate(
+    admission: str, kubectl: Kubectl
+) -> None:
+    refused = create(
+        kubectl, admission, cases.job(cases.CREDENTIALS_SECRET, name="alice-foreign-s3"), "alice"
+    )
+    assert refused.returncode != 0
+    assert "spec.storage.credentialsSecret: reading Secret 'other-team-s3' needs get on it" in refused.stderr
+    job = cases.job(cases.CREDENTIALS_SECRET, name="bob-foreign-s3")
+    proc = create(kubectl, admission, job, "bob")  # escalate holders pass, no approval needed
+    assert proc.returncode == 0, proc.stderr
+    # the operator's second line cannot know the requester: it renders the job
+    assert escalation.refusals(GRPOJob.model_validate(job), {}) == []
 
 
 def test_without_escalate_an_approved_job_may_be_relabelled_but_not_changed(

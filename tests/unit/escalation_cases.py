@@ -207,12 +207,22 @@ MANY = Case(
         f"{R}.containers[side].envFrom.secretRef",
     ),
 )
+# Secrets the requester may `get` (the e2e test grants exactly these with a Role; the unit test's
+# stand-in authorizer allows exactly these). A credentialsSecret outside it is an escalation.
+READABLE_SECRETS = ("team-s3",)
+CREDENTIALS_SECRET = Case(
+    "credentials-secret",
+    {"spec": {"storage": {"endpointUrl": "http://minio.storage:9000", "credentialsSecret": "other-team-s3"}}},
+    ("spec.storage.credentialsSecret",),
+)
+ESCALATIONS.append(CREDENTIALS_SECRET)
 BENIGN = Case(
     "benign",
     {
         "spec": {
             "model": {"path": "pvc://models/tiny"},
             "scheduling": {"priorityClassName": "gpu-training"},
+            "storage": {"endpointUrl": "http://minio.storage:9000", "credentialsSecret": "team-s3"},
             "trainer": {
                 "serviceAccountAnnotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"},
                 "template": {

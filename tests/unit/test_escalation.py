@@ -3,8 +3,9 @@
 The policy's CEL (charts/grpo-operator/templates/admission-policy.yaml, rendered by the real helm)
 is evaluated with cel-python on the object the API server would see (CRD defaults applied): its
 `variables.refusals` must be exactly the Python refusals, in order, plus the approval-annotation
-refusal when the annotation is set. The requester check (`authorizer`) cannot run offline: the
-e2e test holds it, and these messages, to a real API server.
+refusal when the annotation is set. The requester's rights (`authorizer`) are a stand-in here that
+may get exactly `cases.READABLE_SECRETS`, and Python's `may_get_secret` says the same; the e2e
+test holds the real authorizer, and these messages, to a real API server.
 """
 
 import copy
@@ -32,7 +33,11 @@ _ENV = celpy.Environment()
 
 def python_refusals(obj: dict[str, Any]) -> list[str]:
     meta = obj.get("metadata", {})
-    return escalation.refusals(GRPOJob.model_validate(obj), meta.get("annotations", {}))
+    return escalation.refusals(
+        GRPOJob.model_validate(obj),
+        meta.get("annotations", {}),
+        may_get_secret=lambda name: name in cases.READABLE_SECRETS,
+    )
 
 
 def policy() -> dict[str, Any]:
@@ -43,8 +48,31 @@ def policy() -> dict[str, Any]:
 _POLICY: dict[str, Any] = {}
 
 
+def _authorizer_step(key: str) -> Any:
+    def step(check: Any, arg: Any) -> Any:
+        return celtypes.MapType({**check, celtypes.StringType(key): arg})
+
+    return step
+
+
+# A stand-in for the API server's `authorizer`: the chain `.group().resource().namespace().name()
+# .check(verb)` builds a map, `.allowed()` answers it: get on the Secrets in READABLE_SECRETS only.
+AUTHORIZER_FUNCTIONS = {k: _authorizer_step(k) for k in ("group", "resource", "namespace", "name", "check")}
+AUTHORIZER_FUNCTIONS["join"] = lambda items, sep: celtypes.StringType(
+    str(sep).join(map(str, items))
+)  # k8s strings lib
+AUTHORIZER_FUNCTIONS["allowed"] = lambda c: celtypes.BoolType(
+    {str(k): str(v) for k, v in c.items()}
+    in [
+        {"group": "", "resource": "secrets", "namespace": "ml", "name": n, "check": "get"}
+        for n in cases.READABLE_SECRETS
+    ]
+)
+
+
 def cel_eval(expression: str, activation: dict[str, Any]) -> Any:
-    result = _ENV.program(_ENV.compile(expression)).evaluate(activation)
+    program = _ENV.program(_ENV.compile(expression), functions=AUTHORIZER_FUNCTIONS)
+    result = program.evaluate(activation)
     assert not isinstance(result, celpy.CELEvalError), f"{expression[:200]}...: {result}"
     return result
 
@@ -60,10 +88,16 @@ def policy_refusals(obj: dict[str, Any], old: dict[str, Any] | None = None) -> l
         "object": celpy.json_to_cel(new),
         "oldObject": celpy.json_to_cel(old),
         "variables": variables,
+        "request": celpy.json_to_cel({"operation": "CREATE", "namespace": "ml"}),
+        "authorizer": celtypes.MapType({}),
     }
     for var in _POLICY["spec"]["variables"]:
         variables[celtypes.StringType(var["name"])] = cel_eval(var["expression"], activation)
-    return [str(m) for m in variables[celtypes.StringType("refusals")]]
+    out = [str(m) for m in variables[celtypes.StringType("refusals")]]
+    for check in _POLICY["spec"]["validations"][1:]:  # the requester-dependent ones
+        if not cel_eval(check["expression"], activation):
+            out.append(str(cel_eval(check["messageExpression"], activation)))
+    return out
 
 
 ALL = [*cases.ESCALATIONS, cases.MANY, cases.BENIGN]
@@ -162,6 +196,16 @@ def test_policy_binding_and_escalate_role_ship_by_default_and_switch_off() -> No
     warn = render("admissionPolicy.validationActions={Warn,Audit}")
     (binding,) = [d for d in warn if d["kind"] == "ValidatingAdmissionPolicyBinding"]
     assert binding["spec"]["validationActions"] == ["Warn", "Audit"]
+
+
+def test_python_cannot_know_the_requester_so_it_refuses_no_secret_read_without_an_authorizer() -> None:
+    obj = cases.job(cases.CREDENTIALS_SECRET)
+    model = GRPOJob.model_validate(obj)
+    assert escalation.secret_reads(model) == [("spec.storage.credentialsSecret", "other-team-s3")]
+    assert escalation.refusals(model, {}) == []  # the operator's second line and validate
+    refused = escalation.refusals(model, {}, may_get_secret=lambda _: False)
+    prefix = "spec.storage.credentialsSecret: reading Secret 'other-team-s3' needs get on it or "
+    assert refused == [prefix + escalation.PERMISSION]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])

@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_operator.api.base import MAX_SECONDS, MAX_SEED, ApiModel, cel, immutable
 from grpo_operator.api.roles import RolloutSpec, TrainerSpec
+from grpo_operator.api.storage import StorageSpec
 
 URI_PATTERN = r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|/.*|\./.*|[A-Za-z0-9_.\-][^:]*)$"
 URI_HELP = "a local path, 'pvc://<claim>/<path>' (mounted by the operator) or 's3://<bucket>/<key>'"
@@ -50,7 +51,8 @@ class DatasetSpec(ApiModel):
         min_length=1,
         max_length=MAX_URI,
         pattern=URI_PATTERN,
-        description=f"path: required. JSON Lines file (one object per line): {URI_HELP}.",
+        description="path: required. JSON Lines (one object per line) or Parquet (.parquet) file, or a "
+        f"folder of them, streamed by the trainer: {URI_HELP}.",
     )
     prompt_field: str = Field(
         default="prompt",
@@ -233,6 +235,10 @@ class GRPOJobSpec(ApiModel):
     )
     network: NetworkSpec = Field(default_factory=NetworkSpec, description="network: optional. EFA and NCCL.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="checkpoint: optional.")
+    storage: StorageSpec = Field(
+        default_factory=StorageSpec,
+        description="storage: optional. Model cache, and S3-compatible endpoint and credentials.",
+    )
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="scheduling: optional.")
     run_policy: RunPolicy = Field(
         default_factory=RunPolicy, description="runPolicy: optional. Restarts, deadlines."

@@ -24,6 +24,7 @@ TRAINER_PORT = 29500
 ROLLOUT_PORT = 8000
 TOKEN_KEY = "token"
 PVC_MOUNT_ROOT = "/mnt/pvc"
+CACHE_VOLUME = "model-cache"  # the emptyDir at spec.storage.cacheDir, on both roles
 
 # A StatefulSet's pods carry `controller-revision-hash: <sts>-<10 chars>` (63 max), so the
 # StatefulSet name may have 52 characters; "-trainer" leaves 44 for the job name.

@@ -2,6 +2,7 @@
 
 Called by `render.children`. Sizes each pod from the instance-type table (`instance_types`):
 GPUs and EFA devices of the node, hugepages, IPC_LOCK, /dev/shm, EFA/NCCL/NVSHMEM env,
+the model cache emptyDir and S3 env (spec.storage),
 node selector, GPU tolerations and, for the gang, one-zone and network-spine affinity.
 The user's template override is merged last; the operator's fields win (see overrides).
 """
@@ -12,6 +13,7 @@ from grpo_operator.api.contract import CONTRACT_FILE, CONTRACT_MOUNT, ENV_CONTRA
 from grpo_operator.api.job import GRPOJob
 from grpo_operator.api.roles import RoleCommon
 from grpo_operator.api.spec import EFAMode
+from grpo_operator.api.storage import SECRET_KEYS
 from grpo_operator.instance_types import (
     EFA_RESOURCE,
     GPU_RESOURCE,
@@ -147,6 +149,7 @@ def _env(job: GRPOJob, *, name: str, uid: str, hw: Hardware) -> list[dict]:
             "valueFrom": {"secretKeyRef": {"name": names.token_secret(name, uid), "key": names.TOKEN_KEY}},
         },
     ]
+    env += _storage_env(job)
     if hw.gpus or hw.efa:
         env.append({"name": "NCCL_SOCKET_IFNAME", "value": job.spec.network.socket_ifname})
     if hw.efa:
@@ -158,6 +161,25 @@ def _env(job: GRPOJob, *, name: str, uid: str, hw: Hardware) -> list[dict]:
         ]
         if hw.instance_type and hw.instance_type.rdma:
             env.append({"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"})
+    return env
+
+
+def _storage_env(job: GRPOJob) -> list[dict]:
+    """AWS_* for an S3-compatible store (spec.storage); on AWS, Pod Identity / IRSA set them."""
+    storage_spec = job.spec.storage
+    env = []
+    if storage_spec.endpoint_url:
+        env.append({"name": "AWS_ENDPOINT_URL", "value": storage_spec.endpoint_url})
+    if storage_spec.region:
+        env.append({"name": "AWS_REGION", "value": storage_spec.region})
+    if storage_spec.credentials_secret:
+        env += [
+            {
+                "name": key,
+                "valueFrom": {"secretKeyRef": {"name": storage_spec.credentials_secret, "key": key}},
+            }
+            for key in SECRET_KEYS
+        ]
     return env
 
 
@@ -205,14 +227,17 @@ def _volumes(job: GRPOJob, *, name: str, role: str) -> tuple[list[dict], list[di
     if role == names.ROLE_TRAINER:
         uris += [spec.model.reference_path, spec.dataset.path, spec.checkpoint.path]
     pvc_volumes, pvc_mounts = storage.volumes_and_mounts(uris)
+    cache = {"sizeLimit": spec.storage.cache_size_limit} if spec.storage.cache_size_limit else {}
     volumes = [
         {"name": "contract", "configMap": {"name": names.contract_configmap(name)}},
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": names.CACHE_VOLUME, "emptyDir": cache},  # node-local disk: s3:// models, once per pod
         *pvc_volumes,
     ]
     mounts = [
         {"name": "contract", "mountPath": CONTRACT_MOUNT, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": names.CACHE_VOLUME, "mountPath": spec.storage.cache_dir},
         *pvc_mounts,
     ]
     return volumes, mounts

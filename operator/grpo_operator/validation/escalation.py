@@ -10,11 +10,18 @@ controller (second line: a job that bypassed admission is Failed, never rendered
 Every field that reaches a pod is covered: `spec.network.privileged`, and the pod template
 overrides `spec.{trainer,rollout}.template`, whose `spec` is merged onto the rendered pod field by
 field. The typed fields (`pvc://` URIs, `scheduling.priorityClassName`, tolerations, node
-selectors, `serviceAccountAnnotations`) are the job's own and allowed; the operator's own
-IPC_LOCK for EFA is not in the spec at all.
+selectors, `serviceAccountAnnotations`, `storage.endpointUrl`) are the job's own and allowed;
+the operator's own IPC_LOCK for EFA is not in the spec at all.
+
+One typed field depends on who asks: `spec.storage.credentialsSecret` names a Secret the pods
+read, allowed when the requester may `get` that Secret (the policy asks the API server's
+authorizer) or holds `escalate`. This module cannot know the requester: `refusals` checks it only
+when given `may_get_secret` (the unit tests pass a stand-in authorizer); the operator's second
+line and `grpo-operator validate` pass none, so for this field the admission policy is the only
+guard (docs/security.md).
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from grpo_operator.api.job import ESCALATE_VERB, ESCALATION_APPROVED_ANNOTATION, GROUP, GRPOJob
@@ -69,9 +76,22 @@ APPARMOR_ANNOTATION_PREFIX = "container.apparmor.security.beta.kubernetes.io/"
 UNCONFINED = "Unconfined"
 
 
-def refusals(job: GRPOJob, annotations: Mapping[str, str]) -> list[str]:
+def secret_reads(job: GRPOJob) -> list[tuple[str, str]]:
+    """(field path, Secret name) of every Secret a typed field makes the pods read."""
+    secret = job.spec.storage.credentials_secret
+    return [("spec.storage.credentialsSecret", secret)] if secret else []
+
+
+def secret_refusal(field: str, secret: str) -> str:
+    return f"{field}: reading Secret '{secret}' needs get on it or {PERMISSION}"
+
+
+def refusals(
+    job: GRPOJob, annotations: Mapping[str, str], *, may_get_secret: Callable[[str], bool] | None = None
+) -> list[str]:
     """One message per escalation in `job`, each starting with its field path; [] when there is none
-    or the job carries ESCALATION_APPROVED_ANNOTATION: "true"."""
+    or the job carries ESCALATION_APPROVED_ANNOTATION: "true". Secret reads of typed fields
+    (`secret_reads`) are refused only when `may_get_secret` is given and says no."""
     if annotations.get(ESCALATION_APPROVED_ANNOTATION) == "true":
         return []
     out = []
@@ -81,6 +101,8 @@ def refusals(job: GRPOJob, annotations: Mapping[str, str]) -> list[str]:
         template = getattr(job.spec, role).template
         if template is not None:
             out += _template_refusals(f"spec.{role}.template", template)
+    if may_get_secret is not None:
+        out += [secret_refusal(f, name) for f, name in secret_reads(job) if not may_get_secret(name)]
     return out
 
 
