@@ -1,10 +1,10 @@
-"""The one table of EC2 instance types the renderer knows: GPUs and EFA devices per node.
+"""The one table of EC2 instance types the renderer knows: GPUs, GPU memory and EFA devices per node.
 
 `grpo_operator.render` reads it to size trainer and rollout pods (docs/install-eks.md has the
-EFA facts). It is kept in code so a render needs no cluster, and it is overridable because AWS adds instance types
-faster than we release: `load(path)` merges a YAML/JSON file (for example a mounted
-ConfigMap, `grpo-operator operator --instance-types FILE` or env `GRPO_INSTANCE_TYPES`)
-over the built-in rows.
+EFA facts), `grpo-operator plan` for the GPU memory budget. It is kept in code so a render needs no
+cluster, and it is overridable because AWS adds instance types faster than we release:
+`load(path)` merges a YAML/JSON file (for example a mounted ConfigMap, `grpo-operator operator
+--instance-types FILE` or env `GRPO_INSTANCE_TYPES`) over the built-in rows.
 """
 
 import json
@@ -32,23 +32,33 @@ class InstanceType:
     gpu_resource: str = GPU_RESOURCE
     rdma: bool = True
     """rdma: EFA supports device RDMA on this type (FI_EFA_USE_DEVICE_RDMA=1)."""
+    gpu_memory_mib: int = 0
+    """gpu_memory_mib: memory of one GPU as nvidia-smi reports it (0: unknown or no GPU); the
+    budget of `grpo-operator plan` (grpo_operator.memory_plan)."""
+
+    @property
+    def gpu_memory_bytes(self) -> int | None:
+        return self.gpu_memory_mib * 2**20 if self.gpus and self.gpu_memory_mib else None
 
 
 _BUILTIN: tuple[InstanceType, ...] = (
-    InstanceType("p4d.24xlarge", gpus=8, efa=4),
-    InstanceType("p4de.24xlarge", gpus=8, efa=4),
-    InstanceType("p5.48xlarge", gpus=8, efa=32),
-    InstanceType("p5e.48xlarge", gpus=8, efa=32),
-    InstanceType("p5en.48xlarge", gpus=8, efa=16),
-    InstanceType("p6-b200.48xlarge", gpus=8, efa=8),
-    InstanceType("p6-b300.48xlarge", gpus=8, efa=16),
-    InstanceType("g5.xlarge", gpus=1, efa=0, rdma=False),
-    InstanceType("g5.2xlarge", gpus=1, efa=0, rdma=False),
-    InstanceType("g5.48xlarge", gpus=8, efa=1, rdma=False),
-    InstanceType("g6e.xlarge", gpus=1, efa=0, rdma=False),
+    InstanceType("p4d.24xlarge", gpus=8, efa=4, gpu_memory_mib=40960),  # A100 40 GB
+    InstanceType("p4de.24xlarge", gpus=8, efa=4, gpu_memory_mib=81920),  # A100 80 GB
+    InstanceType("p5.48xlarge", gpus=8, efa=32, gpu_memory_mib=81559),  # H100 80 GB
+    InstanceType("p5e.48xlarge", gpus=8, efa=32, gpu_memory_mib=143771),  # H200 141 GB
+    InstanceType("p5en.48xlarge", gpus=8, efa=16, gpu_memory_mib=143771),  # H200 141 GB
+    InstanceType("p6-b200.48xlarge", gpus=8, efa=8, gpu_memory_mib=183359),  # B200 180 GB
+    InstanceType("p6-b300.48xlarge", gpus=8, efa=16, gpu_memory_mib=275040),  # B300 288 GB
+    InstanceType("g5.xlarge", gpus=1, efa=0, rdma=False, gpu_memory_mib=23028),  # A10G 24 GB
+    InstanceType("g5.2xlarge", gpus=1, efa=0, rdma=False, gpu_memory_mib=23028),
+    InstanceType("g5.48xlarge", gpus=8, efa=1, rdma=False, gpu_memory_mib=23028),
+    InstanceType("g6e.xlarge", gpus=1, efa=0, rdma=False, gpu_memory_mib=46068),  # L40S 48 GB
     InstanceType("m7i.8xlarge", gpus=0, efa=0, rdma=False),
     InstanceType("c7i.8xlarge", gpus=0, efa=0, rdma=False),
 )
+
+
+_ALIASES = {"gpuResource": "gpu_resource", "gpuMemoryMiB": "gpu_memory_mib"}  # camelCase in YAML/JSON files
 
 
 class UnknownInstanceType(KeyError):
@@ -85,10 +95,10 @@ class InstanceTable:
         for name, fields in overrides.items():
             if not isinstance(fields, Mapping):
                 raise ValueError(f"instance type {name!r}: expected a mapping of fields, got {fields!r}")
-            unknown = set(fields) - {"gpus", "efa", "gpu_resource", "gpuResource", "rdma"}
+            unknown = set(fields) - {"gpus", "efa", "rdma", *_ALIASES, *_ALIASES.values()}
             if unknown:
                 raise ValueError(f"instance type {name!r}: unknown fields {sorted(unknown)}")
-            clean = {("gpu_resource" if k == "gpuResource" else k): v for k, v in fields.items()}
+            clean = {_ALIASES.get(k, k): v for k, v in fields.items()}
             base = rows.get(name)
             if base is None:
                 if "gpus" not in clean or "efa" not in clean:
@@ -97,8 +107,8 @@ class InstanceTable:
             else:
                 rows[name] = replace(base, **clean)
         for row in rows.values():
-            if row.gpus < 0 or row.efa < 0:
-                raise ValueError(f"instance type {row.name!r}: gpus and efa must be >= 0")
+            if row.gpus < 0 or row.efa < 0 or row.gpu_memory_mib < 0:
+                raise ValueError(f"instance type {row.name!r}: gpus, efa and gpuMemoryMiB must be >= 0")
         return InstanceTable(rows)
 
 

@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "crd": ("grpo_operator.cli.crd", "print the GRPOJob CustomResourceDefinition (YAML)"),
     "validate": ("grpo_operator.cli.validate", "validate GRPOJob manifests offline, as the API server would"),
     "render": ("grpo_operator.cli.render", "print the child manifests the operator would create"),
+    "plan": ("grpo_operator.cli.plan", "predict per-GPU memory of a GRPOJob's trainer and rollout"),
     "operator": ("grpo_operator.cli.operator", "run the operator against the current kubeconfig"),
     "run": ("grpo_operator.cli.run", "run a GRPOJob on this machine as local processes"),
     "tiny-model": ("grpo_operator.cli.tiny_model", "build the tiny MoE model and tokenizer used by the demo"),

@@ -5,7 +5,9 @@ line `FILE:LINE: field.path: message` per problem, `FILE: valid` otherwise, and 
 non-zero exit status when any file is invalid. Documents of other kinds are skipped. A valid job
 that asks for more than GRPOJob `create` grants (privilege, host access, Secrets...) gets one
 `FILE:LINE: warning: field.path: message` each: the chart's admission policy refuses it unless
-the requester holds the `escalate` verb (docs/security.md).
+the requester holds the `escalate` verb (docs/security.md). A valid job whose model config.json is a
+local file also gets a `warning: spec.trainer: ...` (or `spec.rollout`) when `grpo-operator plan`
+says that role cannot fit in its GPUs' memory (docs/memory-plan.md).
 """
 
 import argparse

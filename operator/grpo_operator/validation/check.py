@@ -7,17 +7,20 @@ generated CRD, the OpenAPI schema checked (by the pydantic models the schema is 
 from, in strict mode, and inside the embedded PodSpecs, plain dicts to the models, by the
 CRD's schema itself: `structural`), then every `x-kubernetes-validations` rule of the CRD evaluated with
 cel-python on the defaulted object; transition rules (`oldSelf`) only when an old object is
-given. Rules are read from the CRD, never re-implemented here.
+given. Rules are read from the CRD, never re-implemented here. Beyond the server's verdicts, a
+valid job whose model config.json is reachable from here gets the memory plan's warnings
+(`memory_warnings`, `grpo_operator.memory_plan`) when a role cannot fit on its GPUs.
 """
 
 import functools
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import pydantic
 
-from grpo_operator import crd
+from grpo_operator import crd, instance_types, memory_plan
 from grpo_operator.api import job
 from grpo_operator.validation import escalation
 from grpo_operator.validation.cel import cel_problems
@@ -113,14 +116,54 @@ def escalation_warnings(text: str, file: str = "<stdin>") -> list[Problem]:
     return out
 
 
+def memory_warnings(text: str, file: str = "<stdin>") -> list[Problem]:
+    """One warning per role of each GRPOJob in `text` that `grpo-operator plan` says cannot fit,
+    when the model's config.json is a local file (relative paths: also to the manifest's folder)."""
+    docs, _ = load_documents(text, file)
+    table, out = instance_types.load(), []
+    for doc in docs:
+        if not is_grpojob(doc.data):
+            continue
+        try:
+            spec = job.GRPOJob.model_validate(doc.data).spec
+        except pydantic.ValidationError:
+            continue  # validate_text says why
+        source = memory_plan.find_config(spec.model.path, Path(file).parent)
+        if source is None:
+            continue
+        try:
+            plan = memory_plan.plan_job(
+                json.loads(source.read_text()),
+                spec,
+                trainer_gpu_bytes=_gpu_bytes(table, spec.trainer.instance_type),
+                rollout_gpu_bytes=_gpu_bytes(table, spec.rollout.instance_type),
+            )
+        except (OSError, ValueError, KeyError, instance_types.UnknownInstanceType) as e:
+            out.append(
+                Problem(file, doc.line(("spec", "model", "path")), "spec.model.path", f"no memory plan: {e}")
+            )
+            continue
+        for role in (plan.trainer, plan.rollout):
+            if role.fits is False:
+                where = ("spec", role.role)
+                message = f"{role.verdict()}; see grpo-operator plan"
+                out.append(Problem(file, doc.line(where), dotted(where), message))
+    return out
+
+
+def _gpu_bytes(table: instance_types.InstanceTable, name: str | None) -> int | None:
+    return table.get(name).gpu_memory_bytes if name else None
+
+
 def validate_file(
     path: str | Path, old: str | Path | None = None, warnings: list[Problem] | None = None
 ) -> list[Problem]:
     """validate_text on a file (and its old version); `-` reads standard input. With `warnings`, the
-    escalation warnings of a valid file are appended to it."""
+    escalation and memory warnings of a valid file are appended to it."""
     text = sys.stdin.read() if str(path) == "-" else Path(path).read_text(encoding="utf-8")
     old_text = Path(old).read_text(encoding="utf-8") if old is not None else None
     problems = validate_text(text, str(path), old_text, str(old))
     if warnings is not None and not problems:
         warnings += escalation_warnings(text, str(path))
+        warnings += memory_warnings(text, str(path))
     return problems

@@ -1,0 +1,78 @@
+"""Per-GPU memory of one rollout server: its weights and the room left for the KV cache.
+
+Called through `memory_plan.plan_rollout`. vLLM takes `gpu_memory_utilization` (0.9, its default,
+which the engine keeps) of each GPU, splits the weights over tensor-parallel ranks, and refuses to
+start unless the KV cache holds one sequence of `max_model_len` tokens (by default the model's
+`max_position_embeddings`); fewer full-length sequences than `maxBatchSize` only means vLLM
+preempts, which the plan reports as a note. The torch engine keeps the whole model on one device
+and a KV cache for every sequence of the batch at once.
+"""
+
+import math
+
+from grpo_operator.memory_plan.inputs import GIB, RolloutInputs
+from grpo_operator.memory_plan.result import Part, RolePlan
+from grpo_operator.memory_plan.shapes import ModelShape
+
+VLLM_UTILIZATION = 0.9
+RUNTIME_BYTES = 3 * GIB  # CUDA context, CUDA graphs, activations of a prefill chunk
+SAMPLER_FP32_COPIES = 3  # logits, probabilities, log-probs of one decode step
+
+
+def kv_bytes_per_token(shape: ModelShape, r: RolloutInputs) -> tuple[int, str]:
+    """KV-cache bytes per token on one GPU, and the formula."""
+    w = r.weight_bytes
+    if r.engine != "vllm":  # HF cache: the expanded keys and values of every layer
+        return shape.layers * shape.kv_dim * w, f"layers x (k + v width {shape.kv_dim}) x {w} B"
+    if shape.mla_cache:  # MLA: one latent per token and layer, on every TP rank
+        return shape.layers * shape.mla_cache * w, f"layers x (kv_lora_rank + rope {shape.mla_cache}) x {w} B"
+    heads = max(1, math.ceil(shape.kv_heads / r.tensor_parallel))  # vLLM replicates heads when TP > heads
+    return (
+        shape.layers * 2 * heads * shape.head_dim * w,
+        f"layers x 2 x ceil(kv_heads / TP) = {heads} x head_dim {shape.head_dim} x {w} B",
+    )
+
+
+def plan(shape: ModelShape, r: RolloutInputs, gpu_bytes: int | None) -> RolePlan:
+    vllm = r.engine == "vllm"
+    tp = r.tensor_parallel if vllm else 1
+    weights = Part(shape.total * r.weight_bytes // tp, f"{r.weight_bytes} B x P / TP ({tp})")
+    sampler = r.max_batch * shape.vocab * 4 * SAMPLER_FP32_COPIES
+    runtime = Part(RUNTIME_BYTES + sampler, f"3 GiB + maxBatchSize x V x {SAMPLER_FP32_COPIES} fp32 copies")
+    per_token, kv_f = kv_bytes_per_token(shape, r)
+    budget = int(gpu_bytes * VLLM_UTILIZATION) if gpu_bytes is not None and vllm else gpu_bytes
+    notes: list[str] = []
+    shortfall = None
+    if vllm:
+        need_tokens = shape.max_positions or r.seq_tokens
+        need_what = f"one max_model_len sequence ({need_tokens} tokens)"
+    else:
+        need_tokens = r.max_batch * r.seq_tokens
+        need_what = f"maxBatchSize x (prompt + maxNewTokens) = {need_tokens} tokens"
+    extra: dict = {"engine": r.engine, "tensor_parallel": tp, "kv_bytes_per_token": per_token}
+    if budget is None:
+        kv = Part(need_tokens * per_token, f"{need_what} x {kv_f}")
+    else:
+        room = max(0, budget - weights.bytes - runtime.bytes)
+        kv = Part(room, f"room left: budget - weights - runtime; per token {kv_f}")
+        if room < need_tokens * per_token:
+            need_gib = need_tokens * per_token / GIB
+            shortfall = f"KV room {room / GIB:.1f} GiB < {need_gib:.1f} GiB for {need_what}"
+        full_len = room // max(per_token * r.seq_tokens, 1)
+        extra |= {"kv_tokens_per_gpu": room // max(per_token, 1), "full_length_sequences": int(full_len)}
+        if vllm and shortfall is None and full_len < r.max_batch:
+            notes.append(
+                f"KV room holds {full_len} sequences of {r.seq_tokens} tokens < maxBatchSize {r.max_batch}: "
+                "vLLM preempts the rest (slower, still correct)"
+            )
+    if vllm:
+        notes.append(f"vLLM gpu_memory_utilization {VLLM_UTILIZATION}")
+    return RolePlan(
+        role="rollout",
+        parts={"weights": weights, "runtime": runtime, "kv_cache": kv},
+        gpu_bytes=gpu_bytes,
+        budget_bytes=budget,
+        notes=notes,
+        extra=extra,
+        shortfall=shortfall,
+    )

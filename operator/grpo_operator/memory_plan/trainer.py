@@ -1,0 +1,137 @@
+"""Per-GPU memory of one trainer rank, part by part (docs/memory-plan.md has the formulas).
+
+Called through `memory_plan.plan_trainer`. Notation: P_d dense parameters (all but routed
+experts), P_e routed-expert parameters, W world size, E expertParallelSize, T tokens of one
+micro-batch, V vocabulary, h hidden size, a bytes of the compute dtype. Dense parameters are
+replicated over the world (or FSDP-sharded over it); experts are split by EP and, under full
+sharding, also FSDP-sharded over the E-groups (so P_e / W per rank).
+"""
+
+from grpo_operator.memory_plan.inputs import GIB, Sharding, TrainerInputs
+from grpo_operator.memory_plan.result import Part, RolePlan
+from grpo_operator.memory_plan.shapes import ModelShape
+
+RUNTIME_BYTES = 3 * GIB  # CUDA context, NCCL/DeepEP buffers, allocator slack
+MASTER = 4  # fp32 master weights, gradients and reductions
+LOGIT_FP32_COPIES = 6  # .float(), /temperature, logsumexp workspace, grad; entropy: log_softmax, exp
+
+
+def _local(shape: ModelShape, t: TrainerInputs, sharded: bool) -> tuple[float, float, str]:
+    """(dense, expert) parameters one rank keeps, and the formula of their sum."""
+    if sharded:
+        return shape.dense_total / t.world, shape.expert_total / t.world, "(P_d + P_e) / W"
+    return shape.dense_total, shape.expert_total / t.ep, "(P_d + P_e / E)"
+
+
+def layer_activation_bytes(shape: ModelShape, a: int, e: int) -> tuple[float, float, float]:
+    """Bytes saved for backward per token: (every layer, extra per MoE layer, extra per dense layer).
+
+    a: compute dtype bytes, e: bytes the experts compute in (today fp32)."""
+    h = shape.hidden
+    base = (
+        2 * (4 + a) * h  # two RMSNorms: fp32 upcast saved + output
+        + a
+        * (
+            2 * (shape.q_dim + shape.kv_dim) + shape.attn_out + 2 * shape.latent
+        )  # q/k/v (+norm/rope), attn out
+        + a * h  # o_proj output
+    )
+    moe = (
+        8 * shape.experts  # router logits and probabilities, fp32
+        + shape.top_k * e * (2 * h + 4 * shape.moe_intermediate)  # dispatched rows, gate/up/act/product, down
+        + a * 4 * shape.shared_intermediate
+    )
+    dense = a * 4 * shape.dense_intermediate
+    return base, moe, dense
+
+
+def plan(shape: ModelShape, t: TrainerInputs, gpu_bytes: int | None) -> RolePlan:
+    a = t.compute_bytes
+    full = t.fsdp2 and t.sharding is Sharding.FULL
+    dense, expert, local_f = _local(shape, t, full)
+    local = dense + expert
+    parts: dict[str, Part] = {}
+    notes: list[str] = []
+    parts["parameters"] = Part(int(MASTER * local), f"4 B fp32 master x {local_f}")
+    parts["gradients"] = Part(int(MASTER * local), f"4 B fp32 x {local_f}")
+    if t.sharding is Sharding.NONE:
+        parts["optimizer"] = Part(int(2 * MASTER * local), f"AdamW 2 x 4 B x {local_f}")
+    else:
+        opt = (shape.dense_total + shape.expert_total) / t.world
+        parts["optimizer"] = Part(int(2 * MASTER * opt), "AdamW 2 x 4 B x (P_d + P_e) / W")
+    layer_local = shape.layer_params(t.world if full else t.ep)
+    if not t.fsdp2:
+        cached = shape.dense_total - shape.embed
+        parts["compute_copies"] = Part(int(a * cached), f"autocast cache: {a} B x (P_d - embed)")
+    elif full:
+        unsharded = 2 * layer_local * (a + MASTER) + a * max(shape.embed, shape.lm_head)
+        parts["compute_copies"] = Part(
+            int(unsharded), f"FSDP2 gathers: 2 layers x ({a} B params + 4 B grads) x layer + {a} B x V x h"
+        )
+    else:
+        parts["compute_copies"] = Part(int(a * local), f"{a} B working copy x {local_f}")
+    e = MASTER if not t.fsdp2 else a  # today's experts compute in fp32 (issue 10)
+    base, moe, dense_mlp = layer_activation_bytes(shape, a, e)
+    per_token_all = (
+        shape.layers * base + shape.moe_layers * moe + (shape.layers - shape.moe_layers) * dense_mlp
+    )
+    per_token_one = base + max(
+        moe if shape.moe_layers else 0, dense_mlp if shape.moe_layers < shape.layers else 0
+    )
+    no_ac = t.tokens * (per_token_all + 2 * a * shape.hidden)
+    with_ac = t.tokens * (shape.layers * a * shape.hidden + per_token_one + 2 * a * shape.hidden)
+    logits_tokens = min(t.tokens, t.logits_chunk_tokens) if t.fsdp2 else t.tokens
+    logits = logits_tokens * shape.vocab * (a + 4 * LOGIT_FP32_COPIES)
+    logits_f = (
+        f"{'chunk ' + str(logits_tokens) if t.fsdp2 else 'T = ' + str(t.tokens)} tokens x V"
+        f" x ({a} B + {LOGIT_FP32_COPIES} fp32 copies)"
+    )
+    if t.fsdp2:
+        sync = Part(2 * t.sync_bucket_bytes, f"2 buckets x {t.sync_bucket_bytes // 2**20} MiB")
+    elif t.ep > 1:
+        sync = Part(MASTER * shape.expert_total, "gathered state dict: 4 B x P_e (rank 0's EP group)")
+    else:
+        sync = Part(0, "state dict shares the weights (EP = 1)")
+    if not t.kl:
+        ref = Part(0, "klCoef = 0: no reference model")
+    elif t.fsdp2:
+        ref = Part(int(a * local), f"{a} B x {local_f}, sharded like the policy")
+    else:
+        ref_local = shape.dense_total + shape.expert_total / t.ep
+        ref = Part(int(MASTER * ref_local), "4 B x (P_d + P_e / E), loaded like the policy")
+    fixed = sum(p.bytes for p in parts.values()) + logits + sync.bytes + ref.bytes + RUNTIME_BYTES
+    ac = t.activation_checkpointing
+    if ac is None:
+        ac = t.fsdp2 and gpu_bytes is not None and fixed + no_ac > gpu_bytes
+        if ac:
+            notes.append("activation checkpointing on: without it the activations do not fit")
+    act_f = (
+        f"T = {t.tokens} tokens x (layers x {a} B x h + one layer's saved tensors)"
+        if ac
+        else f"T = {t.tokens} tokens x sum over layers of saved tensors"
+    )
+    parts["activations"] = Part(int(with_ac if ac else no_ac), act_f)
+    parts["logits"] = Part(int(logits), logits_f)
+    parts["weight_sync"] = sync
+    parts["reference"] = ref
+    parts["runtime"] = Part(RUNTIME_BYTES, "CUDA context, NCCL/EP buffers, allocator slack")
+    if not t.fsdp2:
+        notes.append(
+            "today's trainer (zeroStage): fp32 weights, no activation checkpointing, full-vocab logits"
+        )
+    return RolePlan(
+        role="trainer",
+        parts=parts,
+        gpu_bytes=gpu_bytes,
+        notes=notes,
+        extra={
+            "sharding": str(t.sharding),
+            "fsdp2": t.fsdp2,
+            "activation_checkpointing": bool(ac),
+            "activations_gib": {
+                "without_checkpointing": round(no_ac / GIB, 2),
+                "with_checkpointing": round(with_ac / GIB, 2),
+            },
+            "tokens_per_micro_batch": t.tokens,
+        },
+    )

@@ -1,0 +1,147 @@
+"""`grpo-operator plan` and its arithmetic (`grpo_operator.memory_plan`): the verdicts that matter.
+
+The yardstick (DESIGN §9, issue 10): Qwen3-30B-A3B on 2 x p5.48xlarge, as the flagship example
+sets it up, fits in 80 GB per GPU with full sharding; DeepSeek-V3 on the same two nodes does not;
+today's trainer (zeroStage, no FSDP2) does not either. `validate` warns when a role cannot fit.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from grpo_operator import instance_types, memory_plan, validation
+from grpo_operator.api.job import GRPOJob
+from grpo_operator.cli import main
+from grpo_operator.memory_plan import GIB, Sharding
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "tests" / "data" / "model-configs"
+EXAMPLE = ROOT / "examples" / "p5-qwen3-30b-a3b.yaml"
+H100 = instance_types.BUILTIN.get("p5.48xlarge").gpu_memory_bytes
+
+
+def config(name: str) -> dict:
+    return json.loads((CONFIGS / f"{name}.config.json").read_text())
+
+
+def example(path: Path = EXAMPLE) -> GRPOJob:
+    return GRPOJob.model_validate(yaml.safe_load(path.read_text()))
+
+
+def plan(name: str, job: GRPOJob | None = None, **kw) -> memory_plan.Plan:
+    job = job or example()
+    return memory_plan.plan_job(config(name), job.spec, trainer_gpu_bytes=H100, rollout_gpu_bytes=H100, **kw)
+
+
+def test_the_instance_table_knows_gpu_memory():
+    assert H100 == 81559 * 2**20
+    assert instance_types.BUILTIN.get("p5en.48xlarge").gpu_memory_mib == 143771
+    assert instance_types.BUILTIN.get("m7i.8xlarge").gpu_memory_bytes is None
+    merged = instance_types.BUILTIN.merged({"p5.48xlarge": {"gpuMemoryMiB": 1}})
+    assert merged.get("p5.48xlarge").gpu_memory_mib == 1
+
+
+def test_qwen3_30b_a3b_fits_on_two_p5_with_full_sharding():
+    p = plan("qwen3-30b-a3b", sharding="full")
+    t = p.trainer
+    assert t.fits and t.gpu_bytes == H100
+    assert 40 * GIB < t.total < 60 * GIB
+    # 30.5 B parameters over 16 ranks: fp32 master 7.1 GiB, AdamW twice that
+    assert t.parts["parameters"].bytes == 4 * p.model.total // 16
+    assert t.parts["optimizer"].bytes == 2 * t.parts["parameters"].bytes
+    assert t.extra["activation_checkpointing"] is True  # needed: ≈ 285 GiB without it
+    assert t.extra["activations_gib"]["without_checkpointing"] > 200
+    assert t.parts["logits"].bytes < 4 * GIB  # a 1024-token chunk, not 36,864 tokens x 151,936
+    assert t.parts["reference"].bytes == 0  # klCoef 0
+    assert p.rollout.fits and p.rollout.parts["weights"].bytes == 2 * p.model.total // 8
+
+
+def test_today_trainer_does_not_fit_and_says_why():
+    t = plan("qwen3-30b-a3b").trainer  # zeroStage 1, no trainer.sharding: today's trainer
+    assert t.extra == t.extra | {"sharding": "optimizer", "fsdp2": False, "activation_checkpointing": False}
+    assert t.fits is False
+    assert t.parts["logits"].bytes > 100 * GIB  # full-vocabulary fp32 logits of the whole micro-batch
+    assert t.parts["weight_sync"].bytes == 4 * memory_plan.from_config(config("qwen3-30b-a3b")).expert_total
+
+
+def test_deepseek_v3_on_the_same_two_nodes_does_not_fit():
+    p = plan("deepseek-v3", sharding="full")
+    assert p.trainer.fits is False and p.trainer.total > 600 * GIB
+    assert p.rollout.fits is False  # 1.3 TB of bf16 weights over TP 8 is more than an H100
+    assert "does NOT fit" in p.trainer.verdict()
+
+
+def test_sharding_modes_order_memory():
+    totals = [plan("qwen3-30b-a3b", sharding=str(m)).trainer.total for m in Sharding]
+    assert totals == sorted(totals, reverse=True)
+
+
+def test_kl_adds_a_reference_model():
+    job = example()
+    job.spec.algorithm.kl_coef = 0.01
+    t = plan("qwen3-30b-a3b", job, sharding="full").trainer
+    assert t.parts["reference"].bytes == 2 * memory_plan.from_config(config("qwen3-30b-a3b")).total // 16
+
+
+def test_rollout_kv_cache_per_token():
+    q = plan("qwen3-30b-a3b").rollout
+    assert q.extra["kv_bytes_per_token"] == 48 * 2 * 1 * 128 * 2  # 4 KV heads < TP 8: one per GPU
+    ds = plan("mixtral-8x7b").rollout
+    assert ds.extra["kv_bytes_per_token"] == 32 * 2 * 1 * 128 * 2
+    mla = plan("deepseek-v3").rollout
+    assert mla.extra["kv_bytes_per_token"] == 61 * 576 * 2  # one latent, every TP rank
+
+
+def test_cpu_jobs_have_no_fixed_budget():
+    tiny = example(ROOT / "examples" / "tiny-local.yaml")
+    p = memory_plan.plan_job(
+        config("qwen3-30b-a3b"), tiny.spec, trainer_gpu_bytes=None, rollout_gpu_bytes=None
+    )
+    assert p.trainer.fits is None and p.rollout.fits is None
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["plan", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_json(capsys):
+    qwen = CONFIGS / "qwen3-30b-a3b.config.json"
+    code, out, _ = run_cli(capsys, EXAMPLE, "--model-config", qwen, "--json", "--sharding", "full")
+    got = json.loads(out)
+    assert code == 0
+    assert got["trainer"]["fits"] is True and got["trainer"]["gpu_gib"] == pytest.approx(79.65, abs=0.01)
+    assert set(got["trainer"]["parts"]) >= {"parameters", "gradients", "optimizer", "activations", "logits"}
+    assert set(got["rollout"]["parts"]) == {"weights", "runtime", "kv_cache"}
+    code, out, _ = run_cli(capsys, EXAMPLE, "--model-config", CONFIGS / "deepseek-v3.config.json", "--json")
+    assert code == 1 and json.loads(out)["trainer"]["fits_with_sharding"] == []
+
+
+def test_cli_table_and_hint(capsys):
+    code, out, _ = run_cli(capsys, EXAMPLE, "--model-config", CONFIGS / "qwen3-30b-a3b.config.json")
+    assert code == 1 and "does NOT fit" in out and "trainer.sharding" in out and "full" in out
+
+
+def test_cli_asks_for_the_config_of_a_remote_model(capsys):
+    code, _, err = run_cli(capsys, EXAMPLE)
+    assert code == 2 and "--model-config" in err
+
+
+def test_validate_warns_when_the_local_model_cannot_fit(tmp_path, capsys):
+    model = tmp_path / "models" / "DeepSeek-V3"
+    model.mkdir(parents=True)
+    shutil.copy(CONFIGS / "deepseek-v3.config.json", model / "config.json")
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    raw["spec"]["model"]["path"] = "models/DeepSeek-V3"  # relative to the manifest's folder
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(raw))
+    warnings: list = []
+    assert validation.validate_file(job, warnings=warnings) == []
+    memory = [w for w in warnings if w.path in ("spec.trainer", "spec.rollout")]
+    assert {w.path for w in memory} == {"spec.trainer", "spec.rollout"}
+    assert "does NOT fit" in memory[0].message
+    assert main(["validate", str(job)]) == 0  # a warning, not an error
+    assert "warning: spec.trainer: trainer:" in capsys.readouterr().err
