@@ -144,3 +144,57 @@ def test_a_missing_prefix_names_the_uri(s3_server: Any, tmp_path: Path) -> None:
     )
     assert out.returncode != 0
     assert "s3://models/no-such-model: no objects under this prefix" in out.stderr
+
+
+def test_datasets_stream_from_s3_jsonl_and_parquet(s3_server: Any, tmp_path: Path) -> None:
+    """The trainer's load_rows on s3:// objects, in a subprocess with the server's env."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bucket = s3_server.make_bucket("datasets")
+    fs = s3_server.fs()
+    fs.pipe(
+        "datasets/math/train.jsonl",
+        b'{"prompt": "1+1=", "answer": "2"}\n\n{"prompt": "2+2=", "answer": "4"}\n',
+    )
+    local = tmp_path / "train.parquet"
+    pq.write_table(
+        pa.Table.from_pylist([{"prompt": f"{i}+0=", "answer": str(i)} for i in range(7)]),
+        local,
+        row_group_size=3,
+    )
+    fs.put(str(local), "datasets/pq/train.parquet")
+    fs.pipe("datasets/bad/train.jsonl", b'{"prompt": "ok"}\n{"prompt": ""}\n')
+    script = "\n".join(
+        [
+            "import json, sys",
+            "from grpo_trainer.data import load_rows",
+            "from grpo_trainer.config import ConfigError",
+            "try:",
+            "    rows = load_rows(sys.argv[1])",
+            "except ConfigError as e:",
+            "    print('ERROR ' + str(e))",
+            "    sys.exit(0)",
+            "print(json.dumps([[r.prompt, r.columns, r.line] for r in rows]))",
+        ]
+    )
+
+    def rows(uri: str) -> Any:
+        out = subprocess.run(
+            [sys.executable, "-c", script, uri],
+            env={**os.environ, **s3_server.env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        line = out.stdout.strip().splitlines()[-1]
+        return line if line.startswith("ERROR ") else json.loads(line)
+
+    assert rows(f"{bucket}/math/train.jsonl") == [["1+1=", {"answer": "2"}, 1], ["2+2=", {"answer": "4"}, 3]]
+    assert rows(f"{bucket}/pq/train.parquet") == [[f"{i}+0=", {"answer": str(i)}, i + 1] for i in range(7)]
+    assert [r[0] for r in rows(f"{bucket}/math")] == ["1+1=", "2+2="]  # a prefix: its data files
+    assert rows(f"{bucket}/bad/train.jsonl") == (
+        f"ERROR {bucket}/bad/train.jsonl:2: field 'prompt' missing or not a non-empty string"
+    )
+    assert rows(f"{bucket}/nothing-here.jsonl").startswith(f"ERROR {bucket}/nothing-here.jsonl: cannot read")

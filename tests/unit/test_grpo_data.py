@@ -69,3 +69,43 @@ def test_order_is_a_pure_function_of_position(tmp_path: Path) -> None:
     assert [r.prompt for _, r in resumed.take(0, 13)] + [r.prompt for _, r in resumed.take(13, 7)] == straight
     assert [p for p, _ in resumed.take(13, 3)] == [13, 14, 15]
     assert [r.prompt for _, r in PromptOrder(data, seed=2).take(0, 20)] != straight
+
+
+def write_parquet(path: Path, rows: list[dict], row_group_size: int = 2) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=row_group_size)
+    return path
+
+
+def test_parquet_rows_across_row_groups_keep_columns_and_row_numbers(tmp_path: Path) -> None:
+    data = [{"prompt": f"{i}+1=", "answer": str(i + 1), "level": i % 3} for i in range(5)]
+    rows = load_rows(write_parquet(tmp_path / "d.parquet", data))  # three row groups
+    assert [(r.prompt, r.columns, r.line) for r in rows] == [
+        (d["prompt"], {"answer": d["answer"], "level": d["level"]}, i + 1) for i, d in enumerate(data)
+    ]
+
+
+def test_bad_parquet_row_is_reported_by_file_and_row(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "d.parquet", [{"prompt": "a"}, {"prompt": "b"}, {"prompt": ""}])
+    with pytest.raises(ConfigError, match=f"^{path}: row 3: field 'prompt' missing or not a non-empty"):
+        load_rows(path)
+    other = write_parquet(tmp_path / "q.parquet", [{"question": "a", "answer": "1"}])
+    with pytest.raises(ConfigError, match=r"no column 'prompt' \(columns: question, answer\)"):
+        load_rows(other)
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(ConfigError, match="not a readable Parquet file"):
+        load_rows(tmp_path / "broken.parquet")
+
+
+def test_a_folder_reads_its_data_files_in_name_order(tmp_path: Path) -> None:
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    write_parquet(folder / "b.parquet", [{"prompt": "from parquet"}])
+    (folder / "a.jsonl").write_text('{"prompt": "from jsonl"}\n')
+    (folder / "README.md").write_text("not data")
+    assert [r.prompt for r in load_rows(folder)] == ["from jsonl", "from parquet"]
+    (folder / "c.jsonl").write_text('{"prompt": 1}\n')
+    with pytest.raises(ConfigError, match=f"^{folder}/c.jsonl:1: field 'prompt'"):
+        load_rows(folder)

@@ -1,26 +1,37 @@
-"""Prompt dataset (JSON Lines) and the deterministic order in which the loop draws it.
+"""Prompt dataset (JSON Lines or Parquet, local or s3://) and the deterministic order the loop draws it in.
 
 Used by the training loop: rank 0 asks `PromptOrder.take(position, n)` for each step's prompts.
 The order of epoch e is a permutation seeded by (shuffleSeed, e), so the prompt at any global
 position is a pure function of the position: a checkpoint stores the position of the first
 prompt not yet trained on, and a resumed run continues there, no prompt skipped or repeated,
 whatever was prefetched before the crash. Every row is validated on load; a bad one is a
-`ConfigError` naming `FILE:LINE`.
+`ConfigError` naming `FILE:LINE` (JSON Lines) or `FILE: row N` (Parquet).
+
+Files are streamed through `grpo_operator.storage` (fsspec; s3fs for s3://): JSON Lines line by
+line, Parquet row group by row group (pyarrow reads the footer, then one group's byte ranges at
+a time), so a dataset is never downloaded whole before its first row is checked. A folder (or
+an s3:// prefix) means every `.jsonl`/`.json`/`.parquet` file in it, in name order.
 """
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from grpo_operator import storage
 
 from grpo_trainer.config import ConfigError
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+DATA_SUFFIXES = (".jsonl", ".json", *PARQUET_SUFFIXES)
 
 
 @dataclass(frozen=True)
 class Row:
-    """One prompt: its text, its other columns (for the reward functions) and where it came from."""
+    """One prompt: its text, its other columns (for the reward functions) and where it came from
+    (the line of a JSON Lines file, the 1-based row of a Parquet file)."""
 
     prompt: str
     columns: dict[str, Any]
@@ -28,29 +39,81 @@ class Row:
 
 
 def load_rows(path: str | Path, prompt_field: str = "prompt") -> list[Row]:
-    """Read and validate every row; raise ConfigError `FILE:LINE: reason` on the first bad one."""
-    path = Path(path)
+    """Read and validate every row; raise ConfigError naming the file and line/row of the first bad one."""
+    uri = str(path)
     try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read the dataset: {e}") from e
+        fs, root = storage.filesystem(uri)
+        files = _files(fs, root)
+    except (OSError, ValueError) as e:  # StorageError is a ValueError
+        raise ConfigError(f"{uri}: cannot read the dataset: {e}") from e
     rows = []
-    for number, text in enumerate(lines, start=1):
-        if not text.strip():
-            continue
+    for file in files:
+        label = uri if file == root else storage.join(uri, file[len(root) :])
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}:{number}: not valid JSON: {e.msg} (column {e.colno})") from None
-        if not isinstance(obj, dict):
-            raise ConfigError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
-        prompt = obj.pop(prompt_field, None)
-        if not isinstance(prompt, str) or not prompt:
-            raise ConfigError(f"{path}:{number}: field {prompt_field!r} missing or not a non-empty string")
-        rows.append(Row(prompt=prompt, columns=obj, line=number))
+            if file.endswith(PARQUET_SUFFIXES):
+                rows += _parquet_rows(fs, file, label, prompt_field)
+            else:
+                rows += _jsonl_rows(fs, file, label, prompt_field)
+        except OSError as e:
+            raise ConfigError(f"{label}: cannot read the dataset: {e}") from e
     if not rows:
-        raise ConfigError(f"{path}: the dataset has no rows")
+        raise ConfigError(f"{uri}: the dataset has no rows")
     return rows
+
+
+def _files(fs: Any, root: str) -> list[str]:
+    if not fs.isdir(root):
+        if not fs.exists(root):
+            raise FileNotFoundError(f"no such file or folder: {root}")
+        return [root]
+    found = sorted(p for p in fs.find(root) if p.endswith(DATA_SUFFIXES))
+    if not found:
+        raise FileNotFoundError(f"no {'/'.join(DATA_SUFFIXES)} files in the folder")
+    return found
+
+
+def _row(obj: Any, where: str, prompt_field: str, number: int) -> Row:
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    prompt = obj.pop(prompt_field, None)
+    if not isinstance(prompt, str) or not prompt:
+        raise ConfigError(f"{where}: field {prompt_field!r} missing or not a non-empty string")
+    return Row(prompt=prompt, columns=obj, line=number)
+
+
+def _jsonl_rows(fs: Any, file: str, label: str, prompt_field: str) -> Iterator[Row]:
+    with fs.open(file, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"{label}:{number}: not UTF-8: {e.reason}") from None
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{label}:{number}: not valid JSON: {e.msg} (column {e.colno})") from None
+            yield _row(obj, f"{label}:{number}", prompt_field, number)
+
+
+def _parquet_rows(fs: Any, file: str, label: str, prompt_field: str) -> Iterator[Row]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with fs.open(file, "rb") as f:
+        try:
+            parquet = pq.ParquetFile(f)
+        except (pa.ArrowException, ValueError) as e:
+            raise ConfigError(f"{label}: not a readable Parquet file: {e}") from None
+        names = parquet.schema_arrow.names
+        if prompt_field not in names:
+            raise ConfigError(f"{label}: no column {prompt_field!r} (columns: {', '.join(names)})")
+        number = 0
+        for group in range(parquet.num_row_groups):
+            for obj in parquet.read_row_group(group).to_pylist():
+                number += 1
+                yield _row(obj, f"{label}: row {number}", prompt_field, number)
 
 
 class PromptOrder:
