@@ -26,7 +26,7 @@ import torch.distributed as dist
 from grpo_operator.api.contract import RunContract
 from torch import nn
 
-from grpo_trainer import checkpoint, moe
+from grpo_trainer import checkpoint, memory, moe
 from grpo_trainer.batch import Rollouts, micro_batches, score, shard
 from grpo_trainer.config import MAX_GRAD_NORM, RankInfo, job_token
 from grpo_trainer.data import PromptOrder, load_rows
@@ -75,6 +75,7 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     token = job_token() if info.is_main else ""
     torch.manual_seed(algo.seed)
     device = init_distributed(info, contract)
+    memory.check(contract, info, device)  # refuse a job that cannot fit before loading weights
     groups = make_groups(info)
     backend, replay = str(spec.trainer.ep_backend), algo.routing_replay
     model = load_policy(spec.model.path, groups, backend, device, replay=replay)
