@@ -31,7 +31,7 @@ def check(contract: RunContract, info: RankInfo, device: torch.device) -> memory
         return None
     try:
         shape = memory_plan.from_config(json.loads(source.read_text()))
-    except (OSError, ValueError) as e:  # an architecture the plan does not know: the loader decides
+    except (OSError, ValueError, TypeError, ArithmeticError) as e:  # unknown architecture: the loader decides
         log.warning("no memory plan for %s: %s", source, e)
         return None
     trainer, _ = memory_plan.inputs_from_spec(contract.spec)
