@@ -190,10 +190,12 @@ def build_crd() -> dict[str, Any]:
                     "storage": True,
                     "subresources": {
                         "status": {},
-                        # `kubectl scale grpo/NAME --replicas=N` (and an HPA) resize rollout live.
+                        # `kubectl scale grpo/NAME --replicas=N` (and an HPA or KEDA, which select
+                        # the pods by the label selector) resize rollout live.
                         "scale": {
                             "specReplicasPath": ".spec.rollout.replicas",
                             "statusReplicasPath": ".status.rollout.replicas",
+                            "labelSelectorPath": ".status.rollout.selector",
                         },
                     },
                     "additionalPrinterColumns": [_column(*c, schema) for c in _COLUMNS],

@@ -6,6 +6,7 @@ safety, bad objects, live rollout scaling, success, and a steady state that writ
 """
 
 import contextlib
+import datetime
 import json
 import os
 import signal
@@ -334,6 +335,43 @@ def test_suspend_removes_pods_and_resume_restores_them(operator, cluster, wait_f
     cluster.wait_phase("sus", "Running")
     assert len(cluster.ready("sus", "trainer", 2)) == 2
     assert cluster.condition("sus", "Suspended")["reason"] == "JobResumed"
+
+
+def test_rollout_autoscaling_follows_the_trainers_wait_and_never_writes_spec(operator, cluster, wait_for):
+    scaling = {"targetWaitFraction": 0.1, "scaleUpCooldownSeconds": 0, "scaleDownCooldownSeconds": 5}
+    rollout = {"replicas": 1, "minReplicas": 1, "maxReplicas": 3, "engine": "torch", "autoscaling": scaling}
+    cluster.create(manifest("elastic", rollout=rollout))
+    cluster.wait_phase("elastic", "Running")
+    applied = cluster.job("elastic")["spec"]
+
+    def report(wait: float) -> None:  # what trainer rank 0 patches after a step
+        stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        progress = {"step": 3, "rolloutWaitFraction": wait, "updatedAt": stamp}
+        cluster.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, cluster.ns, PLURAL, "elastic", {"status": {"progress": progress}}
+        )
+
+    def servers() -> int:
+        return cluster.apps.read_namespaced_stateful_set("elastic-rollout", cluster.ns).spec.replicas
+
+    report(0.5)  # waits 5x the target: up, at most doubling per move, to maxReplicas
+    wait_for(lambda: servers() == 3, what="rollout scaled up to maxReplicas", timeout=60)
+    status = cluster.status("elastic")
+    assert status["rollout"]["replicas"] == 3 and status["rolloutScaling"]["reason"] == "TrainerWaiting"
+    assert status["rollout"]["selector"] == "grpo.dev/job=elastic,grpo.dev/role=rollout"
+    assert len(cluster.ready("elastic", "rollout", 3) or cluster.pods("elastic", "rollout")) == 3
+    report(0.0)  # idle rollouts: one server fewer per cooldown, down to minReplicas
+    wait_for(lambda: servers() == 1, what="rollout scaled down to minReplicas", timeout=60)
+    assert cluster.status("elastic")["rolloutScaling"]["reason"] == "RolloutsIdle"
+    events = cluster.core.list_namespaced_event(
+        cluster.ns, field_selector="involvedObject.name=elastic"
+    ).items
+    moves = [e.reason for e in events if e.reason in {"TrainerWaiting", "RolloutsIdle"}]
+    assert moves.count("TrainerWaiting") == 2 and moves.count("RolloutsIdle") == 2, moves
+    final = cluster.job("elastic")
+    assert final["spec"] == applied and final["metadata"]["generation"] == 1  # spec never written
+    scale = cluster.custom.get_namespaced_custom_object_scale(GROUP, VERSION, cluster.ns, PLURAL, "elastic")
+    assert scale["status"]["selector"] == "grpo.dev/job=elastic,grpo.dev/role=rollout"
 
 
 def test_live_rollout_replicas_and_success(operator, cluster, fail_pod, wait_for):

@@ -26,6 +26,7 @@ REPORT = StepReport(
     rollout_s=0.1,
     train_s=0.3,
     push_s=0.1,
+    rollout_wait_fraction=0.2,
     ep_all_to_all_s=0.05,
     time=1.7e9,
     last_checkpoint="/ckpt/step-00000002",
@@ -63,6 +64,17 @@ def test_reports_append_to_the_progress_file_and_the_runtime_reads_them(
     records = ProgressLog(path).poll()
     assert [(r.step, r.reward_mean) for r in records] == [(3, 0.4), (4, 0.5)]
     assert records[0] == REPORT
+
+
+def test_each_report_carries_the_wait_share_of_the_last_steps(tmp_path: Path) -> None:
+    reporter = ProgressReporter(contract(), str(tmp_path / "p.jsonl"), in_cluster=False)
+    waits = [0.5] * 3 + [0.0] * (ProgressReporter.WAIT_WINDOW + 2)  # 1 s steps
+    for step, wait in enumerate(waits, start=1):
+        reporter.report(REPORT.model_copy(update={"step": step, "rollout_s": wait, "step_s": 1.0}))
+    reporter.close()
+    shares = [r.rollout_wait_fraction for r in ProgressLog(tmp_path / "p.jsonl").poll()]
+    assert shares[:3] == [0.5, 0.5, 0.5]
+    assert shares[3] == pytest.approx(1.5 / 4) and shares[-1] == 0.0  # the window forgets old waits
 
 
 def test_a_non_finite_metric_survives_the_round_trip_as_unknown() -> None:

@@ -134,6 +134,13 @@ def test_not_running_scales_both_statefulsets_to_zero():
     assert [c["spec"]["replicas"] for c in r.children if c["kind"] == "StatefulSet"] == [0, 0]
 
 
+def test_the_rollout_count_of_the_pass_sizes_the_statefulset_and_the_contract_endpoints():
+    r = rendered(rollout_replicas=5)  # autoscaled (or Kueue-capped) above the spec's count
+    assert by_kind(r, "StatefulSet", "moe-rollout")["spec"]["replicas"] == 5
+    assert r.contract.rollout.replicas == 5 and len(r.contract.rollout.endpoints) == 5
+    assert r.contract.rollout.endpoints[4].startswith("http://moe-rollout-4.")
+
+
 def test_commands_and_per_pod_env():
     r = rendered()
     t, ro = container(r, "trainer"), container(r, "rollout")

@@ -2,6 +2,7 @@
 
 from datetime import UTC, datetime, timedelta
 
+from grpo_operator.api.roles import RolloutAutoscaling
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.api.status import GRPOJobStatus, Phase, Progress, Reason
 from grpo_operator.controller import observe, placement, status
@@ -292,3 +293,21 @@ def test_a_failed_pass_is_a_condition_until_a_pass_succeeds():
     clean = decide(all_ready()).status
     status.recovered(clean, NOW)
     assert not [c for c in clean.conditions if c.type == "ReconcileError"]  # never set: not listed
+
+
+def test_autoscaling_moves_the_rollout_count_in_status_never_in_spec():
+    job = spec()
+    job.rollout.min_replicas, job.rollout.max_replicas = 1, 6
+    job.rollout.autoscaling = RolloutAutoscaling(target_wait_fraction=0.1, scale_up_cooldown_seconds=0)
+    first = decide(all_ready(), s=job)
+    assert first.status.rollout.replicas == 2 and first.status.rollout_scaling.reason == "Started"
+    waiting = first.status.model_copy(deep=True)
+    waiting.progress = Progress(step=3, rollout_wait_fraction=0.3, updated_at="2026-01-01T11:59:50+00:00")
+    d = decide(all_ready(), old=waiting, s=job)
+    assert d.status.rollout.replicas == 4 and d.status.rollout.ready_text == "2/4"
+    assert d.status.rollout_scaling.reason == "TrainerWaiting"
+    assert d.status.rollout_scaling.last_scale_time == "2026-01-01T12:00:00Z"
+    assert ("Normal", "TrainerWaiting") in [e[:2] for e in d.events]
+    assert job.rollout.replicas == 2  # the spec is the starting count only
+    plain = decide(all_ready(), old=d.status)  # autoscaling switched off: the spec decides again
+    assert plain.status.rollout.replicas == 2 and plain.status.rollout_scaling is None

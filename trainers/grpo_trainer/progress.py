@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -63,11 +64,17 @@ class StatusPatcher:
 
 
 class ProgressReporter:
-    """Writes rank 0's per-step reports; also the GRPOJob status when running in a cluster."""
+    """Writes rank 0's per-step reports; also the GRPOJob status when running in a cluster.
+
+    Each report gets the share of the last WAIT_WINDOW steps' wall time spent waiting for
+    rollouts: the signal `rollout.autoscaling` follows (one step alone is too noisy)."""
+
+    WAIT_WINDOW = 10
 
     def __init__(self, contract: RunContract, path: str | None, in_cluster: bool) -> None:
         self._out: TextIO = open(path, "a") if path else sys.stdout  # noqa: SIM115 - lives as long as training
         self._patcher: StatusPatcher | None = None
+        self._recent: deque[tuple[float, float]] = deque(maxlen=self.WAIT_WINDOW)  # (rollout_s, step_s)
         if in_cluster:
             try:
                 self._patcher = StatusPatcher(contract.namespace, contract.job_name)
@@ -80,6 +87,11 @@ class ProgressReporter:
         return cls(contract, path, in_cluster="KUBERNETES_SERVICE_HOST" in os.environ)
 
     def report(self, report: StepReport) -> None:
+        self._recent.append((report.rollout_s, report.step_s))
+        total = sum(step for _, step in self._recent)
+        if total > 0:
+            waited = min(1.0, sum(wait for wait, _ in self._recent) / total)
+            report = report.model_copy(update={"rollout_wait_fraction": waited})
         self._out.write(report.model_dump_json() + "\n")
         self._out.flush()
         if self._patcher is not None:

@@ -34,6 +34,9 @@ class StepReport(BaseModel):
     rollout_s: float = Field(ge=0, description="Seconds spent waiting for generations.")
     train_s: float = Field(ge=0, description="Seconds of forward, backward and optimizer step.")
     push_s: float = Field(ge=0, description="Seconds of the weight sync to the rollout servers.")
+    rollout_wait_fraction: float | None = Field(
+        default=None, ge=0, le=1, description="Share of the last steps' wall time spent waiting for rollouts."
+    )
     ep_all_to_all_s: float | None = Field(
         default=None, ge=0, description="Seconds in expert-parallel dispatch and combine; None without EP."
     )
@@ -52,6 +55,7 @@ class StepReport(BaseModel):
             reward_mean=self.reward_mean,
             tokens_per_second=self.tokens_per_s,
             rollout_seconds=self.rollout_s,
+            rollout_wait_fraction=self.rollout_wait_fraction,
             train_seconds=self.train_s,
             ep_all_to_all_seconds=self.ep_all_to_all_s,
             weight_version=self.weight_version,

@@ -195,9 +195,67 @@ class RolloutEngine(StrEnum):
     TORCH = "torch"
 
 
+class RolloutAutoscaling(ApiModel):
+    """Rollout capacity that follows the trainer: more servers while it waits for generations,
+    fewer while they sit idle (hysteresis between the two marks)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "self.scaleDownBelow < self.targetWaitFraction",
+                "rollout.autoscaling.scaleDownBelow must be below targetWaitFraction",
+                ".scaleDownBelow",
+            )
+        )
+    )
+    target_wait_fraction: float = Field(
+        default=0.1,
+        gt=0,
+        lt=1,
+        description=(
+            "targetWaitFraction: optional, default 0.1, (0, 1). Share of the trainer's wall time spent "
+            "waiting for rollouts above which a server is added."
+        ),
+    )
+    scale_down_below: float = Field(
+        default=0.02,
+        ge=0,
+        lt=1,
+        description=(
+            "scaleDownBelow: optional, default 0.02, [0, 1), below targetWaitFraction. Wait share under "
+            "which the rollouts are idle enough to remove a server."
+        ),
+    )
+    scale_up_cooldown_seconds: int = Field(
+        default=60,
+        ge=0,
+        le=86400,
+        description="scaleUpCooldownSeconds: optional, default 60, [0, 86400]. Time between two scale-ups.",
+    )
+    scale_down_cooldown_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86400,
+        description=(
+            "scaleDownCooldownSeconds: optional, default 300, [0, 86400]. Time after any scaling before "
+            "a scale-down."
+        ),
+    )
+
+
 class RolloutSpec(RoleCommon):
     model_config = ConfigDict(
         json_schema_extra=cel(
+            (
+                "!has(self.autoscaling) || (has(self.minReplicas) && has(self.maxReplicas))",
+                "rollout.autoscaling needs rollout.minReplicas and rollout.maxReplicas",
+                ".autoscaling",
+            ),
+            (
+                "!has(self.autoscaling) || !has(self.minReplicas) || self.minReplicas >= 1",
+                "rollout.minReplicas must be at least 1 with autoscaling (the trainer needs a server)",
+                ".minReplicas",
+            ),
             (
                 "!has(self.minReplicas) || self.minReplicas <= self.replicas",
                 "rollout.minReplicas must be <= rollout.replicas",
@@ -225,6 +283,15 @@ class RolloutSpec(RoleCommon):
     )
     max_replicas: int | None = Field(
         default=None, ge=1, le=4096, description="maxReplicas: optional, [1, 4096]. Upper scaling bound."
+    )
+    autoscaling: RolloutAutoscaling | None = Field(
+        default=None,
+        description=(
+            "autoscaling: optional. The operator moves the rollout servers within [minReplicas, "
+            "maxReplicas] on the trainer's measured wait (status.progress.rolloutWaitFraction), "
+            "starting from replicas; it writes status.rollout.replicas, never spec. Not together "
+            "with an HPA or KEDA on the scale subresource."
+        ),
     )
     engine: RolloutEngine = Field(
         default=RolloutEngine.VLLM,

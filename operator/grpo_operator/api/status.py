@@ -77,9 +77,23 @@ class Condition(ApiModel):
 
 
 class ReplicaStatus(ApiModel):
-    replicas: int = Field(default=0, le=MAX_COUNT, description="replicas: pods wanted for this role.")
+    replicas: int = Field(
+        default=0, le=MAX_COUNT, description="replicas: pods wanted for this role (rollout: as autoscaled)."
+    )
     ready: int = Field(default=0, le=MAX_COUNT, description="ready: pods of this role that are Ready.")
     ready_text: str = Field(default="0/0", description="readyText: 'ready/replicas', for printer columns.")
+    selector: str | None = Field(
+        default=None,
+        description="selector: label selector of this role's pods (the scale subresource's, for HPA/KEDA).",
+    )
+
+
+class RolloutScalingStatus(ApiModel):
+    last_scale_time: str | None = Field(
+        default=None, description="lastScaleTime: when the operator last changed the rollout count."
+    )
+    reason: str = Field(default="", description="reason: why the count is what it is (CamelCase).")
+    message: str = Field(default="", description="message: the wait share, the target and the move.")
 
 
 class Progress(ApiModel):
@@ -99,6 +113,13 @@ class Progress(ApiModel):
         default=None,
         ge=0,
         description="epAllToAllSeconds: seconds in expert-parallel dispatch and combine, last step.",
+    )
+    rollout_wait_fraction: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="rolloutWaitFraction: share of the trainer's wall time spent waiting for rollouts, "
+        "over its last steps (what rollout.autoscaling follows).",
     )
     weight_version: int | None = Field(
         default=None, le=MAX_COUNT, description="weightVersion: policy version on rollout."
@@ -128,6 +149,10 @@ class GRPOJobStatus(ApiModel):
     restarts: int = Field(default=0, le=MAX_COUNT, description="restarts: trainer gang restarts so far.")
     trainer: ReplicaStatus | None = Field(default=None, description="trainer: trainer pod readiness.")
     rollout: ReplicaStatus | None = Field(default=None, description="rollout: rollout pod readiness.")
+    rollout_scaling: RolloutScalingStatus | None = Field(
+        default=None,
+        description="rolloutScaling: the rollout autoscaler's last move, with rollout.autoscaling.",
+    )
     progress: Progress | None = Field(default=None, description="progress: reported by trainer rank 0.")
     start_time: str | None = Field(default=None, description="startTime: when pods were first created.")
     completion_time: str | None = Field(default=None, description="completionTime: when it ended.")

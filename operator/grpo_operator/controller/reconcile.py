@@ -128,6 +128,10 @@ class Reconciler:
             queue=snap.gate.admission if snap.gate else None,
         )
         status.recovered(decision.status, now)
+        if decision.status.rollout is not None:  # what the scale subresource's HPA/KEDA select on
+            decision.status.rollout.selector = names.label_selector(
+                body["metadata"]["name"], names.ROLE_ROLLOUT
+            )
         if decision.gang_restart:
             # Record the new attempt first: a crash after this line still restarts the gang.
             self._write_status(body, decision.status)
@@ -221,7 +225,7 @@ class Reconciler:
             zone=zone,
             instance_types=self.table,
             flavors=place.flavors,
-            rollout_replicas=place.rollout_cap,
+            rollout_replicas=_rollout_count(decision.status, place.rollout_cap),
             metrics_from=self.metrics_from,
         )
         out.warnings.extend(place.warnings)
@@ -262,6 +266,12 @@ class Reconciler:
             text = "; ".join(rendered.warnings)
             self.kube.event(body, "Warning", "TemplateConflict", f"operator fields kept: {text}", stamp)
         memory.warned_generation = generation
+
+
+def _rollout_count(new: GRPOJobStatus, kueue_cap: int | None) -> int | None:
+    """Rollout servers to render: the decided (autoscaled) count, within what Kueue admitted."""
+    counts = [n for n in (new.rollout.replicas if new.rollout else None, kueue_cap) if n is not None]
+    return min(counts) if counts else None
 
 
 def _running(old: GRPOJobStatus) -> bool:

@@ -18,7 +18,9 @@ from grpo_operator.api.status import (
     Phase,
     Reason,
     ReplicaStatus,
+    RolloutScalingStatus,
 )
+from grpo_operator.controller import autoscaling
 from grpo_operator.controller.admission import Admission
 from grpo_operator.controller.observe import Observation
 from grpo_operator.lifecycle import GangDecision, Outcome, Verdict, gang_decision, seconds_left
@@ -132,7 +134,27 @@ def decide(
     events = _update_verdict(status, generation, spec_error, now)
     decision = _decide_running(spec, old, status, obs, now, queue)
     decision.events[:0] = events
+    decision.events += _autoscale(spec, old, decision.status, now)
     return decision
+
+
+def _autoscale(spec: GRPOJobSpec, old: GRPOJobStatus, status: GRPOJobStatus, now: datetime) -> list:
+    """The rollout count `autoscaling` decides, in status (never spec), with an Event per move."""
+    if spec.rollout.autoscaling is None:
+        status.rollout_scaling = None
+        return []
+    move = autoscaling.rollout_replicas(spec.rollout, old, now)
+    ready = status.rollout.ready if status.rollout else 0
+    status.rollout = ReplicaStatus(replicas=move.replicas, ready=ready, ready_text=f"{ready}/{move.replicas}")
+    if move.reason is None:
+        status.rollout_scaling = old.rollout_scaling or RolloutScalingStatus(
+            reason="Started", message=f"starting at rollout.replicas = {move.replicas}"
+        )
+        return []
+    status.rollout_scaling = RolloutScalingStatus(
+        last_scale_time=timestamp(now), reason=move.reason, message=move.message
+    )
+    return [("Normal", move.reason, f"rollout servers {move.message}")]
 
 
 def _decide_running(

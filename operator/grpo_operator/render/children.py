@@ -55,7 +55,14 @@ def render(
     `metrics_from` (NetworkPolicy peers, e.g. the Prometheus pods' namespace and pod selectors)
     may reach the pods' metrics ports; by default no one outside the job may."""
     table = instance_types or load_instance_types()
-    run = render_contract(job, name=name, namespace=namespace, generation=generation, instance_types=table)
+    run = render_contract(
+        job,
+        name=name,
+        namespace=namespace,
+        generation=generation,
+        instance_types=table,
+        rollout_replicas=rollout_replicas,
+    )
     trainer_tpl, w1 = pods.pod_template(
         job, name=name, uid=uid, role=names.ROLE_TRAINER, attempt=attempt, table=table, zone=zone
     )

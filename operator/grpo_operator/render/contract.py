@@ -57,8 +57,10 @@ def contract(
     generation: int = 1,
     local_ports: LocalPorts | None = None,
     instance_types: InstanceTable | None = None,
+    rollout_replicas: int | None = None,
 ) -> RunContract:
-    """Resolve `job` into the contract every pod reads. Pure; raises RenderError."""
+    """Resolve `job` into the contract every pod reads. Pure; raises RenderError.
+    `rollout_replicas`: the servers running (autoscaled, or capped by Kueue), else spec's count."""
     check_name(name)
     table = instance_types or load_instance_types()
     spec = job.spec
@@ -85,7 +87,7 @@ def contract(
         master_port, rollout_port = names.TRAINER_PORT, names.ROLLOUT_PORT
         endpoints = [
             f"http://{names.pod_dns(name, names.ROLE_ROLLOUT, i, namespace)}:{rollout_port}"
-            for i in range(rollout.replicas)
+            for i in range(rollout.replicas if rollout_replicas is None else rollout_replicas)
         ]
         resolved_spec = _resolve_paths(job)
         status_url = (
@@ -110,7 +112,7 @@ def contract(
         ),
         rollout=RolloutTopology(
             service=names.service_dns(name, names.ROLE_ROLLOUT, namespace),
-            replicas=rollout.replicas,
+            replicas=len(endpoints),
             port=rollout_port,
             endpoints=endpoints,
         ),
