@@ -101,7 +101,7 @@ RUN mkdir deepep \
 
 # ---------------------------------------------------------------------------------------
 # trainer: torch, DeepSpeed (ops JIT-built on first use, so nvcc stays), DeepEP, NVSHMEM,
-# GDRCopy and the project with its trainer extra. NCCL is raised past torch's pin to a release
+# GDRCopy and the project with its trainer and storage (s3fs, pyarrow) extras. NCCL is raised past torch's pin to a release
 # whose GIN path DeepEP v2 uses through aws-ofi-nccl (NCCL keeps its ABI across 2.x).
 FROM cuda-efa AS trainer
 ARG TORCH_VERSION=2.13.0
@@ -118,9 +118,9 @@ COPY --from=ep-build /opt/nvshmem /opt/nvshmem
 RUN --mount=type=bind,from=ep-build,source=/wheels,target=/ep-wheels \
     --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
-      "torch==${TORCH_VERSION}" /ep-wheels/deep_ep-*.whl "$(ls /wheels/grpo_operator-*.whl)[trainer]" \
+      "torch==${TORCH_VERSION}" /ep-wheels/deep_ep-*.whl "$(ls /wheels/grpo_operator-*.whl)[trainer,storage]" \
  && pip install --no-cache-dir --no-deps "nvidia-nccl-cu12==${NCCL_VERSION}" \
- && python -c "import torch, deepspeed, deep_ep, grpo_trainer, grpo_rollout; print(torch.cuda.nccl.version())"
+ && python -c "import torch, deepspeed, deep_ep, grpo_trainer, grpo_rollout, s3fs, pyarrow; print(torch.cuda.nccl.version())"
 RUN useradd --uid 1000 --create-home grpo
 USER 1000
 WORKDIR /home/grpo
@@ -132,8 +132,8 @@ ENTRYPOINT ["python", "-m", "grpo_trainer", "train"]
 FROM cuda-efa AS rollout
 ARG VLLM_VERSION=0.33.0
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
-    pip install --no-cache-dir "vllm==${VLLM_VERSION}" "$(ls /wheels/grpo_operator-*.whl)[gpu]" \
- && python -c "import vllm, grpo_rollout"
+    pip install --no-cache-dir "vllm==${VLLM_VERSION}" "$(ls /wheels/grpo_operator-*.whl)[gpu,storage]" \
+ && python -c "import vllm, grpo_rollout, s3fs, pyarrow"
 RUN useradd --uid 1000 --create-home grpo
 USER 1000
 WORKDIR /home/grpo

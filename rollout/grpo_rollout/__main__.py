@@ -1,6 +1,7 @@
 """`python -m grpo_rollout serve`: the rollout pod's command (rendered by the operator, run locally too).
 
-Reads the run contract from $GRPO_CONTRACT, this pod's index from $GRPO_POD_INDEX and the per-job
+Reads the run contract from $GRPO_CONTRACT (an s3:// model is fetched into the pod's model cache
+first, `grpo_operator.storage`), this pod's index from $GRPO_POD_INDEX and the per-job
 token from $GRPO_TOKEN; listens on this pod's endpoint port from the contract (--host/--port
 override it for tests), on loopback only when that endpoint is a loopback address (the local
 runtime), on every interface otherwise (a pod behind its Service). Exits 0 after a drain
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
+from grpo_operator import storage
 from grpo_operator.api.contract import ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN, RunContract
 
 from grpo_rollout.engines.base import EngineConfig
@@ -52,9 +54,10 @@ def listen_host(endpoint: str | None) -> str:
 
 def service_config(contract: RunContract, args: argparse.Namespace) -> tuple[ServiceConfig, int]:
     spec = contract.spec
-    model_path = spec.model.path
-    if model_path.startswith(("s3://", "pvc://")):
-        raise SystemExit(f"rollout: model path {model_path!r} must be a local directory inside the pod")
+    try:  # an s3:// model is fetched once per pod into the node-local cache (spec.storage.cacheDir)
+        model_path = storage.model_dir(spec.model.path, spec.storage.cache_dir)
+    except (OSError, storage.StorageError) as e:
+        raise SystemExit(f"rollout: cannot fetch the model {spec.model.path!r}: {e}") from None
     if not Path(model_path).is_dir():
         raise SystemExit(f"rollout: model directory {model_path!r} does not exist")
     endpoints = contract.rollout.endpoints

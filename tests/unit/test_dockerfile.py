@@ -147,7 +147,8 @@ def test_default_images_name_dockerfile_targets_at_the_project_version() -> None
 def test_operator_image_is_slim_and_non_root() -> None:
     assert re.fullmatch(r"python:\$\{PYTHON_VERSION\}-slim", STAGES["operator"].base)
     runs = all_runs("operator")
-    assert "[trainer]" not in runs and "[gpu]" not in runs and "torch" not in runs
+    assert "[trainer" not in runs and "[gpu" not in runs and "torch" not in runs
+    assert "storage]" not in runs and "s3fs" not in runs, "the operator opens no URI: no storage extra"
     base = [Requirement(r).name for r in PYPROJECT["project"]["dependencies"]]
     assert not {"torch", "vllm", "deepspeed", "transformers"} & set(base)
     assert user("operator").split(":")[0] not in {"root", "0"}
@@ -161,7 +162,7 @@ def test_trainer_image_has_the_efa_and_deepep_stack() -> None:
         "gdrcopy",
         "NVSHMEM_LIBFABRIC_SUPPORT=ON",
         "DeepEP",
-        "[trainer]",
+        "[trainer,storage]",
         "nvidia-nccl-cu12==${NCCL_VERSION}",
     ):
         assert needle in runs, needle
@@ -185,8 +186,16 @@ def test_rollout_image_has_vllm_at_a_version_pyproject_allows() -> None:
     gpu = {Requirement(r).name: Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"]["gpu"]}
     version = build_args("rollout")["VLLM_VERSION"]
     assert gpu["vllm"].specifier.contains(version)
-    assert "vllm==${VLLM_VERSION}" in all_runs("rollout") and "[gpu]" in all_runs("rollout")
+    assert "vllm==${VLLM_VERSION}" in all_runs("rollout") and "[gpu,storage]" in all_runs("rollout")
     assert user("rollout") not in {"root", "0"}
+
+
+def test_storage_extra_is_what_the_storage_layer_imports() -> None:
+    """s3://, pvc:// and Parquet in trainer and rollout images: grpo_operator.storage needs these."""
+    storage = {Requirement(r).name for r in PYPROJECT["project"]["optional-dependencies"]["storage"]}
+    assert storage == {"fsspec", "s3fs", "pyarrow"}
+    base = {Requirement(r).name for r in PYPROJECT["project"]["dependencies"]}
+    assert not storage & base, "the operator image stays free of them"
 
 
 def test_chart_runs_the_operator_entrypoint() -> None:

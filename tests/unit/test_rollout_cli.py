@@ -31,12 +31,21 @@ def test_missing_contract_and_token_are_named(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "path, message", [("s3://bucket/model", "must be a local directory"), ("/no/such", "does not exist")]
+    "path, message",
+    [("pvc://fsx/model", "pvc:// URIs are mounted by the operator"), ("/no/such", "does not exist")],
 )
 def test_model_path_must_be_a_local_directory(tmp_path, path, message):
     contract = write_contract(tmp_path / "job.json", path, ports=[18000])
     out = serve({"GRPO_CONTRACT": str(contract), "GRPO_TOKEN": "t"})
     assert out.returncode != 0 and message in out.stderr
+
+
+def test_a_missing_s3_model_is_named(tmp_path, s3_server):
+    bucket = s3_server.make_bucket("rollout-cli")
+    contract = write_contract(tmp_path / "job.json", f"{bucket}/no-model", ports=[18000])
+    out = serve({"GRPO_CONTRACT": str(contract), "GRPO_TOKEN": "t", **s3_server.env})
+    assert out.returncode != 0
+    assert f"cannot fetch the model '{bucket}/no-model': {bucket}/no-model: no objects" in out.stderr
 
 
 @pytest.mark.parametrize(

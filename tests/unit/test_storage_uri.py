@@ -50,3 +50,20 @@ def test_s3_options_follow_the_aws_environment(monkeypatch) -> None:
     }
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://s3-only:9000")
     assert storage.s3_options()["client_kwargs"]["endpoint_url"] == "http://s3-only:9000"
+
+
+def test_the_operator_imports_without_the_storage_extra() -> None:
+    """The operator image has no fsspec/s3fs/pyarrow: importing them must wait for first use."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "for m in ('fsspec', 's3fs', 'pyarrow'): sys.modules[m] = None  # as if not installed\n"
+        "import grpo_operator.storage, grpo_operator.local.plan, grpo_operator.cli\n"
+        "from grpo_operator import storage\n"
+        "try:\n    storage.filesystem('s3://b/k')\nexcept storage.StorageError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "install grpo-operator[storage]" in out.stdout

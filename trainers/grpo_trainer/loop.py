@@ -78,12 +78,12 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     memory.check(contract, info, device)  # refuse a job that cannot fit before loading weights
     groups = make_groups(info)
     backend, replay = str(spec.trainer.ep_backend), algo.routing_replay
-    model = load_policy(spec.model.path, groups, backend, device, replay=replay)
+    cache = spec.storage.cache_dir  # s3:// models: fetched once per pod into this emptyDir
+    model = load_policy(spec.model.path, groups, backend, device, replay=replay, cache_dir=cache)
     ref = None
     if algo.kl_coef > 0:  # the reference replays the rollout's routing too
-        ref = load_policy(
-            spec.model.reference_path or spec.model.path, groups, backend, device, replay=replay
-        )
+        ref_path = spec.model.reference_path or spec.model.path
+        ref = load_policy(ref_path, groups, backend, device, replay=replay, cache_dir=cache)
         ref.eval().requires_grad_(False)
     optimizer = GangAdamW(model, groups, lr=algo.learning_rate, zero_stage=spec.trainer.zero_stage)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from grpo_operator import storage
 from grpo_operator.api.contract import RunContract
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
@@ -78,14 +79,23 @@ def make_groups(info: RankInfo) -> Groups:
 
 
 def load_policy(
-    path: str, groups: Groups, backend: str, device: torch.device, *, replay: bool = False
+    path: str,
+    groups: Groups,
+    backend: str,
+    device: torch.device,
+    *,
+    replay: bool = False,
+    cache_dir: str | None = None,
 ) -> nn.Module:
     """The HF model in float32 (optimizer master weights), expert-parallel when the EP group is
-    larger than one rank. Reads a local directory only: no hub access from the gang.
+    larger than one rank. Reads a local directory (a PVC mount included) or an s3:// prefix,
+    fetched once per pod into `cache_dir` (`grpo_operator.storage.model_dir`: the pod's ranks
+    share one download); never the hub.
 
     replay (routing replay): MoE blocks become `MoELayer`s at EP = 1 too, since only those take
     given expert choices; over this rank's one-rank group (no group would mean the world)."""
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    local = storage.model_dir(path, cache_dir)
+    model = AutoModelForCausalLM.from_pretrained(local, local_files_only=True, dtype=torch.float32)
     if groups.ep is not None:
         moe.expert_parallel(model, group=groups.ep, backend=EP_BACKENDS[backend])
     elif replay:

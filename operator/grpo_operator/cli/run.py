@@ -37,15 +37,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: a new temporary folder)",
     )
     parser.add_argument(
+        "--pvc",
+        action="append",
+        default=[],
+        metavar="CLAIM=DIR",
+        help="a local folder standing in for a PersistentVolumeClaim: pvc://CLAIM/path reads DIR/path "
+        "(repeatable)",
+    )
+    parser.add_argument(
         "--health-timeout", type=float, default=300.0, metavar="S", help="seconds to wait for rollout servers"
     )
+
+
+def claims(pairs: list[str]) -> dict[str, Path]:
+    """`--pvc CLAIM=DIR` values as {claim: folder}; PlanError on a malformed one."""
+    out = {}
+    for pair in pairs:
+        claim, sep, folder = pair.partition("=")
+        if not sep or not claim or not folder:
+            raise PlanError(f"--pvc {pair!r}: expected CLAIM=DIR")
+        out[claim] = Path(folder)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"grpo-{args.file.stem}-"))
     try:
-        plan = build_plan(args.file, workdir)
+        plan = build_plan(args.file, workdir, pvc=claims(args.pvc))
     except PlanError as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2

@@ -5,8 +5,11 @@ from the operator's own renderer (`grpo_operator.render`): the same StatefulSets
 container commands and env, the same run contract, with Service addresses replaced by
 loopback ports. What changes locally is only what a node would provide: `python` is this
 interpreter, the pod index comes from the StatefulSet ordinal, the token from a fresh
-secret, relative paths in the job are resolved against the YAML file's folder, and the
-contract is a file in the work directory instead of a mounted ConfigMap.
+secret, relative paths in the job are resolved against the YAML file's folder, `pvc://claim/...`
+against the folder `--pvc claim=DIR` stands in for the claim, the model cache is in the work
+directory, and the contract is a file in the work directory instead of a mounted ConfigMap.
+`s3://` paths stay as they are: the processes read them as pods do, with the AWS_* env of
+this process (or the job's storage.endpointUrl/region).
 """
 
 import contextlib
@@ -15,6 +18,7 @@ import secrets
 import socket
 import sys
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,12 +26,13 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from grpo_operator import render, validation
+from grpo_operator import render, storage, validation
 from grpo_operator.api.contract import CONTRACT_FILE, ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN, RunContract
 from grpo_operator.api.job import KIND, GRPOJob
 from grpo_operator.api.report import ENV_PROGRESS_FILE
 from grpo_operator.local.procs import PodCommand
 from grpo_operator.render import names
+from grpo_operator.render.storage import parse_pvc
 
 LOCAL_NAMESPACE = "local"
 MAX_LOCAL_GRACE_S = 20.0  # a pod's terminationGracePeriodSeconds, bounded so Ctrl-C stays prompt
@@ -75,37 +80,72 @@ def load_job(path: Path) -> GRPOJob:
         raise PlanError(f"{path}: invalid GRPOJob:\n" + "\n".join(lines)) from e
 
 
-def _local_path(value: str, base: Path, field: str, *, must_exist: bool = True) -> str:
-    """Resolve a relative local path against `base`; URIs (s3://, pvc://) are refused locally.
+def _local_path(
+    value: str, base: Path, field: str, *, must_exist: bool = True, pvc: Mapping[str, Path] | None = None
+) -> str:
+    """Resolve a path for the local processes: relative paths against `base`, `pvc://claim/p`
+    against the folder standing in for the claim, `s3://` kept (checked to exist).
 
     Inputs are checked here, before any process starts, so a missing model reads as one line
     naming the field rather than as a rollout server's crash.
     """
-    if "://" in value:
-        raise PlanError(f"{field}: '{value}': the local runtime reads local paths only (no s3:// or pvc://)")
+    kind = storage.scheme(value)
+    if kind == "s3":
+        if must_exist:
+            _check_s3(value, field)
+        return value
+    if kind == "pvc":
+        claim, rest = parse_pvc(value) or ("", "")
+        if claim not in (pvc or {}):
+            raise PlanError(
+                f"{field}: '{value}': claim {claim!r} has no local folder; "
+                f"pass --pvc {claim}=DIR to stand in for it"
+            )
+        path = (pvc or {})[claim].resolve() / rest
+        if must_exist and not path.exists():
+            raise PlanError(f"{field}: {path} does not exist (claim {claim!r} is {pvc and pvc[claim]})")
+        return str(path)
+    if kind:
+        raise PlanError(f"{field}: '{value}': the local runtime reads local paths, pvc:// and s3:// only")
     path = (base / value).resolve()
     if must_exist and not path.exists():
         raise PlanError(f"{field}: {path} does not exist (paths are read from the job file's folder, {base})")
     return str(path)
 
 
-def localize(job: GRPOJob, *, base: Path, workdir: Path) -> GRPOJob:
-    """The job with paths made absolute: relative to the YAML folder; checkpoints in the workdir if unset.
+def _check_s3(uri: str, field: str) -> None:
+    """One request that the object or prefix exists, with this process's credentials."""
+    try:
+        fs, path = storage.filesystem(uri)
+        found = fs.exists(path)
+    except (OSError, ValueError) as e:  # StorageError is a ValueError; botocore errors arrive as OSError
+        raise PlanError(f"{field}: {uri}: cannot read it: {e}") from None
+    if not found:
+        raise PlanError(f"{field}: {uri} does not exist (or these AWS credentials cannot see it)")
+
+
+def localize(job: GRPOJob, *, base: Path, workdir: Path, pvc: Mapping[str, Path] | None = None) -> GRPOJob:
+    """The job with paths made absolute: relative to the YAML folder, pvc:// to its stand-in folder;
+    checkpoints in the workdir if unset; the model cache in the workdir unless set.
 
     An unset checkpoint path would default to a shared /tmp folder, and a second demo run
     would silently resume the first one's finished checkpoint; the work directory is private.
     """
     spec = job.spec.model_copy(deep=True)
-    spec.model.path = _local_path(spec.model.path, base, "spec.model.path")
+    spec.model.path = _local_path(spec.model.path, base, "spec.model.path", pvc=pvc)
     if spec.model.reference_path:
-        spec.model.reference_path = _local_path(spec.model.reference_path, base, "spec.model.referencePath")
-    spec.dataset.path = _local_path(spec.dataset.path, base, "spec.dataset.path")
+        spec.model.reference_path = _local_path(
+            spec.model.reference_path, base, "spec.model.referencePath", pvc=pvc
+        )
+    spec.dataset.path = _local_path(spec.dataset.path, base, "spec.dataset.path", pvc=pvc)
     if "path" in job.spec.checkpoint.model_fields_set:
         spec.checkpoint.path = _local_path(
-            spec.checkpoint.path, base, "spec.checkpoint.path", must_exist=False
+            spec.checkpoint.path, base, "spec.checkpoint.path", must_exist=False, pvc=pvc
         )
     else:
         spec.checkpoint.path = str(workdir / "checkpoints")
+    if "cache_dir" not in job.spec.storage.model_fields_set:
+        spec.storage.cache_dir = str(workdir / "cache")  # the pods' emptyDir: one per run
     return job.model_copy(update={"spec": spec})
 
 
@@ -141,13 +181,15 @@ def _role(obj: dict[str, Any]) -> str:
     return str(role)
 
 
-def build_plan(job_file: Path, workdir: Path) -> LocalPlan:
-    """Render the job's pods with the operator's renderer and turn them into local commands."""
+def build_plan(job_file: Path, workdir: Path, pvc: Mapping[str, Path] | None = None) -> LocalPlan:
+    """Render the job's pods with the operator's renderer and turn them into local commands.
+
+    `pvc` maps claim names to local folders that stand in for them (`--pvc claim=DIR`)."""
     job_file, workdir = job_file.resolve(), workdir.resolve()  # pods run in other folders
     job = load_job(job_file)
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        job = localize(job, base=job_file.parent, workdir=workdir)
+        job = localize(job, base=job_file.parent, workdir=workdir, pvc=pvc)
     except PlanError as e:
         raise PlanError(f"{job_file}: {e}") from None
     name = job.metadata.get("name") or job_file.stem

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_operator.storage.fs import filesystem, s3_options
-from grpo_operator.storage.uri import StorageError, is_remote, split_s3
+from grpo_operator.storage.uri import StorageError, is_remote, scheme, split_s3
 
 log = logging.getLogger("grpo_operator.storage")
 
@@ -67,6 +67,8 @@ def default_cache_dir() -> str:
 def model_dir(uri: str, cache_dir: str | None = None) -> str:
     """A local directory with the model at `uri`: `uri` itself when local, else the cached copy."""
     if not is_remote(uri):
+        if scheme(uri):
+            filesystem(uri)  # raises: a pvc:// the operator did not resolve, or an unknown scheme
         return uri
     return fetch(uri, cache_dir).path
 
