@@ -38,7 +38,7 @@ def logs(workdir: Path) -> str:
 
 def test_s3_example_runs_with_model_dataset_and_checkpoints_on_s3(
     s3_server: Any,
-    tiny_model: Path,
+    tiny_model: Path,  # noqa: F811 (the session fixture imported above)
     tmp_path: Path,
 ) -> None:
     example = EXAMPLES / "tiny-local-s3.yaml"
