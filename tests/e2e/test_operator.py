@@ -107,6 +107,7 @@ def manifest(name: str, *, trainer: dict | None = None, rollout: dict | None = N
             "model": {"path": "s3://models/qwen3-30b-a3b"},
             "dataset": {"path": "s3://datasets/gsm8k.jsonl"},
             "reward": {"functions": [{"builtin": "math"}]},
+            "checkpoint": {"path": "s3://checkpoints/e2e"},  # shared storage: the gang has two pods
             "trainer": trainer or {"replicas": 2, "instanceType": "p5.48xlarge", "processesPerPod": 8},
             "rollout": rollout or {"replicas": 2, "engine": "torch"},
             **spec,

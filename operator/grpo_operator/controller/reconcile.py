@@ -250,7 +250,7 @@ class Reconciler:
     def _write_status(self, body: dict, new: GRPOJobStatus) -> None:
         """Merge-patch only the operator's fields that changed; progress belongs to rank 0."""
         current = body.get("status") or {}
-        wanted = new.model_dump(by_alias=True, mode="json")
+        wanted = new.model_dump(by_alias=True, mode="json", exclude_none=True)  # as the server stores it
         patch = {k: wanted.get(k) for k in OPERATOR_STATUS_FIELDS if wanted.get(k) != current.get(k)}
         if patch:
             self.kube.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], patch)
