@@ -31,6 +31,8 @@ REPORT = StepReport(
     time=1.7e9,
     last_checkpoint="/ckpt/step-00000002",
     last_checkpoint_step=2,
+    resumed_from_step=1,
+    checkpoint_warning="checkpoint /ckpt/step-00000002 is unreadable; falling back",
     metrics={"loss": 0.25, "grad_norm": 1.5, "kept": 1.0},
 )
 

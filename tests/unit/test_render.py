@@ -107,7 +107,7 @@ def test_all_children_exist_with_owner_references():
         assert c["metadata"]["namespace"] == "team"
         assert c["metadata"]["ownerReferences"] == [names.owner_reference("moe", "uid-1")]
     assert (
-        render.contract(job(), name="moe", namespace="team").model_dump_json(
+        render.contract(job(), name="moe", namespace="team", uid="uid-1").model_dump_json(
             by_alias=True, exclude_none=True, indent=2
         )
         == by_kind(r, "ConfigMap")["data"]["job.json"]

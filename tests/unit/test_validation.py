@@ -34,6 +34,8 @@ spec:
     processesPerPod: 2
   rollout:
     replicas: 2
+  checkpoint:
+    path: s3://checkpoints/tiny
 """
 TRAINER = "  trainer:\n    replicas: 2"
 ROLLOUT = "  rollout:\n    replicas: 2"

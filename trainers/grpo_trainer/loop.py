@@ -19,10 +19,10 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from grpo_operator import storage
 from grpo_operator.api.contract import RunContract
 from torch import nn
 
@@ -67,6 +67,8 @@ class Run:
     state: checkpoint.TrainState
     generator: Generator | None  # rank 0 only
     reporter: ProgressReporter | None  # rank 0 only
+    saver: checkpoint.Saver | None = None
+    resumed: checkpoint.Resumed | None = None  # the save this run started from
 
 
 def setup(contract: RunContract, info: RankInfo) -> Run:
@@ -89,15 +91,23 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     state, cfg = checkpoint.TrainState(), LossConfig.from_spec(algo)
     run = Run(contract, info, groups, device, model, ref, optimizer, cfg, order, pad_id, state, None, None)
-    newest = checkpoint.latest(contract.checkpoint_dir) if info.is_main else None
-    # one decision for the gang, even without shared storage
-    found = broadcast_json(str(newest) if newest else None, device)
-    if found is not None:
-        run.state = checkpoint.load(Path(found), model, optimizer, info)
+    checkpoint.check_root(contract.checkpoint_dir, info)  # fail at once when this rank cannot save
+    run.saver = checkpoint.Saver(
+        contract.checkpoint_dir,
+        info,
+        dist.new_group(backend="gloo"),  # sealing runs beside training: its own (CPU) group
+        keep_last=spec.checkpoint.keep_last,
+        spec=spec.wire(),
+    )
+    run.resumed = checkpoint.resume(
+        contract.checkpoint_dir, spec.checkpoint.resume_from, model, optimizer, info, device
+    )
+    if run.resumed is not None:
+        run.state = run.resumed.state
     if info.is_main:
         run.generator = Generator(contract.rollout.endpoints, token, algo)
         run.reporter = ProgressReporter.from_env(contract)
-    sync_at_start(run, resumed=found is not None)
+    sync_at_start(run, resumed=run.resumed is not None)
     return run
 
 
@@ -240,9 +250,8 @@ def train(contract: RunContract, info: RankInfo) -> bool:
     run = setup(contract, info)
     try:
         finished = loop(run)
-        state = full_state(run) if finished else None
-        if finished and info.is_main:
-            checkpoint.export_hf(contract.checkpoint_dir, state, run.model, contract.spec.model.path)
+        if finished:
+            export(run, checkpoint.FINAL_DIR)
     except Exception as e:  # say where before the traceback: pod, rank and step
         log.error("rank %d (pod %d) failed at step %d: %s", info.rank, info.pod_index, run.state.step + 1, e)
         raise
@@ -256,26 +265,31 @@ def train(contract: RunContract, info: RankInfo) -> bool:
     return finished
 
 
-def save(run: Run) -> tuple[str, int]:
-    ckpt = run.contract.spec.checkpoint
-    path = checkpoint.save(
-        run.contract.checkpoint_dir,
-        run.state,
-        run.model,
-        run.optimizer,
-        run.info,
-        keep_last=ckpt.keep_last,
-        spec=run.contract.spec.wire(),
-    )
-    return str(path), run.state.step
+def export(run: Run, name: str) -> None:
+    """Collective (see `full_state`): rank 0 writes the policy in HF format under checkpointDir/name."""
+    state = full_state(run)
+    if run.info.is_main:
+        dest = storage.join(run.contract.checkpoint_dir, name)
+        t0 = time.monotonic()
+        checkpoint.export_hf(dest, state, run.model, run.model.config._name_or_path)
+        log.info("exported the policy at step %d to %s in %.2fs", run.state.step, dest, time.monotonic() - t0)
+
+
+def save(run: Run, *, wait: bool) -> None:
+    """Start this step's save (every rank writes its shards in the background); `wait`: until sealed."""
+    assert run.saver is not None
+    run.saver.save(run.state, checkpoint.gang_state(run.model, run.optimizer, run.info))
+    if wait:
+        run.saver.wait()
 
 
 def loop(run: Run) -> bool:
     """Train to maxSteps; False when stopped early by a signal (after saving a checkpoint)."""
-    algo, every = run.contract.spec.algorithm, run.contract.spec.checkpoint.every_steps
+    algo, ckpt = run.contract.spec.algorithm, run.contract.spec.checkpoint
+    every, exports = ckpt.every_steps, ckpt.export_every_steps
     stop = StopRequest()
     pending: deque[Prefetch] = deque()
-    last_save: tuple[str, int] | None = None
+    warning = "; ".join(run.resumed.warnings) if run.resumed and run.resumed.warnings else None
     while run.state.step < algo.max_steps:
         t0 = time.time()
         mine = next_rollouts(run, pending).to_bytes() if run.info.is_main else None
@@ -292,8 +306,11 @@ def loop(run: Run) -> bool:
         push_weights(run, run.state.version)
         t_push = time.time()
         stopping = stop.agreed(run.device)
-        if run.state.step % every == 0 or run.state.step == algo.max_steps or stopping:
-            last_save = save(run)
+        last = run.state.step == algo.max_steps
+        if run.state.step % every == 0 or last or stopping:
+            save(run, wait=last or stopping)  # the last save is waited for: the process ends after it
+        if exports and run.state.step % exports == 0:
+            export(run, f"{checkpoint.EXPORT_DIR}/{checkpoint.step_name(run.state.step)}")
         if run.reporter is not None:
             ep_s = moe.exchange_seconds(run.model) + (moe.exchange_seconds(run.ref) if run.ref else 0.0)
             seconds = StepSeconds(
@@ -310,9 +327,12 @@ def loop(run: Run) -> bool:
                 staleness=staleness,
                 seconds=seconds,
                 metrics=stats,
-                checkpoint=last_save,
+                checkpoint=run.saver.last if run.saver else None,
+                resumed_from_step=run.resumed.state.step if run.resumed else None,
+                checkpoint_warning=warning,
             )
             run.reporter.report(report)
+            warning = None  # said once; the log keeps it
         if stopping:
             return False
     return True

@@ -122,6 +122,8 @@ def step_report(
     seconds: StepSeconds,
     metrics: dict[str, float],
     checkpoint: tuple[str, int] | None,
+    resumed_from_step: int | None = None,
+    checkpoint_warning: str | None = None,
 ) -> StepReport:
     """Rank 0's report of the step just finished."""
     tokens = sum(map(len, rollouts.prompt_tokens)) + rollouts.completion_tokens_total()
@@ -144,5 +146,7 @@ def step_report(
         time=time.time(),
         last_checkpoint=checkpoint[0] if checkpoint else None,
         last_checkpoint_step=checkpoint[1] if checkpoint else None,
+        resumed_from_step=resumed_from_step,
+        checkpoint_warning=checkpoint_warning,
         metrics=metrics,
     )

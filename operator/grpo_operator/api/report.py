@@ -43,6 +43,13 @@ class StepReport(BaseModel):
     time: float = Field(description="Unix time of the report.")
     last_checkpoint: str | None = Field(default=None, description="Path of the newest checkpoint.")
     last_checkpoint_step: int | None = Field(default=None, ge=0, description="Its step.")
+    resumed_from_step: int | None = Field(
+        default=None, ge=0, description="Step of the checkpoint this attempt resumed from; None when fresh."
+    )
+    checkpoint_warning: str | None = Field(
+        default=None,
+        description="Newer checkpoints skipped as unreadable at resume, and why (first report after it).",
+    )
     metrics: dict[str, float | None] = Field(
         default_factory=dict, description="Loss terms and diagnostics (loss, grad_norm, kept, clip...)."
     )
@@ -61,5 +68,7 @@ class StepReport(BaseModel):
             weight_version=self.weight_version,
             last_checkpoint=self.last_checkpoint,
             last_checkpoint_step=self.last_checkpoint_step,
+            resumed_from_step=self.resumed_from_step,
+            checkpoint_warning=self.checkpoint_warning[:4096] if self.checkpoint_warning else None,
             updated_at=datetime.fromtimestamp(self.time, UTC).isoformat(timespec="seconds"),
         )

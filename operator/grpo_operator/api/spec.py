@@ -144,7 +144,9 @@ class CheckpointSpec(ApiModel):
         default="/tmp/grpo-checkpoints",
         max_length=MAX_URI,
         pattern=URI_PATTERN,
-        description=f"path: optional. Checkpoint root: {URI_HELP}.",
+        description=f"path: optional, default /tmp/grpo-checkpoints (pod-local: one trainer pod only, lost "
+        f"with the pod). Checkpoint root: {URI_HELP}. Each job writes under <path>/<namespace>/<name>-<uid>, "
+        "so a recreated job never resumes another's saves. More than one trainer pod needs s3:// or pvc://.",
     )
     every_steps: int = Field(
         default=50,
@@ -154,6 +156,22 @@ class CheckpointSpec(ApiModel):
     )
     keep_last: int = Field(
         default=3, ge=1, le=1000, description="keepLast: optional, default 3, [1, 1000]. Saves kept."
+    )
+    resume_from: str | None = Field(
+        default=None,
+        max_length=MAX_URI,
+        pattern=URI_PATTERN,
+        description=f"resumeFrom: optional. Start from another run's checkpoint: {URI_HELP}; a save "
+        "(<dir>/step-NNNNNNNN) or a job's checkpoint folder (its newest readable save). Any trainer world "
+        "and expert-parallel size may load it. Used only while this job has no save of its own.",
+    )
+    export_every_steps: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000_000,
+        description="exportEverySteps: optional, [1, 10000000]; unset: only at the end. Steps between "
+        "Hugging Face exports (safetensors, config, tokenizer) to <checkpoint folder>/export/step-NNNNNNNN; "
+        "the final policy always goes to <checkpoint folder>/final.",
     )
 
 
@@ -212,6 +230,13 @@ class GRPOJobSpec(ApiModel):
                 "self.network.efa != 'required' || has(self.trainer.instanceType)",
                 "network.efa required needs EFA nodes: set trainer.instanceType",
                 ".network.efa",
+            ),
+            (
+                "self.trainer.replicas <= 1 || self.checkpoint.path.startsWith('s3://') || "
+                "self.checkpoint.path.startsWith('pvc://')",
+                "checkpoint.path must be an s3:// or pvc:// path when trainer.replicas > 1: a local path is "
+                "pod-local, so no pod would hold a whole checkpoint",
+                ".checkpoint.path",
             ),
             (
                 "!self.algorithm.routingReplay || self.rollout.engine != 'vllm'",

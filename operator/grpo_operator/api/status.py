@@ -128,6 +128,17 @@ class Progress(ApiModel):
     last_checkpoint_step: int | None = Field(
         default=None, le=MAX_COUNT, description="lastCheckpointStep: its step."
     )
+    resumed_from_step: int | None = Field(
+        default=None,
+        le=MAX_COUNT,
+        description="resumedFromStep: step of the checkpoint the running attempt resumed from "
+        "(unset: fresh).",
+    )
+    checkpoint_warning: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="checkpointWarning: newer checkpoints skipped as unreadable at the last resume, and why.",
+    )
     updated_at: str | None = Field(
         default=None, description="updatedAt: when rank 0 last reported (RFC 3339)."
     )

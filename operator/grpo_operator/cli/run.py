@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--summary-json",
         type=Path,
         metavar="PATH",
-        help='write {"steps", "reward_first", "reward_last", "samples_per_s", "wall_s", "restarts"} here',
+        help='write {"steps", "reward_first", "reward_last", "samples_per_s", "wall_s", "restarts", '
+        '"resumed_from_step"} here',
     )
     parser.add_argument(
         "--workdir",

@@ -65,6 +65,9 @@ class ProgressView:
         self._state = state
         if new:
             self._last = new[-1]
+        for rec in new:
+            if rec.checkpoint_warning:  # the trainer skipped unreadable saves at resume
+                self.note(f"warning: {rec.checkpoint_warning}")
         if self._live is not None:
             self._live.update(self._render())
             return

@@ -144,9 +144,19 @@ def localize(job: GRPOJob, *, base: Path, workdir: Path, pvc: Mapping[str, Path]
         )
     else:
         spec.checkpoint.path = str(workdir / "checkpoints")
+    if spec.checkpoint.resume_from:
+        spec.checkpoint.resume_from = _local_path(
+            spec.checkpoint.resume_from, base, "spec.checkpoint.resumeFrom", pvc=pvc
+        )
     if "cache_dir" not in job.spec.storage.model_fields_set:
         spec.storage.cache_dir = str(workdir / "cache")  # the pods' emptyDir: one per run
     return job.model_copy(update={"spec": spec})
+
+
+def local_run_id(workdir: Path) -> str:
+    """The local stand-in for a GRPOJob's uid: stable for one work directory (a rerun there resumes
+    its checkpoints), different for another (two runs sharing a checkpoint path never mix)."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"grpo-local:{workdir.resolve()}"))
 
 
 def free_port() -> int:
@@ -198,8 +208,9 @@ def build_plan(job_file: Path, workdir: Path, pvc: Mapping[str, Path] | None = N
         rollout_ports=tuple(free_port() for _ in range(job.spec.rollout.replicas)),
     )
     try:
-        contract = render.contract(job, name=name, namespace=LOCAL_NAMESPACE, local_ports=ports)
-        children = render.children(job, name=name, namespace=LOCAL_NAMESPACE, uid=str(uuid.uuid4()))
+        run_id = local_run_id(workdir)
+        contract = render.contract(job, name=name, namespace=LOCAL_NAMESPACE, uid=run_id, local_ports=ports)
+        children = render.children(job, name=name, namespace=LOCAL_NAMESPACE, uid=run_id)
     except render.RenderError as e:
         raise PlanError(f"{job_file}: {e}") from e
     contract_path = workdir / CONTRACT_FILE

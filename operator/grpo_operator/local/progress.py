@@ -76,6 +76,8 @@ def summarize(records: list[StepReport], *, wall_s: float, restarts: int) -> dic
         "samples_per_s": samples_per_s,
         "wall_s": round(wall_s, 3),
         "restarts": restarts,
+        # the checkpoint step the last attempt started from (a gang restart, or a rerun); None: fresh
+        "resumed_from_step": records[-1].resumed_from_step if records else None,
     }
 
 

@@ -60,6 +60,7 @@ def render(
         name=name,
         namespace=namespace,
         generation=generation,
+        uid=uid,
         instance_types=table,
         rollout_replicas=rollout_replicas,
     )

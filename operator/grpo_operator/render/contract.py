@@ -55,12 +55,15 @@ def contract(
     name: str,
     namespace: str,
     generation: int = 1,
+    uid: str | None = None,
     local_ports: LocalPorts | None = None,
     instance_types: InstanceTable | None = None,
     rollout_replicas: int | None = None,
 ) -> RunContract:
     """Resolve `job` into the contract every pod reads. Pure; raises RenderError.
-    `rollout_replicas`: the servers running (autoscaled, or capped by Kueue), else spec's count."""
+    `rollout_replicas`: the servers running (autoscaled, or capped by Kueue), else spec's count.
+    `uid` (the GRPOJob's, or the local runtime's run id) keys the checkpoint folder, so a job
+    recreated under the same name never resumes its predecessor's saves."""
     check_name(name)
     table = instance_types or load_instance_types()
     spec = job.spec
@@ -93,7 +96,6 @@ def contract(
         status_url = (
             f"https://kubernetes.default.svc/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
         )
-    checkpoint_root = resolved_spec.checkpoint.path.rstrip("/")
     return RunContract(
         job_name=name,
         namespace=namespace,
@@ -116,9 +118,14 @@ def contract(
             port=rollout_port,
             endpoints=endpoints,
         ),
-        checkpoint_dir=f"{checkpoint_root}/{namespace}/{name}",
+        checkpoint_dir=checkpoint_dir(resolved_spec.checkpoint.path, namespace=namespace, name=name, uid=uid),
         status_url=status_url,
     )
+
+
+def checkpoint_dir(root: str, *, namespace: str, name: str, uid: str | None) -> str:
+    """This job's checkpoint folder: `<root>/<namespace>/<name>-<uid>` (without a uid, `<name>`)."""
+    return f"{root.rstrip('/')}/{namespace}/{name}-{uid}" if uid else f"{root.rstrip('/')}/{namespace}/{name}"
 
 
 def _resolve_paths(job: GRPOJob) -> GRPOJobSpec:
@@ -133,5 +140,11 @@ def _resolve_paths(job: GRPOJob) -> GRPOJobSpec:
         }
     )
     dataset = spec.dataset.model_copy(update={"path": storage.resolve(spec.dataset.path)})
-    checkpoint = spec.checkpoint.model_copy(update={"path": storage.resolve(spec.checkpoint.path)})
+    resume_from = spec.checkpoint.resume_from
+    checkpoint = spec.checkpoint.model_copy(
+        update={
+            "path": storage.resolve(spec.checkpoint.path),
+            "resume_from": storage.resolve(resume_from) if resume_from else None,
+        }
+    )
     return spec.model_copy(update={"model": model, "dataset": dataset, "checkpoint": checkpoint})

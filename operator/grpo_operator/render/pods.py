@@ -225,7 +225,12 @@ def _volumes(job: GRPOJob, *, name: str, role: str) -> tuple[list[dict], list[di
     spec = job.spec
     uris = [spec.model.path]
     if role == names.ROLE_TRAINER:
-        uris += [spec.model.reference_path, spec.dataset.path, spec.checkpoint.path]
+        uris += [
+            spec.model.reference_path,
+            spec.dataset.path,
+            spec.checkpoint.path,
+            spec.checkpoint.resume_from,
+        ]
     pvc_volumes, pvc_mounts = storage.volumes_and_mounts(uris)
     cache = {"sizeLimit": spec.storage.cache_size_limit} if spec.storage.cache_size_limit else {}
     volumes = [
