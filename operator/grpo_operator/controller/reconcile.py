@@ -19,15 +19,15 @@ from pydantic import ValidationError
 
 from grpo_operator import render
 from grpo_operator.api.job import API_VERSION, KIND, GRPOJob
-from grpo_operator.api.status import TERMINAL_PHASES, GRPOJobStatus, Reason
+from grpo_operator.api.status import TERMINAL_PHASES, GRPOJobStatus
 from grpo_operator.controller import failures, metrics, observe, placement, status
 from grpo_operator.controller.children import AppliedMemory, ChildApplier
 from grpo_operator.controller.kube import Kube
 from grpo_operator.controller.queueing import Gate, Queueing, QueueMemory
+from grpo_operator.controller.runnable import runnable
 from grpo_operator.instance_types import InstanceTable
 from grpo_operator.render import names
 from grpo_operator.render.pods import ZONE_KEY
-from grpo_operator.validation import escalation
 
 # Every status field but progress, which trainer rank 0 owns.
 OPERATOR_STATUS_FIELDS = tuple(f.alias or n for n, f in GRPOJobStatus.model_fields.items() if n != "progress")
@@ -149,7 +149,7 @@ class Reconciler:
     def _snapshot(self, body: dict, memory: JobMemory, pending: list, now: datetime) -> Snapshot:
         meta = body["metadata"]
         old = _old_status(body)
-        job, error = self._validate(body)
+        job, error = runnable(body, self.table)
         if error is None:
             memory.last_good = job
         elif _running(old):
@@ -161,24 +161,6 @@ class Reconciler:
         obs.verdicts += [v for v in pending if v.created >= born]
         gate = self.queueing.gate(body, job, memory.queue, now)
         return Snapshot(body, old, job, error, pods, obs, gate)
-
-    def _validate(self, body: dict) -> tuple[GRPOJob | None, status.SpecError | None]:
-        """(job, None), or (None, why) for a spec that does not parse, cannot render, or asks
-        for escalations nobody approved (a job that bypassed admission): a bad object becomes a
-        status message, never an exception, and is never rendered."""
-        meta = body["metadata"]
-        try:
-            job = GRPOJob.model_validate({"metadata": {}, "spec": body.get("spec") or {}})
-            render.validate(job, name=meta["name"], namespace=meta["namespace"], instance_types=self.table)
-        except ValidationError as e:
-            where = ".".join(str(x) for x in e.errors()[0]["loc"])
-            return None, status.SpecError(Reason.INVALID_SPEC, f"{where}: {e.errors()[0]['msg']}")
-        except render.RenderError as e:
-            return None, status.SpecError(Reason.INVALID_SPEC, str(e))
-        refused = escalation.refusals(job, meta.get("annotations") or {})
-        if refused:
-            return None, status.SpecError(Reason.ESCALATION_REFUSED, "; ".join(refused))
-        return job, None
 
     def _apply(
         self, snap: Snapshot, decision: status.Decision, memory: JobMemory, now: datetime
