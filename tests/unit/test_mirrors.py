@@ -18,6 +18,7 @@ from grpo_operator.api.spec import BuiltinReward, Dtype
 from grpo_operator.api.status import GRPOJobStatus
 from grpo_operator.controller.reconcile import OPERATOR_STATUS_FIELDS
 from grpo_operator.lifecycle import Verdict, VerdictKind
+from grpo_operator.memory_plan.shapes import MODEL_TYPES
 from grpo_rollout.engines.base import ENGINES
 from grpo_rollout.engines.routing import MOE_BLOCKS
 from grpo_rollout.engines.torch_engine import DTYPES
@@ -51,6 +52,17 @@ def test_every_ep_backend_names_a_dispatcher_the_moe_layer_has() -> None:
 
 def test_rollout_routing_capture_knows_exactly_the_moe_blocks_the_trainer_converts() -> None:
     assert set(MOE_BLOCKS) == set(moe.ARCHITECTURES)
+
+
+def test_the_memory_plan_knows_exactly_the_architectures_the_trainer_converts() -> None:
+    block_of = {  # HF config model_type → its MoE block class
+        "qwen3_moe": "Qwen3MoeSparseMoeBlock",
+        "qwen2_moe": "Qwen2MoeSparseMoeBlock",
+        "mixtral": "MixtralSparseMoeBlock",
+        "deepseek_v3": "DeepseekV3MoE",
+    }
+    assert set(MODEL_TYPES) == set(block_of)
+    assert {block_of[t] for t in MODEL_TYPES} == set(moe.ARCHITECTURES)
 
 
 def test_the_operator_writes_every_status_field_but_the_progress_rank0_owns() -> None:
