@@ -25,7 +25,8 @@ def imported_modules(path: Path) -> set[str]:
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, f"{path}: relative import"
-            names.add(node.module or "")
+            # `from pkg import mod` imports pkg.mod: judge what is really taken
+            names |= {f"{node.module}.{a.name}" for a in node.names}
     return names
 
 
