@@ -2,9 +2,12 @@
 
 `RolloutClient.generate` fans prompts out over every server it knows, and re-sends the prompts of a
 server that fails, disappears, drains or hands work back to the servers still answering, so a Spot
-interruption costs latency, not data. `push_weights` sends a new weight version, bucket by bucket,
-to every server. Every call has a timeout and every failure names the server and what went wrong;
-nothing here waits forever. Imports no torch at module level (only `bucketize` needs it).
+interruption costs latency, not data. The server set may change at any time (`set_endpoints`, from
+the trainer's membership follower): a server that joins gets prompts from the next dispatch on, one
+that leaves gets none and, if it has not answered its requests within `leave_grace_s`, counts as
+failed: they are cancelled and their prompts re-sent. `push_weights` sends a new weight version,
+bucket by bucket, to every server. Every call has a timeout and every failure names the server and
+what went wrong; nothing here waits forever. Imports no torch at module level (only `bucketize` needs it).
 """
 
 import asyncio
@@ -112,7 +115,12 @@ class RolloutClient:
         weights_timeout_s: float = 300.0,
         max_prompts_per_request: int = 64,
         down_cooldown_s: float = 10.0,
+        leave_grace_s: float = 30.0,
     ):
+        self.endpoints: list[str] = []
+        self._down_until: dict[str, float] = {}
+        self._left_at: dict[str, float] = {}  # servers that left the set -> when
+        self.leave_grace_s = leave_grace_s  # a leaving server drains within its grace period (25 s)
         self.set_endpoints(endpoints)
         self._auth = {AUTH_HEADER: f"Bearer {token}"}
         self._request_timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
@@ -120,13 +128,21 @@ class RolloutClient:
         self._health_timeout = aiohttp.ClientTimeout(total=connect_timeout_s)
         self._max_prompts = max(1, min(max_prompts_per_request, MAX_PROMPTS_PER_REQUEST))
         self._down_cooldown_s = down_cooldown_s
-        self._down_until: dict[str, float] = {}
         self._session: aiohttp.ClientSession | None = None
         self.resent_prompts = 0  # prompts re-sent after a server failed or handed them back
 
     def set_endpoints(self, endpoints: Sequence[str]) -> None:
-        """Replace the server list (rollout replicas change while a job runs)."""
-        self.endpoints = [e.rstrip("/") for e in endpoints]
+        """Replace the server list (rollout replicas change while a job runs). A server that left
+        gets no new work; its running requests get `leave_grace_s` to answer (see `generate`)."""
+        new = list(dict.fromkeys(e.rstrip("/") for e in endpoints))
+        now = time.monotonic()
+        for ep in self.endpoints:
+            if ep not in new:
+                self._left_at[ep] = now
+                self._down_until.pop(ep, None)
+        for ep in new:
+            self._left_at.pop(ep, None)
+        self.endpoints = new
 
     async def __aenter__(self) -> "RolloutClient":
         return self
@@ -160,8 +176,9 @@ class RolloutClient:
             except (aiohttp.ClientError, TimeoutError, ValidationError) as e:
                 return f"{type(e).__name__}: {e}"
 
-        answers = await asyncio.gather(*(one(ep) for ep in self.endpoints))
-        return dict(zip(self.endpoints, answers, strict=True))
+        endpoints = list(self.endpoints)  # the set may change while the probes run
+        answers = await asyncio.gather(*(one(ep) for ep in endpoints))
+        return dict(zip(endpoints, answers, strict=True))
 
     async def _post(self, ep: str, path: str, what: str, timeout: aiohttp.ClientTimeout, **kw: Any) -> bytes:
         try:
@@ -241,12 +258,13 @@ class RolloutClient:
             raise ValueError("prompt ids must be unique")
         results: dict[str, PromptResult] = {}
         failures: dict[str, str] = {}
-        alive = self._usable()
         tasks: dict[asyncio.Task, tuple[str, list[Prompt]]] = {}
+        abandoned: list[asyncio.Task] = []
 
         def dispatch(batch: list[Prompt]) -> int:
-            """Send `batch` to the least busy servers not failed in this call; return prompts sent."""
-            servers = [e for e in alive if e not in failures]
+            """Send `batch` to the least busy servers of the current set not failed in this call;
+            return prompts sent."""
+            servers = [e for e in self._usable() if e not in failures]
             # Last resort: servers still cooling down from an earlier call's failure.
             servers = servers or [e for e in self.endpoints if e not in failures]
             if not servers:
@@ -266,21 +284,38 @@ class RolloutClient:
         dispatch(list(prompts))
         try:
             while tasks:
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                wait_s = min(5.0, self.leave_grace_s) if self._left_at else None
+                done, _ = await asyncio.wait(tasks, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     ep, chunk = tasks.pop(task)
                     again = self._collect(task, ep, chunk, results, failures)
                     if again:
                         self.resent_prompts += dispatch(again)
+                for task in self._overdue(tasks):
+                    ep, chunk = tasks.pop(task)
+                    task.cancel()
+                    abandoned.append(task)
+                    failures[ep] = f"rollout server {ep}: left the server set without answering"
+                    log.warning("%s; re-sending its %d prompt(s)", failures[ep], len(chunk))
+                    self.resent_prompts += dispatch(chunk)
         finally:
             for task in tasks:
                 task.cancel()
             with contextlib.suppress(BaseException):
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await asyncio.gather(*tasks, *abandoned, return_exceptions=True)
         missing = [p for p in prompts if p.id not in results]
         if missing:
             raise GenerateError(len(missing), failures)
         return [results[p.id] for p in prompts]
+
+    def _overdue(self, tasks: Mapping[asyncio.Task, tuple[str, list[Prompt]]]) -> list[asyncio.Task]:
+        """Running requests to servers that left the set more than `leave_grace_s` ago."""
+        now = time.monotonic()
+        return [
+            task
+            for task, (ep, _) in tasks.items()
+            if not task.done() and ep in self._left_at and now - self._left_at[ep] > self.leave_grace_s
+        ]
 
     def _collect(
         self,
@@ -339,8 +374,9 @@ class RolloutClient:
             return live
 
         result = WeightPushResult(version=version)
-        answers = await asyncio.gather(*(one(ep) for ep in self.endpoints), return_exceptions=True)
-        for ep, ans in zip(self.endpoints, answers, strict=True):
+        endpoints = list(self.endpoints)  # the set may change during the push
+        answers = await asyncio.gather(*(one(ep) for ep in endpoints), return_exceptions=True)
+        for ep, ans in zip(endpoints, answers, strict=True):
             if isinstance(ans, int):
                 result.live[ep] = ans
                 self._down_until.pop(ep, None)  # it answers and runs the latest weights: usable again

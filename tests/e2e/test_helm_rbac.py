@@ -48,6 +48,7 @@ HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length"
 NOT_EXERCISED = {
     ("delete", "grpo.dev", "grpojobs"): "ttlSecondsAfterFinished after Succeeded/Failed",
     ("get", "grpo.dev", "grpojobs/status"): "held only to grant it to each job's trainer Role",
+    ("list", "discovery.k8s.io", "endpointslices"): "held only to grant it to each job's trainer Role",
 }
 # Refusals the operator expects and tolerates (controller/peering.py tries to create what the
 # chart already installed); the chart deliberately withholds these rights.

@@ -237,6 +237,35 @@ def test_rbac_has_no_wildcards_and_no_dangerous_verbs() -> None:
                     assert not {"list", "watch"} & set(rule["verbs"]), "never list every secret"
 
 
+def test_operator_holds_every_right_it_grants_a_trainer_role() -> None:
+    """RBAC forbids granting what one does not hold: each rendered trainer Role rule must be in the
+    chart's rules, in both watch scopes."""
+    from grpo_operator import render as render_job
+    from grpo_operator.local.plan import load_job
+
+    job = load_job(ROOT / "examples" / "p5-qwen3-30b-a3b.yaml")
+    children = render_job.children(job, name="moe", namespace="ml", uid="uid-1")
+    granted = {
+        (g, r, v)
+        for rule in next(c for c in children if c["kind"] == "Role")["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert ("discovery.k8s.io", "endpointslices", "list") in granted
+    for docs in (render(), render("watch.scope=namespaces", "watch.namespaces={ml}")):
+        held = {
+            (g, r, v)
+            for role in docs
+            if role["kind"] in {"ClusterRole", "Role"} and not admission(role)
+            for rule in role["rules"]
+            for g in rule["apiGroups"]
+            for r in rule["resources"]
+            for v in rule["verbs"]
+        }
+        assert granted <= held, granted - held
+
+
 def test_metrics_service_and_service_monitor_select_the_operator() -> None:
     docs = render("metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=kps")
     pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]

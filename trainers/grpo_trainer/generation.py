@@ -6,7 +6,10 @@ training while the servers generate (the overlap `maxStaleness` allows), then `p
 weights after the optimizer step. Before every generation request the servers' health is read
 and any server behind the trainer's weight version (a restarted or replaced pod starts from
 the model on disk) is sent the latest version again, so a lost server heals within one step.
-Every wait is bounded; failures name the server.
+The server set is followed during the run (`grpo_trainer.membership`: EndpointSlices in a cluster,
+else the run contract file): a server that leaves gets no more work (its unanswered prompts are
+re-sent elsewhere); one that joins is first brought to the live weight version over HTTP and only
+then given prompts. Every wait is bounded; failures name the server.
 """
 
 import asyncio
@@ -19,9 +22,11 @@ from typing import Any, TypeVar
 
 import torch
 from grpo_operator.api.algorithm import AlgorithmSpec
+from grpo_operator.api.contract import RunContract
 from grpo_rollout.client import GenerateError, RolloutClient, RolloutError, WeightPushResult, bucketize
 from grpo_rollout.protocol import HealthResponse, Prompt, Sampling
 
+from grpo_trainer import membership
 from grpo_trainer.batch import Rollouts
 from grpo_trainer.data import Row
 
@@ -37,8 +42,17 @@ class Generator:
     """Rank 0's handle on every rollout server of the job."""
 
     def __init__(
-        self, endpoints: list[str], token: str, algo: AlgorithmSpec, *, request_timeout_s: float = 600.0
+        self,
+        endpoints: list[str],
+        token: str,
+        algo: AlgorithmSpec,
+        *,
+        request_timeout_s: float = 600.0,
+        source: membership.Source | None = None,
+        poll_s: float = membership.POLL_S,
     ):
+        """`source`: where the live server set is read every `poll_s` seconds (None: `endpoints`
+        stay fixed)."""
         self._algo = algo
         self._token = token
         self._loop = asyncio.new_event_loop()
@@ -48,6 +62,21 @@ class Generator:
         self._latest: tuple[list[bytes], int] | None = None  # last pushed (buckets, version), for laggards
         self._repair_task: asyncio.Task | None = None
         self.version = 0
+        self._follow_task: concurrent.futures.Future | None = None
+        if source is not None:
+            follower = membership.Follower(source, list(endpoints))
+            self._follow_task = self._run(self._follow(follower, poll_s))
+
+    @classmethod
+    def for_contract(cls, contract: RunContract, token: str) -> "Generator":
+        """The job's servers, followed live through the best membership source available."""
+        source = membership.choose_source(contract)
+        return cls(contract.rollout.endpoints, token, contract.spec.algorithm, source=source)
+
+    @property
+    def members(self) -> list[str]:
+        """The servers given work now (joined and caught up, not left)."""
+        return list(self._client.endpoints)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> "concurrent.futures.Future[T]":
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -116,6 +145,58 @@ class Generator:
             except Exception as e:  # the generate that follows reports what is still wrong
                 log.warning("re-sending weights failed: %s", e)
 
+    async def _follow(self, follower: membership.Follower, poll_s: float) -> None:
+        """Every `poll_s`: drop servers that left the set; admit joining ones once caught up."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(poll_s)
+            try:
+                wanted = await loop.run_in_executor(None, follower.poll)
+                await self._update_members(wanted)
+            except Exception:  # never let membership stop generation: the last set stays
+                log.exception("updating the rollout server set failed; keeping the current one")
+
+    async def _update_members(self, wanted: list[str]) -> None:
+        wanted = [e.rstrip("/") for e in wanted]
+        current = self._client.endpoints
+        gone = [e for e in current if e not in wanted]
+        if gone:
+            log.info("rollout servers left: %s", ", ".join(gone))
+            self._client.set_endpoints([e for e in current if e in wanted])
+        joining = [e for e in wanted if e not in self._client.endpoints]
+        admitted = await asyncio.gather(*(self._catch_up(e) for e in joining))
+        ready = [e for e, ok in zip(joining, admitted, strict=True) if ok]
+        if ready:
+            self._client.set_endpoints([*self._client.endpoints, *ready])
+
+    async def _catch_up(self, ep: str) -> bool:
+        """True once `ep` is ready at the live weight version (sending it the latest version over
+        HTTP if it runs an older one); False while it is not, to be tried again at the next poll."""
+        async with RolloutClient([ep], self._token) as one:
+            health = (await one.health())[ep]
+            if not isinstance(health, HealthResponse) or health.state != "ready":
+                return False
+            start = health.weight_version
+            latest = self._latest
+            if latest is not None and start < latest[1]:
+                try:
+                    await one.push_weights(*latest)
+                except Exception as e:
+                    log.warning("rollout server %s joined but could not take the live weights: %s", ep, e)
+                    return False
+                health = (await one.health())[ep]
+                if not isinstance(health, HealthResponse) or health.state != "ready":
+                    return False
+            if health.weight_version < self.version:  # a newer version went out meanwhile: next poll
+                return False
+        log.info(
+            "rollout server %s joined at weight version %d (started at %d); sending it work",
+            ep,
+            health.weight_version,
+            start,
+        )
+        return True
+
     def push(self, state_dict: Mapping[str, torch.Tensor], version: int) -> WeightPushResult:
         """Send weight `version` to every server; blocks until done (bounded); raises WeightSyncError
         when no server took it."""
@@ -143,6 +224,8 @@ class Generator:
             time.sleep(RETRY_PAUSE_S)
 
     def close(self) -> None:
+        if self._follow_task is not None:
+            self._follow_task.cancel()
         self._run(self._client.close()).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)

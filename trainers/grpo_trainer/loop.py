@@ -105,7 +105,7 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     if run.resumed is not None:
         run.state = run.resumed.state
     if info.is_main:
-        run.generator = Generator(contract.rollout.endpoints, token, algo)
+        run.generator = Generator.for_contract(contract, token)  # follows the rollout servers live
         run.reporter = ProgressReporter.from_env(contract)
     sync_at_start(run, resumed=run.resumed is not None)
     return run

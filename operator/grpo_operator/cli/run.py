@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     pods = f"{len(plan.rollout)} rollout server(s), {len(plan.trainer)} trainer pod(s)"
     console.print(f"{plan.name}: {pods}; logs in {workdir}")
-    result = Supervisor(plan, console, health_timeout_s=args.health_timeout).run()
+    result = Supervisor(plan, console, health_timeout_s=args.health_timeout, job_file=args.file).run()
 
     extras = {"workdir": str(workdir), "logs": str(workdir / "logs")}
     try:

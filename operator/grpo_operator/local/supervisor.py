@@ -5,8 +5,10 @@ waits for their health endpoints, starts the trainer gang and follows rank 0's p
 Failure handling is the cluster's: a dead rollout server is replaced alone (the trainer
 re-sends its prompts elsewhere); what a trainer process's exit means (restart the gang from
 its last checkpoint, fail for good, or done) is decided by `grpo_operator.lifecycle`, the
-policy the controller applies to pods. Ctrl-C or SIGTERM stops every process group before
-the runtime exits.
+policy the controller applies to pods. An edit of the job file's `spec.rollout.replicas` during
+the run adds or removes rollout servers, as `kubectl scale grpo/NAME` does in a cluster
+(`grpo_operator.local.scaling`); the trainer follows the rewritten contract file. Ctrl-C or
+SIGTERM stops every process group before the runtime exits.
 """
 
 import signal
@@ -23,14 +25,16 @@ from grpo_operator import lifecycle
 from grpo_operator.api.report import StepReport
 from grpo_operator.api.status import Phase, Reason
 from grpo_operator.lifecycle import GangDecision, Outcome, Verdict, VerdictKind
+from grpo_operator.local import scaling
 from grpo_operator.local.display import ProgressView, RunState, print_failure
-from grpo_operator.local.plan import LocalPlan
+from grpo_operator.local.plan import LocalPlan, free_port
 from grpo_operator.local.procs import PodProcess, stop_all
 from grpo_operator.local.progress import ProgressLog, summarize
 from grpo_operator.render import names
 
 ROLLOUT_RESTART_LIMIT = 5  # per server; a server that keeps dying is a bug, not bad luck
 POLL_S = 0.2
+SCALE_POLL_S = 1.0  # how often the job file is checked for a new rollout replica count
 INTERRUPTED = "Interrupted"  # a local run's own end besides the job phases: stopped by Ctrl-C
 
 
@@ -68,7 +72,15 @@ def _exit_text(code: int) -> str:
 class Supervisor:
     """Runs one `LocalPlan` to completion, failure or interruption."""
 
-    def __init__(self, plan: LocalPlan, console: Console, *, health_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        plan: LocalPlan,
+        console: Console,
+        *,
+        health_timeout_s: float = 300.0,
+        job_file: Path | None = None,
+    ) -> None:
+        """`job_file`: followed for `spec.rollout.replicas` edits during the run (None: fixed)."""
         self.plan = plan
         self.console = console
         self.health_timeout_s = health_timeout_s
@@ -79,6 +91,10 @@ class Supervisor:
         self.trainer: list[PodProcess] = []
         self._rollout_restarts = [0] * len(plan.rollout)
         self._signal: int | None = None
+        self._endpoints = list(plan.contract.rollout.endpoints)  # what the contract file lists now
+        self._leaving: list[tuple[PodProcess, float]] = []  # removed servers draining, until when
+        self._watch = scaling.JobFileWatch(job_file, len(plan.rollout)) if job_file else None
+        self._next_scale_check = 0.0
 
     def run(self) -> RunResult:
         """Run the job; always returns with every process group stopped."""
@@ -99,7 +115,7 @@ class Supervisor:
                     # Trainer first: it checkpoints on SIGTERM and may still push weights, which
                     # draining rollout servers would refuse; then the servers drain an idle queue.
                     stop_all(self.trainer)
-                    stop_all(self.rollout)
+                    stop_all(self.rollout + [p for p, _ in self._leaving])
                     ended = Phase.FAILED if failure else Phase.SUCCEEDED
                     self.state.phase = INTERRUPTED if interrupted else ended
                     self.state.elapsed_s = time.monotonic() - start
@@ -115,7 +131,7 @@ class Supervisor:
     def _on_signal(self, signum: int, _frame: object) -> None:
         """First signal: stop gracefully (pods get their grace period). Second: kill them now."""
         if self._signal is not None:
-            for proc in self.trainer + self.rollout:
+            for proc in self.trainer + self.rollout + [p for p, _ in self._leaving]:
                 proc.signal_group(signal.SIGKILL)
         self._signal = signum
 
@@ -139,6 +155,7 @@ class Supervisor:
             if left is not None and left <= 0:
                 raise RunFailed(f"activeDeadlineSeconds ({deadline}) exceeded at step {self._step()}")
             self._replace_dead_rollout(view)
+            self._scale_rollout(view)
             view.update(self.state, self.progress.poll())
             if self._gang_finished(view):
                 view.update(self.state, self.progress.poll())
@@ -195,6 +212,51 @@ class Supervisor:
             self.state.rollout_restarts += 1
             view.note(f"{name} {_exit_text(code)} at step {self._step()}; restarting it alone")
             self.rollout[i] = PodProcess.start(proc.command, self.logs, self._rollout_restarts[i])
+
+    def _scale_rollout(self, view: ProgressView) -> None:
+        """Follow `spec.rollout.replicas` in the job file: new servers start at the next indices
+        (listed in the contract first: a server reads its port there), removed ones (highest index
+        first) drain within their grace period without blocking this loop."""
+        self._reap_leaving()
+        if self._watch is None or time.monotonic() < self._next_scale_check:
+            return
+        self._next_scale_check = time.monotonic() + SCALE_POLL_S
+        replicas, problem = self._watch.poll()
+        if problem:
+            view.note(problem)
+        if replicas is None or replicas == len(self.rollout):
+            return
+        if replicas < 1:
+            view.note("rollout.replicas below 1 ignored locally: no server would generate completions")
+            return
+        old = len(self.rollout)
+        template = self.plan.rollout[0]
+        path = scaling.contract_path(template)
+        if replicas > old:
+            self._endpoints += [f"http://127.0.0.1:{free_port()}" for _ in range(replicas - old)]
+            scaling.write_contract(path, scaling.with_endpoints(self.plan.contract, self._endpoints))
+            for index in range(old, replicas):
+                self.rollout.append(PodProcess.start(scaling.rollout_pod(template, index), self.logs, 0))
+                self._rollout_restarts.append(0)
+        else:
+            leaving = self.rollout[replicas:]
+            del self.rollout[replicas:], self._rollout_restarts[replicas:], self._endpoints[replicas:]
+            scaling.write_contract(path, scaling.with_endpoints(self.plan.contract, self._endpoints))
+            for proc in leaving:
+                proc.signal_group(signal.SIGTERM)
+                self._leaving.append((proc, time.monotonic() + proc.command.grace_s))
+        view.note(f"rollout scaled from {old} to {replicas} server(s) at step {self._step()}")
+
+    def _reap_leaving(self) -> None:
+        """Removed servers: gone once their group exits; SIGKILLed past their grace period."""
+        still = []
+        for proc, until in self._leaving:
+            if not proc.group_alive():
+                continue
+            if time.monotonic() > until:
+                proc.signal_group(signal.SIGKILL)
+            still.append((proc, until))
+        self._leaving = still
 
     def _gang_finished(self, view: ProgressView) -> bool:
         """True when training finished; restarts the gang or raises as `lifecycle` decides."""

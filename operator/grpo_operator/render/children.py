@@ -155,7 +155,7 @@ def token_secret(*, name: str, namespace: str, uid: str, token: str) -> dict:
 
 def _rbac(job: GRPOJob, name: str, meta) -> list[dict]:
     """Two ServiceAccounts (IRSA annotations per role) and a Role for the trainer only,
-    limited by resourceNames to this job's status and contract."""
+    limited by resourceNames to this job's status and contract, plus listing EndpointSlices."""
     accounts = []
     for role, spec in ((names.ROLE_TRAINER, job.spec.trainer), (names.ROLE_ROLLOUT, job.spec.rollout)):
         sa = {
@@ -180,6 +180,9 @@ def _rbac(job: GRPOJob, name: str, meta) -> list[dict]:
             "resourceNames": [names.contract_configmap(name)],
             "verbs": ["get"],
         },
+        # Rank 0 follows the rollout servers live (grpo_trainer/membership.py). EndpointSlice names
+        # are generated, so no resourceNames: the namespace's slices, read only.
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},
     ]
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(names.role(name))}
     role["rules"] = rules
