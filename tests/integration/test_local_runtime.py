@@ -140,8 +140,10 @@ def test_runs_to_completion_with_summary_plot_and_no_leftovers(tmp_path: Path, t
     run = run_job(tmp_path, job_manifest(tiny_model))
     assert run.finish() == 0, run.output()
     summary = run.summary()
-    assert set(summary) == {"steps", "reward_first", "reward_last", "samples_per_s", "wall_s", "restarts"}
-    assert summary["steps"] == 4 and summary["restarts"] == 0
+    assert set(summary) == {
+        "steps", "reward_first", "reward_last", "samples_per_s", "wall_s", "restarts", "resumed_from_step"
+    }  # fmt: skip
+    assert summary["steps"] == 4 and summary["restarts"] == 0 and summary["resumed_from_step"] is None
     assert 0.0 <= summary["reward_first"] <= 1.0 and 0.0 <= summary["reward_last"] <= 1.0
     steps = run.steps()
     assert [s["step"] for s in steps] == [1, 2, 3, 4]

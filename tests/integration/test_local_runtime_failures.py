@@ -32,6 +32,8 @@ def test_killed_trainer_rank_restarts_the_gang_from_its_checkpoint(tmp_path: Pat
     assert run.finish() == 0, run.output()
     summary = run.summary()
     assert summary["restarts"] == 1 and summary["steps"] == MAX_STEPS, summary
+    # the last attempt started from a sealed save: a multiple of everySteps, never step 0
+    assert summary["resumed_from_step"] in range(EVERY, MAX_STEPS, EVERY), summary
     seq = [s["step"] for s in run.steps()]
     assert set(seq) == set(range(1, MAX_STEPS + 1)), seq
     resumed = [seq[i] for i in range(1, len(seq)) if seq[i] <= seq[i - 1]]
