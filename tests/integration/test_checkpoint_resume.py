@@ -30,6 +30,7 @@ from grpo_rollout.testing import free_port
 from grpo_trainer.checkpoint.saver import ENV_SEAL_DELAY
 
 from tests.integration.test_trainer_run import (  # noqa: F401 (fixtures)
+    assert_exported,
     children,
     finish,
     launch,
@@ -48,6 +49,7 @@ LOSS_TOL, REWARD_TOL = 1e-3, 0.1
 def contract(
     work: Path, tiny: Path, port: int, *, ckpt: str, pods: int = 1, ranks: int = 2, ep: int = 2,
     max_steps: int = STEPS, resume_from: str | None = None, keep_last: int = 2, master_port: int = 0,
+    export_every: int | None = None,
 ) -> Path:  # fmt: skip
     spec: dict[str, Any] = {
         "model": {"path": str(tiny), "dtype": "float32"},
@@ -62,6 +64,8 @@ def contract(
     }  # fmt: skip
     if resume_from:
         spec["checkpoint"]["resumeFrom"] = resume_from
+    if export_every:
+        spec["checkpoint"]["exportEverySteps"] = export_every
     job = GRPOJob.model_validate({"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob",
                                   "metadata": {"name": "t"}, "spec": spec})  # fmt: skip
     ports = render.LocalPorts(trainer_master_port=master_port or free_port(), rollout_ports=(port,))
@@ -170,12 +174,15 @@ def test_two_pods_with_their_own_roots_each_write_their_shards(server, tiny: Pat
     assert [(r["step"], r["resumed_from_step"]) for r in progress(one)] == [(3, 2)]
 
 
-def test_damaged_newest_save_falls_back_to_the_one_before_with_a_warning(
+def test_exports_and_a_damaged_newest_save_falls_back_to_the_one_before_with_a_warning(
     server, tiny: Path, tmp_path: Path
 ) -> None:
     port, _ = server
     work = tmp_path / "w"
-    run_to_end(contract(work, tiny, port, ckpt=str(tmp_path / "ck"), max_steps=4), work)
+    run_to_end(contract(work, tiny, port, ckpt=str(tmp_path / "ck"), max_steps=4, export_every=2), work)
+    job_dir = tmp_path / "ck" / "local" / "t-u"
+    assert sorted(p.name for p in (job_dir / "export").iterdir()) == ["step-00000002", "step-00000004"]
+    assert_exported(job_dir / "export" / "step-00000004", tiny)  # every expert, loadable, trained
     newest = tmp_path / "ck" / "local" / "t-u" / "step-00000004" / "rank-00001.distcp"
     raw = bytearray(newest.read_bytes())
     raw[-5] ^= 0x40  # one flipped bit in rank 1's shard
