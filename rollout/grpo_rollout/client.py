@@ -130,6 +130,7 @@ class RolloutClient:
         self._down_cooldown_s = down_cooldown_s
         self._session: aiohttp.ClientSession | None = None
         self.resent_prompts = 0  # prompts re-sent after a server failed or handed them back
+        self._turn = 0  # which server a call starts with: rotates, so no server (a new one) starves
 
     def set_endpoints(self, endpoints: Sequence[str]) -> None:
         """Replace the server list (rollout replicas change while a job runs). A server that left
@@ -259,6 +260,7 @@ class RolloutClient:
         results: dict[str, PromptResult] = {}
         failures: dict[str, str] = {}
         tasks: dict[asyncio.Task, tuple[str, list[Prompt]]] = {}
+        self._turn += 1
         abandoned: list[asyncio.Task] = []
 
         def dispatch(batch: list[Prompt]) -> int:
@@ -273,7 +275,10 @@ class RolloutClient:
             for ep, chunk in tasks.values():
                 if ep in busy:
                     busy[ep] += len(chunk)
-            order = sorted(servers, key=lambda e: busy[e])
+            # Fewer prompts than servers x request size leave the last servers idle: start elsewhere
+            # each call (a stable sort keeps the rotation among equally busy servers).
+            turn = self._turn % len(servers)
+            order = sorted(servers[turn:] + servers[:turn], key=lambda e: busy[e])
             for ep, chunk in self._chunks(batch, order, n):
                 task = asyncio.ensure_future(
                     self._generate_on(ep, chunk, n, sampling, min_weight_version, routing)

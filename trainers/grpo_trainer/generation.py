@@ -36,6 +36,7 @@ T = TypeVar("T")
 GENERATE_DEADLINE_S = 900.0  # give up on a step's generation (servers all gone) after this long
 RETRY_PAUSE_S = 2.0
 PUSH_DEADLINE_S = 600.0
+CATCH_UP_TRIES = 5  # catch-up rounds per poll for a joining server overtaken by new versions
 
 
 class Generator:
@@ -61,6 +62,7 @@ class Generator:
         self._client = RolloutClient(endpoints, token, request_timeout_s=request_timeout_s)
         self._latest: tuple[list[bytes], int] | None = None  # last pushed (buckets, version), for laggards
         self._repair_task: asyncio.Task | None = None
+        self._push_lock = asyncio.Lock()
         self.version = 0
         self._follow_task: concurrent.futures.Future | None = None
         if source is not None:
@@ -164,45 +166,62 @@ class Generator:
             log.info("rollout servers left: %s", ", ".join(gone))
             self._client.set_endpoints([e for e in current if e in wanted])
         joining = [e for e in wanted if e not in self._client.endpoints]
-        admitted = await asyncio.gather(*(self._catch_up(e) for e in joining))
-        ready = [e for e, ok in zip(joining, admitted, strict=True) if ok]
-        if ready:
-            self._client.set_endpoints([*self._client.endpoints, *ready])
+        await asyncio.gather(*(self._admit(e) for e in joining))
 
-    async def _catch_up(self, ep: str) -> bool:
-        """True once `ep` is ready at the live weight version (sending it the latest version over
-        HTTP if it runs an older one); False while it is not, to be tried again at the next poll."""
-        async with RolloutClient([ep], self._token) as one:
-            health = (await one.health())[ep]
-            if not isinstance(health, HealthResponse) or health.state != "ready":
-                return False
-            start = health.weight_version
-            latest = self._latest
-            if latest is not None and start < latest[1]:
-                try:
-                    await one.push_weights(*latest)
-                except Exception as e:
-                    log.warning("rollout server %s joined but could not take the live weights: %s", ep, e)
+    async def _admit(self, ep: str) -> bool:
+        """Give `ep` work once it is ready at the live weight version. The check and the admission
+        hold the push lock, so no version can go out between them: an admitted server gets every
+        later push. A server still loading, or overtaken by a push, is tried again next poll."""
+        for _ in range(CATCH_UP_TRIES):
+            async with RolloutClient([ep], self._token) as one:
+                if not await self._catch_up(one, ep):
                     return False
-                health = (await one.health())[ep]
-                if not isinstance(health, HealthResponse) or health.state != "ready":
-                    return False
-            if health.weight_version < self.version:  # a newer version went out meanwhile: next poll
-                return False
+                async with self._push_lock:
+                    health = (await one.health())[ep]
+                    if not isinstance(health, HealthResponse) or health.state != "ready":
+                        return False
+                    if health.weight_version >= self.version:
+                        self._client.set_endpoints([*self._client.endpoints, ep])
+                        log.info(
+                            "rollout server %s joined at weight version %d; sending it work",
+                            ep,
+                            health.weight_version,
+                        )
+                        return True
+        return False
+
+    async def _catch_up(self, one: RolloutClient, ep: str) -> bool:
+        """Send the latest pushed version to `ep` (alone, over HTTP) if it runs an older one; False
+        when it is not ready or did not take it."""
+        health = (await one.health())[ep]
+        if not isinstance(health, HealthResponse) or health.state != "ready":
+            return False
+        latest = self._latest
+        if latest is None or health.weight_version >= latest[1]:
+            return True
         log.info(
-            "rollout server %s joined at weight version %d (started at %d); sending it work",
+            "rollout server %s is at weight version %d: sending it version %d before any work",
             ep,
             health.weight_version,
-            start,
+            latest[1],
         )
+        try:
+            await one.push_weights(*latest)
+        except Exception as e:
+            log.warning("rollout server %s joined but could not take the live weights: %s", ep, e)
+            return False
         return True
 
     def push(self, state_dict: Mapping[str, torch.Tensor], version: int) -> WeightPushResult:
         """Send weight `version` to every server; blocks until done (bounded); raises WeightSyncError
         when no server took it."""
         buckets = bucketize(state_dict)
-        result = self._run(self._client.push_weights(buckets, version)).result(timeout=PUSH_DEADLINE_S)
-        self._latest, self.version = (buckets, version), version
+        return self._run(self._push(buckets, version)).result(timeout=PUSH_DEADLINE_S)
+
+    async def _push(self, buckets: list[bytes], version: int) -> WeightPushResult:
+        async with self._push_lock:  # a joining server is admitted between pushes, never during one
+            result = await self._client.push_weights(buckets, version)
+            self._latest, self.version = (buckets, version), version
         return result
 
     def live_versions(self, wait_s: float = GENERATE_DEADLINE_S) -> dict[str, int]:
