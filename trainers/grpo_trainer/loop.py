@@ -16,6 +16,7 @@ import contextlib
 import logging
 import math
 import time
+import types
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 from grpo_operator import storage
 from grpo_operator.api.contract import RunContract
+from grpo_operator.memory_plan.inputs import LOGITS_CHUNK_TOKENS
 from torch import nn
 
 from grpo_trainer import checkpoint, memory, moe
@@ -31,7 +33,7 @@ from grpo_trainer.batch import Rollouts, micro_batches, score, shard
 from grpo_trainer.config import MAX_GRAD_NORM, RankInfo, job_token
 from grpo_trainer.data import PromptOrder, load_rows
 from grpo_trainer.generation import Generator
-from grpo_trainer.losses import LossConfig, Totals, grpo_loss, token_entropy, token_logprobs
+from grpo_trainer.losses import LossConfig, Totals, chunked_token_stats, grpo_loss
 from grpo_trainer.optim import GangAdamW
 from grpo_trainer.parallel import (
     Groups,
@@ -159,12 +161,70 @@ def autocast(run: Run) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type=run.device.type, dtype=dtype, enabled=enabled)
 
 
+@contextlib.contextmanager
+def _forward_as(model: nn.Module, fn) -> contextlib.AbstractContextManager:
+    """Run `fn` as `model`'s forward inside the block: `model(...)` keeps its hooks (FSDP2's root
+    unshard/reshard and gradient finalisation), so the head can be applied outside HF's forward."""
+    model.forward = types.MethodType(fn, model)
+    try:
+        yield
+    finally:
+        del model.forward
+
+
 def forward_logp(
-    model: nn.Module, ids: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs of each next token under `model` at the sampling temperature: [b, L] → ([b, L-1], logits)."""
-    logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float() / temperature  # [b, L-1, V]
-    return token_logprobs(logits, ids[:, 1:]), logits
+    model: nn.Module,
+    ids: torch.Tensor,
+    temperature: float,
+    *,
+    entropy: bool = False,
+    chunk_tokens: int = LOGITS_CHUNK_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of each next token under `model` at the sampling temperature, and the entropy of
+    each position when asked: [b, L] → ([b, L-1], [b, L-1] or None).
+
+    The decoder (final norm included) runs once; the head and log-softmax then run per chunk of
+    `chunk_tokens` tokens (`chunked_token_stats`), so the full-vocab logits never exist at once."""
+
+    def run(self: nn.Module, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        hidden = self.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state  # [b, L, H]
+        return chunked_token_stats(
+            hidden[:, :-1],
+            self.get_output_embeddings(),
+            input_ids[:, 1:],
+            temperature,
+            chunk_tokens=chunk_tokens,
+            entropy=entropy,
+        )
+
+    with _forward_as(model, run):
+        return model(ids)
+
+
+def micro_step(run: Run, mb, totals: Totals, *, entropy: bool) -> tuple[torch.Tensor, dict[str, float]]:
+    """Forward (policy, reference), loss and backward of one micro-batch; returns (loss, metrics)."""
+    algo = run.contract.spec.algorithm
+    with autocast(run):
+        logp, ent = forward_logp(run.model, mb.input_ids, algo.temperature, entropy=entropy)
+    ref_logp = None
+    if run.ref is not None:
+        with torch.no_grad(), moe.replaying(run.ref, mb.routing), autocast(run):
+            ref_logp, _ = forward_logp(run.ref, mb.input_ids, algo.temperature)
+    if ent is not None and run.loss_cfg.entropy_coef == 0:
+        ent = ent.detach()  # metric only (entropy collapse is GRPO's classic failure)
+    loss, metrics = grpo_loss(
+        run.loss_cfg,
+        logp=logp,
+        old_logp=logp.detach(),  # one update per batch: π_old is the policy before this step
+        advantages=mb.advantages,
+        mask=mb.mask,
+        totals=totals,
+        rollout_logp=mb.rollout_logp,
+        ref_logp=ref_logp,
+        entropy=ent,
+    )
+    loss.backward()
+    return loss, metrics
 
 
 def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
@@ -187,30 +247,10 @@ def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
     loss_sum, seen = torch.zeros((), device=run.device), []
     for mb in batches:
         mb = mb.to(run.device)
-        with moe.replaying(run.model, mb.routing), autocast(run):  # mb.routing None: route freely
-            logp, logits = forward_logp(run.model, mb.input_ids, algo.temperature)
-        ref_logp = None
-        if run.ref is not None:
-            with torch.no_grad(), moe.replaying(run.ref, mb.routing), autocast(run):
-                ref_logp, _ = forward_logp(run.ref, mb.input_ids, algo.temperature)
-        entropy = None
-        if run.loss_cfg.entropy_coef > 0:
-            entropy = token_entropy(logits)
-        elif not seen:  # metric only (entropy collapse is GRPO's classic failure): first micro-batch
-            with torch.no_grad():
-                entropy = token_entropy(logits.detach())
-        loss, mb_metrics = grpo_loss(
-            run.loss_cfg,
-            logp=logp,
-            old_logp=logp.detach(),  # one update per batch: π_old is the policy before this step
-            advantages=mb.advantages,
-            mask=mb.mask,
-            totals=totals,
-            rollout_logp=mb.rollout_logp,
-            ref_logp=ref_logp,
-            entropy=entropy,
-        )
-        loss.backward()
+        want_entropy = run.loss_cfg.entropy_coef > 0 or not seen  # else a metric of the first micro-batch
+        # replay through backward too: activation checkpointing re-runs the routers there
+        with moe.replaying(run.model, mb.routing):  # mb.routing None: route freely
+            loss, mb_metrics = micro_step(run, mb, totals, entropy=want_entropy)
         loss_sum += loss.detach()
         if mb.mask.any():
             seen.append(mb_metrics)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 from grpo_operator.api.algorithm import AlgorithmSpec
+from torch.utils.checkpoint import checkpoint
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -211,3 +212,44 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of each position's full distribution: [B, T, V] → [B, T]."""
     logp = torch.log_softmax(logits, dim=-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+def _chunk_stats(
+    hidden: torch.Tensor, targets: torch.Tensor, head: Callable, temperature: float, entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk: hidden [C, H] → (log-prob of the target [C], entropy [C] or an empty tensor)."""
+    logits = head(hidden).float() / temperature  # [C, V]: the only full-vocab tensor, one chunk's
+    logp = token_logprobs(logits, targets)
+    return logp, token_entropy(logits) if entropy else logp.new_empty(0)
+
+
+def chunked_token_stats(
+    hidden: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    targets: torch.Tensor,
+    temperature: float,
+    *,
+    chunk_tokens: int,
+    entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_logprobs` (and `token_entropy`) of `head(hidden) / temperature`, `chunk_tokens` tokens at
+    a time: hidden [B, T, H] (the final norm's output), targets [B, T] → ([B, T], [B, T] or None).
+
+    The full-vocabulary fp32 logits exist for one chunk at a time, in the forward and in the
+    backward: each chunk is recomputed from its hidden rows there (`torch.utils.checkpoint`),
+    so what stays saved is the [B, T, H] input and the [B, T] outputs. Same numbers as the
+    unchunked functions (same formulas per row), gradients included.
+    """
+    b, t, h = hidden.shape
+    rows, tgt = hidden.reshape(b * t, h), targets.reshape(b * t)  # [N, H], [N]
+    grad = torch.is_grad_enabled() and hidden.requires_grad
+    logps, ents = [], []
+    for lo in range(0, b * t, chunk_tokens):
+        args = (rows[lo : lo + chunk_tokens], tgt[lo : lo + chunk_tokens], head, temperature, entropy)
+        lp, ent = checkpoint(_chunk_stats, *args, use_reentrant=False) if grad else _chunk_stats(*args)
+        logps.append(lp)
+        ents.append(ent)
+    logp = torch.cat(logps).reshape(b, t) if logps else rows.new_zeros(b, t, dtype=torch.float32)
+    if not entropy:
+        return logp, None
+    return logp, torch.cat(ents).reshape(b, t) if ents else torch.zeros_like(logp)
