@@ -153,5 +153,7 @@ class GroupedExperts(nn.Module):
         return self.gate_up_proj.shape[0]
 
     def forward(self, rows: torch.Tensor, counts: list[int], weights: torch.Tensor) -> torch.Tensor:
-        """Rows grouped by local expert and their routing weights → weighted expert outputs."""
-        return grouped_swiglu(rows, weights, self.gate_up_proj, self.down_proj, counts)
+        """Rows grouped by local expert and their routing weights → weighted expert outputs, in the
+        rows' dtype: fp32 master weights are cast to it (autograd returns fp32 gradients)."""
+        dtype = rows.dtype  # the compute dtype: bf16 rows under autocast or FSDP2 mixed precision
+        return grouped_swiglu(rows, weights, self.gate_up_proj.to(dtype), self.down_proj.to(dtype), counts)

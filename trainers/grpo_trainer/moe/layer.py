@@ -24,6 +24,15 @@ from grpo_trainer.moe.router import Router
 SharedForward = Callable[["MoELayer", torch.Tensor], torch.Tensor]
 
 
+def _compute_dtype(x: torch.Tensor) -> torch.Tensor:
+    """x in autocast's dtype when autocast is on (the residual stream stays fp32 under autocast,
+    but the experts should compute, and the all-to-all move rows, in bf16); else unchanged."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return x.to(torch.get_autocast_dtype(device))
+    return x
+
+
 class MoELayer(nn.Module):
     """One MoE block sharded over an expert-parallel group; input and output (..., H)."""
 
@@ -54,7 +63,9 @@ class MoELayer(nn.Module):
         x = hidden_states.reshape(-1, shape[-1])  # (T, H)
         _, topk_weights, topk_idx = self.gate(x, self.replay_idx)  # (T, K) each
         self.last_topk_idx = topk_idx.detach()
-        sent = self.dispatcher.dispatch(x, topk_idx, topk_weights)  # rows (N, H) by local expert
+        sent = self.dispatcher.dispatch(
+            _compute_dtype(x), topk_idx, topk_weights
+        )  # rows (N, H) by local expert
         rows = self.experts(sent.rows, sent.counts, sent.weights)  # weighted expert outputs (N, H)
         out = self.dispatcher.combine(rows, sent.handle).to(x.dtype)  # (T, H)
         if self.shared_forward is not None:
