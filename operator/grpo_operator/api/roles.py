@@ -29,6 +29,12 @@ class EPBackend(StrEnum):
     GLOO = "gloo"
 
 
+class TrainerSharding(StrEnum):
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    FULL = "full"
+
+
 class Toleration(ApiModel):
     """A Kubernetes toleration, copied onto the role's pods."""
 
@@ -180,14 +186,34 @@ class TrainerSpec(RoleCommon):
     ep_backend: EPBackend = Field(
         default=EPBackend.AUTO, description="epBackend: optional, default auto. auto, deepep, nccl or gloo."
     )
+    sharding: TrainerSharding | None = Field(
+        default=None,
+        description="sharding: optional, default from zeroStage (optimizer). How the trainer spreads "
+        "its memory: none (dense parameters and AdamW state on every rank), optimizer (AdamW state "
+        "split over each parameter family's replicas, ZeRO-1), full (FSDP2 over the data-parallel "
+        "dimension: dense parameters, gradients and AdamW state split over the world, bf16 compute over "
+        "fp32 masters on GPU, activation checkpointing per decoder layer). Experts are split by "
+        "expertParallelSize in every mode. Replaces zeroStage.",
+    )
+    activation_checkpointing: bool | None = Field(
+        default=None,
+        description="activationCheckpointing: optional, default on when sharding is full, else off. "
+        "Recompute each decoder layer in backward instead of keeping its activations.",
+    )
     zero_stage: int = Field(
         default=1,
         ge=0,
         le=1,
-        description="zeroStage: optional, default 1, [0, 1]. 1 shards the AdamW state over each "
-        "parameter family's replicas (ZeRO stage 1); 0 keeps a full copy on every rank. Stages 2 and 3 "
-        "(sharded gradients and weights) are not implemented, so they are refused rather than run as 1.",
+        description="zeroStage: optional, default 1, [0, 1]. Deprecated: use sharding (0 = none, "
+        "1 = optimizer); read only when sharding is unset. Stages 2 and 3 are refused: use sharding full.",
     )
+
+    @property
+    def effective_sharding(self) -> TrainerSharding:
+        """`sharding`, or the mode the old `zeroStage` field names."""
+        if self.sharding is not None:
+            return TrainerSharding(self.sharding)
+        return TrainerSharding.OPTIMIZER if self.zero_stage >= 1 else TrainerSharding.NONE
 
 
 class RolloutEngine(StrEnum):
