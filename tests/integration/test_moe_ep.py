@@ -209,7 +209,8 @@ def check_auto(rank: int, world: int) -> None:
     dispatcher = moe.make_dispatcher("auto", dist.group.WORLD if world > 1 else None, 8)
     assert dispatcher.name == ("local" if world == 1 else "alltoall")
     if world > 1:
-        assert dispatcher.measured["alltoall"] > 0
+        assert dispatcher.selection.backend == "alltoall"
+        assert dispatcher.selection.seconds["alltoall"] > 0
 
 
 def worker(rank: int, world: int, store: str, folder: str) -> None:

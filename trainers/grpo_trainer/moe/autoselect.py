@@ -1,82 +1,251 @@
-"""The `auto` EP backend: choose a real backend by cluster shape and a start-up measurement.
+"""The `auto` EP backend: one measured choice for the whole gang that never crashes the start-up.
 
 Registered in `grpo_trainer.moe.dispatch`; `expert_parallel(..., backend="auto")` ends up here
-when the EP group has more than one rank. Candidates: `alltoall` always; `deepep` when
-`deep_ep` imports, the group is on CUDA and its size is one DeepEP supports. Each candidate
-times a few dispatch+combine round trips of a synthetic batch; the slowest rank's time counts
-(all-reduce MAX), so every rank picks the same backend. On EFA, NCCL all-to-all often beats
-DeepEP at small EP and loses at large EP, which is why this is measured rather than assumed.
+when the EP group has more than one rank. Steps, run by every rank of the world in the same
+order (the collectives below are over the WORLD, so all EP groups end up on one backend):
+
+1. Candidates: every registered candidate (`register_candidate`) in a fixed order, `alltoall`
+   first. Each one's `requires(layout)` says why it cannot work on this rank's layout (device,
+   EP group inside one node or across nodes, installed library); a candidate refused on any
+   rank is refused everywhere (one all-reduce of a 0/1 vector).
+2. For each remaining candidate: build it (guarded), all-reduce "built everywhere"; time a few
+   dispatch+combine round trips with the model's real shapes (guarded), all-reduce the slowest
+   rank's time (MAX; a rank that failed reports +inf). A candidate that failed on any rank is
+   excluded everywhere; the reasons of all ranks are gathered, logged and kept.
+3. The fastest remaining candidate wins; `alltoall` is always a candidate, so the fallback exists.
+
+Caveat: a backend that fails on some ranks *inside* a collective (DeepEP's constructor is one)
+leaves its peers waiting until that collective's timeout raises there; the guard then catches
+that error like any other. On EFA, NCCL all-to-all often beats DeepEP at small EP, which is why
+this is measured rather than assumed.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import os
 import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from grpo_trainer.moe.dispatch import Dispatcher, available_backends, make_dispatcher, register_backend
 
-DEEPEP_SIZES = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
+log = logging.getLogger(__name__)
+FAILURES: Counter[str] = Counter()
+"""grpo_ep_backend_failures_total{backend}: candidates that failed to build or to round-trip."""
 
 
-def candidates(group: dist.ProcessGroup | None) -> list[str]:
-    """Backends worth measuring for this group."""
-    names = ["alltoall"]
-    on_cuda = dist.get_backend(group) == "nccl" and torch.cuda.is_available()
-    if on_cuda and "deepep" in available_backends() and dist.get_world_size(group) in DEEPEP_SIZES:
-        names.append("deepep")
-    return names
+@dataclass(frozen=True)
+class EPShape:
+    """The shapes the measurement uses: the model's, so the choice holds for training."""
+
+    hidden: int = 1024
+    """Hidden size of the tokens moved."""
+    top_k: int = 4
+    """Experts per token."""
+    tokens: int = 1024
+    """Tokens per micro-batch on one rank (sequences x their length)."""
+
+    def __post_init__(self) -> None:
+        if min(self.hidden, self.top_k, self.tokens) < 1:
+            raise ValueError(f"EPShape needs positive sizes, got {self}")
 
 
-def measure(
-    dispatcher: Dispatcher,
-    group: dist.ProcessGroup | None,
-    num_experts: int,
-    tokens: int = 1024,
-    hidden: int = 1024,
-    top_k: int = 4,
-    iters: int = 3,
+@dataclass(frozen=True)
+class Layout:
+    """Where this rank's EP group sits: its world ranks and how many ranks share a node."""
+
+    ranks: tuple[int, ...]
+    """World ranks of the EP group, in EP-rank order."""
+    ranks_per_node: int
+    """Ranks per pod/node (the contract's processesPerPod; ranks of a pod are consecutive)."""
+    device: str
+    """"cuda" (NCCL) or "cpu" (gloo)."""
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the EP group spans."""
+        return len({r // self.ranks_per_node for r in self.ranks})
+
+    @property
+    def spans_nodes(self) -> bool:
+        return self.nodes > 1
+
+
+def layout_of(group: dist.ProcessGroup | None, ranks_per_node: int | None = None) -> Layout:
+    """This rank's layout; ranks per node from the launcher's LOCAL_WORLD_SIZE by default."""
+    if ranks_per_node is None:
+        ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    world = range(dist.get_world_size())
+    ranks = tuple(dist.get_process_group_ranks(group)) if group is not None else tuple(world)
+    device = "cuda" if dist.get_backend(group) == "nccl" and torch.cuda.is_available() else "cpu"
+    return Layout(ranks, max(1, ranks_per_node), device)
+
+
+Requires = Callable[[Layout, int], str | None]
+"""(layout, num_experts) → why the candidate cannot work here, or None when it can."""
+_CANDIDATES: dict[str, Requires] = {}
+
+
+def register_candidate(name: str, requires: Requires) -> None:
+    """Offer the registered backend `name` to `auto` where `requires` returns None."""
+    _CANDIDATES[name] = requires
+
+
+def candidates(layout: Layout, num_experts: int) -> tuple[list[str], dict[str, str]]:
+    """Pure: (candidate names in measuring order, {name: why it was refused}) for one layout."""
+    names = sorted(_CANDIDATES, key=lambda n: (n != "alltoall", n))
+    refused = {n: reason for n in names if (reason := _CANDIDATES[n](layout, num_experts))}
+    return [n for n in names if n not in refused], refused
+
+
+def _always(layout: Layout, num_experts: int) -> str | None:
+    if num_experts % layout.size:
+        return f"{num_experts} experts do not divide over {layout.size} ranks"
+    return None
+
+
+register_candidate("alltoall", _always)
+
+
+@dataclass
+class Selection:
+    """What `auto` chose and why: the report's `epBackend` and its start-up log line."""
+
+    backend: str
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Slowest rank's seconds per round trip of each measured candidate."""
+    failures: dict[str, str] = field(default_factory=dict)
+    """Why each refused or failed candidate was not measured or not chosen."""
+
+    def summary(self) -> dict[str, str]:
+        out = {n: f"{s * 1e3:.3f} ms" for n, s in self.seconds.items()}
+        return out | {n: f"failed: {r}" for n, r in self.failures.items()}
+
+
+def round_trip_seconds(
+    dispatcher: Dispatcher, shape: EPShape, num_experts: int, device: str, iters: int = 3
 ) -> float:
-    """Seconds per dispatch+combine round trip of random routing, slowest rank (identical on all)."""
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else None
-    x = torch.randn(tokens, hidden, device=device)
-    idx = torch.rand(tokens, num_experts, device=device).topk(min(top_k, num_experts), dim=1)[1]
-    weights = torch.full(idx.shape, 1.0 / idx.shape[1], device=device)
+    """This rank's seconds per dispatch+combine of random routing with `shape` (no world collective)."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    x = torch.randn(shape.tokens, shape.hidden, device=dev, dtype=dtype)
+    idx = torch.rand(shape.tokens, num_experts, device=dev).topk(min(shape.top_k, num_experts), dim=1)[1]
+    weights = torch.full(idx.shape, 1.0 / idx.shape[1], device=dev)
     with torch.no_grad():
-        sent = dispatcher.dispatch(x, idx, weights)  # warm-up: buffers, connections
-        dispatcher.combine(sent.rows, sent.handle)
-        if device is not None:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(iters):
+        for i in range(iters + 1):  # the first is a warm-up: buffers, connections
+            if i == 1:
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
             sent = dispatcher.dispatch(x, idx, weights)
             dispatcher.combine(sent.rows, sent.handle)
-        if device is not None:
+        if device == "cuda":
             torch.cuda.synchronize()
-        elapsed = torch.tensor([(time.perf_counter() - start) / iters], device=device, dtype=torch.float64)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
-    return float(elapsed)
+    return (time.perf_counter() - start) / iters
 
 
-def choose_backend(group: dist.ProcessGroup | None, num_experts: int) -> tuple[Dispatcher, dict[str, float]]:
-    """The fastest candidate's dispatcher and every candidate's measured seconds per round trip."""
-    times: dict[str, float] = {}
+def _world_reduce(values: list[float], op: dist.ReduceOp, device: str) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device="cuda" if device == "cuda" else "cpu")
+    dist.all_reduce(t, op=op)
+    return t.tolist()
+
+
+def _reasons(local: str | None) -> str:
+    """Collective over the world: the failure reasons of all ranks, as one line."""
+    gathered: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    return "; ".join(f"rank {r}: {why}" for r, why in enumerate(gathered) if why)
+
+
+def _fail(name: str, why: str, failures: dict[str, str]) -> None:
+    FAILURES[name] += 1
+    failures[name] = why
+    log.warning("EP backend %s skipped: %s", name, why)
+
+
+def _try(name: str, step: Callable[[], object]) -> tuple[object, str | None]:
+    try:
+        return step(), None
+    except Exception as e:
+        return None, f"{type(e).__name__}: {e}"
+
+
+def choose_backend(
+    group: dist.ProcessGroup | None,
+    num_experts: int,
+    shape: EPShape | None = None,
+    ranks_per_node: int | None = None,
+) -> tuple[Dispatcher, Selection]:
+    """Collective over the WORLD: the dispatcher every EP group uses, and the selection record."""
+    shape = shape or EPShape()
+    layout = layout_of(group, ranks_per_node)
+    available_backends()  # imports the backend modules, which register their candidates
+    names = sorted(_CANDIDATES, key=lambda n: (n != "alltoall", n))  # the same list on every rank
+    mine, refused = candidates(layout, num_experts)
+    agreed = _world_reduce([float(n in mine) for n in names], dist.ReduceOp.MIN, layout.device)
+    selection = Selection(backend="")
+    for name, ok in zip(names, agreed, strict=True):
+        if not ok:  # refused on some rank: every rank skips it, with the reasons of all ranks
+            _fail(name, _reasons(refused.get(name)), selection.failures)
     built: dict[str, Dispatcher] = {}
-    for name in candidates(group):
-        built[name] = make_dispatcher(name, group, num_experts)
-        times[name] = measure(built[name], group, num_experts)
-    best = min(times, key=times.__getitem__)
-    built[best].bytes_sent = 0
-    built[best].clock.take()  # the measurement is not training time
-    return built[best], times
+    for name in (n for n, ok in zip(names, agreed, strict=True) if ok):
+        dispatcher, why = _try(name, lambda name=name: make_dispatcher(name, group, num_experts))
+        (built_everywhere,) = _world_reduce([float(why is None)], dist.ReduceOp.MIN, layout.device)
+        if not built_everywhere:  # no round trip: a rank whose peer has no dispatcher would hang
+            _fail(name, _reasons(why), selection.failures)
+            continue
+        timed, why = _try(name, lambda d=dispatcher: round_trip_seconds(d, shape, num_experts, layout.device))
+        (slowest,) = _world_reduce([timed if why is None else math.inf], dist.ReduceOp.MAX, layout.device)
+        if math.isinf(slowest):
+            _fail(name, _reasons(why), selection.failures)
+            continue
+        built[name] = dispatcher  # type: ignore[assignment]
+        selection.seconds[name] = slowest
+    if not built:
+        raise RuntimeError(f"no EP backend works here: {selection.failures}")
+    selection.backend = min(selection.seconds, key=selection.seconds.__getitem__)
+    best = built[selection.backend]
+    best.bytes_sent = 0
+    best.clock.take()  # the measurement is not training time
+    log.info("EP backend: %s chosen for the gang; candidates %s", selection.backend, selection.summary())
+    return best, selection
 
 
-@register_backend("auto")
-def auto_dispatcher(group: dist.ProcessGroup | None, num_experts: int) -> Dispatcher:
-    """`local` for one rank, otherwise the measured fastest backend (see `choose_backend`)."""
-    if group is None or dist.get_world_size(group) == 1:
+_CHOSEN: dict[tuple[int, int, EPShape], Selection] = {}
+"""Decisions already taken (the reference model and later layers reuse them: no re-measuring)."""
+
+
+def auto_dispatcher(
+    group: dist.ProcessGroup | None,
+    num_experts: int,
+    shape: EPShape | None = None,
+    ranks_per_node: int | None = None,
+) -> Dispatcher:
+    """`local` for one rank, otherwise the gang's measured choice (see `choose_backend`)."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return make_dispatcher("local", None, num_experts)
-    dispatcher, times = choose_backend(group, num_experts)
-    dispatcher.measured = times  # kept for logs and benchmarks
+    key = (dist.get_world_size(group), num_experts, shape or EPShape())
+    if key in _CHOSEN:
+        dispatcher = make_dispatcher(_CHOSEN[key].backend, group, num_experts)
+    else:
+        dispatcher, _CHOSEN[key] = choose_backend(group, num_experts, shape, ranks_per_node)
+    dispatcher.selection = _CHOSEN[key]  # type: ignore[attr-defined]
     return dispatcher
+
+
+register_backend("auto")(auto_dispatcher)
+
+
+def last_selection() -> Selection | None:
+    """The latest `auto` decision of this process (for the step report), or None."""
+    return next(reversed(_CHOSEN.values()), None)

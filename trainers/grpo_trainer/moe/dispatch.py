@@ -101,10 +101,11 @@ def register_backend(name: str) -> Callable[[BackendFactory], BackendFactory]:
 
 
 def _register_builtin() -> None:
-    """Import the backend modules, which register themselves (deepep only when deep_ep imports)."""
+    """Import the backend modules, which register themselves (DeepEP's only when deep_ep imports)."""
     import grpo_trainer.moe.alltoall
     import grpo_trainer.moe.autoselect
-    import grpo_trainer.moe.deepep  # noqa: F401
+    import grpo_trainer.moe.deepep_v1
+    import grpo_trainer.moe.deepep_v2  # noqa: F401
 
 
 def available_backends() -> list[str]:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from grpo_trainer.moe import autoselect
 from grpo_trainer.moe.dispatch import Dispatcher, make_dispatcher
 from grpo_trainer.moe.experts import GroupedExperts
 from grpo_trainer.moe.layer import MoELayer, SharedForward
@@ -107,11 +108,27 @@ def _convert(
     return MoELayer(gate, experts, dispatcher, shared or None, arch.shared_forward)
 
 
+def _dispatcher(
+    backend: str, group: dist.ProcessGroup | None, block: nn.Module, tokens: int | None
+) -> Dispatcher:
+    """The block's backend; `auto` measures with the block's real shapes."""
+    num_experts = block.gate.num_experts
+    if backend != "auto":
+        return make_dispatcher(backend, group, num_experts)
+    shape = autoselect.EPShape(
+        hidden=block.gate.weight.shape[1],
+        top_k=block.gate.top_k,
+        tokens=tokens or autoselect.EPShape().tokens,
+    )
+    return autoselect.auto_dispatcher(group, num_experts, shape)
+
+
 def expert_parallel(
     model: nn.Module,
     group: dist.ProcessGroup | None = None,
     backend: str = "auto",
     aux_loss_coef: float = 0.0,
+    tokens_per_batch: int | None = None,
 ) -> nn.Module:
     """Replace every supported HF MoE block of `model` in place; returns `model`.
 
@@ -119,6 +136,8 @@ def expert_parallel(
     backend: a registered dispatch backend (`local`, `alltoall`, `deepep`, `auto`).
     aux_loss_coef: > 0 makes each router keep a balancing loss (see `moe_aux_loss`); HF's own
         `output_router_logits` path is rejected because its hooks target the replaced routers.
+    tokens_per_batch: tokens of one micro-batch on one rank, for `auto`'s measurement (which
+        also takes the blocks' hidden size and top-k); default `autoselect.EPShape().tokens`.
     Call it before building the optimizer: expert parameters are new tensors.
     """
     if getattr(getattr(model, "config", None), "output_router_logits", False):
@@ -139,7 +158,7 @@ def expert_parallel(
             continue
         num_experts = block.gate.num_experts
         if num_experts not in dispatchers:
-            dispatchers[num_experts] = make_dispatcher(backend, group, num_experts)
+            dispatchers[num_experts] = _dispatcher(backend, group, block, tokens_per_batch)
         layer = _convert(block, arch, dispatchers[num_experts], group, world, rank)
         if aux_loss_coef:
             layer.gate.config = replace(layer.gate.config, aux_loss_coef=aux_loss_coef)

@@ -1,0 +1,105 @@
+"""DeepEP v1 (`deep_ep.Buffer`, normal mode) for EP groups inside one NVLink node.
+
+Registered as `deepep_v1` (and an `auto` candidate) by `grpo_trainer.moe.deepep` only when
+`deep_ep.Buffer` imports. Never for a group that spans nodes: v1's internode kernels need
+InfiniBand IBGDA (with more than one RDMA rank `Buffer.__init__` forces
+`NVSHMEM_IB_ENABLE_IBGDA=1`), which EFA lacks; `requires` refuses such a group with that reason.
+The sizes it supports are probed from the installed library (its config getters raise for a
+size they have no config for), not copied into a table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from grpo_trainer.moe import autoselect
+from grpo_trainer.moe.deepep import DeepEPDispatcher, deepep_dispatcher
+from grpo_trainer.moe.dispatch import register_backend
+
+NAME = "deepep_v1"
+try:
+    from deep_ep import Buffer
+except ImportError as e:  # CPU images, or a v2-only build
+    Buffer, WHY = None, f"deep_ep.Buffer does not import ({e})"
+else:
+    WHY = ""
+AVAILABLE = Buffer is not None
+
+
+def requires(layout: autoselect.Layout, num_experts: int, buffer_cls: Any = None) -> str | None:
+    """Why v1 cannot serve this layout, or None (pure apart from the library's config getters)."""
+    buffer_cls = buffer_cls or Buffer
+    if buffer_cls is None:
+        return WHY or "deep_ep.Buffer is not installed"
+    if layout.device != "cuda":
+        return "DeepEP needs CUDA GPUs"
+    if layout.spans_nodes:
+        return (
+            f"the EP group spans {layout.nodes} nodes: DeepEP v1's internode kernels need InfiniBand "
+            "IBGDA, which EFA lacks (DeepEP v2 or alltoall serve groups across nodes)"
+        )
+    if num_experts % layout.size:
+        return f"{num_experts} experts do not divide over {layout.size} ranks"
+    try:  # the installed version's own map of supported sizes
+        buffer_cls.get_dispatch_config(layout.size)
+        buffer_cls.get_combine_config(layout.size)
+    except Exception as e:
+        return f"this DeepEP v1 has no config for EP {layout.size} ({type(e).__name__}: {e})"
+    return None
+
+
+class V1Exchange:
+    """One `Buffer` per (group, row width), NVLink only (no RDMA bytes), sized by DeepEP's hints."""
+
+    def __init__(self, group: dist.ProcessGroup, hidden_bytes: int) -> None:
+        size = group.size()
+        nvl_bytes = max(
+            config.get_nvl_buffer_size_hint(hidden_bytes, size)
+            for config in (Buffer.get_dispatch_config(size), Buffer.get_combine_config(size))
+        )
+        self.buffer = Buffer(group, nvl_bytes, 0)
+
+    def dispatch(self, x, topk_idx, topk_weights, num_experts):  # see deepep.Exchange
+        layout = self.buffer.get_dispatch_layout(topk_idx, num_experts)
+        per_rank, per_rdma_rank, per_expert, in_rank, _ = layout
+        recv_x, recv_idx, recv_weights, counts, handle, _ = self.buffer.dispatch(
+            x,
+            topk_idx=topk_idx,
+            topk_weights=topk_weights,
+            num_tokens_per_rank=per_rank,
+            num_tokens_per_rdma_rank=per_rdma_rank,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+        )
+        return recv_x, recv_idx, recv_weights, counts, handle
+
+    def redispatch(self, x: torch.Tensor, handle: Any) -> torch.Tensor:
+        return self.buffer.dispatch(x, handle=handle)[0]
+
+    def combine(self, x, handle, topk_weights=None):
+        combined, weights, _ = self.buffer.combine(x, handle, topk_weights=topk_weights)
+        return combined, weights
+
+
+_EXCHANGES: dict[tuple[int, int], V1Exchange] = {}
+
+
+class Dispatcher(DeepEPDispatcher):
+    """DeepEP v1 inside one node."""
+
+    name = NAME
+
+    def exchange(self, hidden: int, top_k: int) -> V1Exchange:
+        key = (id(self.group), hidden * torch.bfloat16.itemsize)
+        if key not in _EXCHANGES:
+            _EXCHANGES[key] = V1Exchange(self.group, key[1])
+        return _EXCHANGES[key]
+
+
+if AVAILABLE:
+    register_backend(NAME)(Dispatcher)
+    register_backend("deepep")(deepep_dispatcher)  # v1 inside a node, v2 across nodes
+    autoselect.register_candidate(NAME, requires)
