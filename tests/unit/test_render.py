@@ -166,7 +166,9 @@ def test_p5_trainer_requests_whole_node_with_efa():
     assert t["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
     e = env(t)
     assert e["FI_PROVIDER"] == "efa" and e["FI_EFA_USE_DEVICE_RDMA"] == "1" and e["FI_EFA_FORK_SAFE"] == "1"
-    assert e["NVSHMEM_REMOTE_TRANSPORT"] == "libfabric" and e["NVSHMEM_LIBFABRIC_PROVIDER"] == "efa"
+    # DeepEP v2 over NCCL GIN (proxy type, any EFA instance); never NVSHMEM/IBGDA on EFA
+    assert e["NCCL_GIN_TYPE"] == "2" and e["NCCL_NET_PLUGIN"] == e["NCCL_GIN_PLUGIN"] == "ofi"
+    assert not [k for k in e if "NVSHMEM" in k or "IBGDA" in k or "GDAKI" in k]
     pod = by_kind(r, "StatefulSet", "moe-trainer")["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]

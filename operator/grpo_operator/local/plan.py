@@ -36,8 +36,14 @@ from grpo_operator.render.storage import parse_pvc
 
 LOCAL_NAMESPACE = "local"
 MAX_LOCAL_GRACE_S = 20.0  # a pod's terminationGracePeriodSeconds, bounded so Ctrl-C stays prompt
-# Cluster networking env that would misroute loopback traffic (interfaces, EFA/libfabric).
-_CLUSTER_ONLY_ENV_PREFIXES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "FI_", "NVSHMEM_")
+# Cluster networking env that would misroute loopback traffic (interfaces, EFA/libfabric, NCCL GIN).
+_CLUSTER_ONLY_ENV_PREFIXES = (
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "FI_",
+    "NCCL_NET_PLUGIN",
+    "NCCL_GIN_",
+)
 
 
 class PlanError(Exception):

@@ -1,7 +1,7 @@
 """EFA-aware pod templates for the trainer gang and the rollout servers.
 
 Called by `render.children`. Sizes each pod from the instance-type table (`instance_types`):
-GPUs and EFA devices of the node, hugepages, IPC_LOCK, /dev/shm, EFA/NCCL/NVSHMEM env,
+GPUs and EFA devices of the node, hugepages, IPC_LOCK, /dev/shm, EFA/NCCL env (GIN for DeepEP v2),
 the model cache emptyDir and S3 env (spec.storage),
 node selector, GPU tolerations and, for the gang, one-zone and network-spine affinity.
 The user's template override is merged last; the operator's fields win (see overrides).
@@ -156,12 +156,24 @@ def _env(job: GRPOJob, *, name: str, uid: str, hw: Hardware) -> list[dict]:
         env += [
             {"name": "FI_PROVIDER", "value": "efa"},
             {"name": "FI_EFA_FORK_SAFE", "value": "1"},
-            {"name": "NVSHMEM_REMOTE_TRANSPORT", "value": "libfabric"},
-            {"name": "NVSHMEM_LIBFABRIC_PROVIDER", "value": "efa"},
         ]
         if hw.instance_type and hw.instance_type.rdma:
             env.append({"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"})
+        env += [{"name": k, "value": v} for k, v in GIN_ENV.items()]
     return env
+
+
+# DeepEP across EFA nodes is v2 (`ElasticBuffer`) over NCCL GIN through aws-ofi-nccl (the
+# trainer image's `ofi` net plugin, libnccl-net-ofi.so). GIN type 2 is the proxy path, which
+# works on every EFA instance (plain p5 has nothing else); EFA-GDA (type 5, p5en/p6) needs the
+# "unordered" kernels of AWS's DeepEP fork, so it is left to a template override. Nothing here
+# names NVSHMEM or IBGDA/GDAKI: v1's internode path needs IBGDA, which EFA lacks, v1 inside a
+# node needs no NVSHMEM, and v2 does not use NVSHMEM at run time.
+GIN_ENV = {
+    "NCCL_NET_PLUGIN": "ofi",
+    "NCCL_GIN_PLUGIN": "ofi",
+    "NCCL_GIN_TYPE": "2",
+}
 
 
 def _storage_env(job: GRPOJob) -> list[dict]:
