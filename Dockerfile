@@ -2,7 +2,7 @@
 # Container images of grpo-operator, one build target per role (see docs/install-eks.md):
 #
 #   docker build --target operator -t ghcr.io/grpo-operator/operator:0.1.0 .   # kopf operator, no torch
-#   docker build --target trainer  -t ghcr.io/grpo-operator/trainer:0.1.0  .   # CUDA, EFA, NVSHMEM, DeepEP
+#   docker build --target trainer  -t ghcr.io/grpo-operator/trainer:0.1.0  .   # CUDA, EFA, NCCL GIN, DeepEP v1+v2
 #   docker build --target rollout  -t ghcr.io/grpo-operator/rollout:0.1.0  .   # CUDA, EFA, vLLM
 #
 # Entrypoints are the project's own commands, the same the renderer writes into pod specs
@@ -38,8 +38,11 @@ ENTRYPOINT ["grpo-operator", "operator"]
 # ---------------------------------------------------------------------------------------
 # cuda-efa: CUDA + the EFA userspace (libfabric, and the aws-ofi-nccl plugin the installer
 # ships under /opt/amazon/ofi-nccl) + a Python virtualenv. Shared by trainer and rollout.
+# The plugin is reachable as libnccl-net-ofi.so, the name NCCL_NET_PLUGIN=ofi and
+# NCCL_GIN_PLUGIN=ofi (set by grpo_operator.render.pods.GIN_ENV) resolve to.
 FROM ${CUDA_BASE} AS cuda-efa
-ARG EFA_INSTALLER_VERSION=1.43.2
+# 1.50 bundles aws-ofi-nccl 1.21.1, the first with the GIN plugin DeepEP v2 uses on EFA (>= 1.21).
+ARG EFA_INSTALLER_VERSION=1.50.0
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -57,7 +60,9 @@ RUN curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INST
       | tar -xz --strip-components=1 \
  && ./efa_installer.sh -y -g -d --skip-kmod --skip-limit-conf --no-verify \
  && rm -rf /tmp/efa/* /var/lib/apt/lists/* \
- && test -f /opt/amazon/ofi-nccl/lib/libnccl-net.so || test -f /opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net.so
+ && plugin="$(find /opt/amazon/ofi-nccl/lib -name libnccl-net.so -print -quit)" \
+ && test -n "${plugin}" \
+ && { test -e "$(dirname "${plugin}")/libnccl-net-ofi.so" || ln -s "${plugin}" "$(dirname "${plugin}")/libnccl-net-ofi.so"; }
 ENV PATH=/opt/venv/bin:/opt/amazon/efa/bin:${PATH} \
     LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:/opt/amazon/efa/lib:/usr/local/cuda/lib64 \
     FI_PROVIDER=efa \
@@ -67,60 +72,64 @@ WORKDIR /
 RUN python3 -m venv /opt/venv && pip install --no-cache-dir --upgrade "pip==25.3" "setuptools==80.9.0" "wheel==0.45.1"
 
 # ---------------------------------------------------------------------------------------
-# ep-build: GDRCopy, NVSHMEM over libfabric (EFA) and DeepEP for Hopper (sm_90).
+# ep-build: DeepEP for Hopper (sm_90), built against the NCCL it will run with.
+# What runs where (docs/deepep-efa.md): DeepEP v2 (`ElasticBuffer`) across EFA nodes, over NCCL
+# GIN through aws-ofi-nccl; DeepEP v1 (`Buffer`, kept in 2.x as the legacy API) inside one NVLink
+# node only. v1's internode kernels need InfiniBand IBGDA, which EFA lacks: no NVSHMEM transport
+# setting changes that, so nothing here builds an NVSHMEM for EFA. Upstream's only tag, v1.2.1,
+# predates v2 and does not link against NVSHMEM >= 3.3.20 built without IBGDA; a pinned commit
+# of main (2.x) carries both APIs.
 FROM cuda-efa AS ep-build
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu129
-ARG GDRCOPY_VERSION=2.5.1
+ARG NCCL_VERSION=2.32.3
 ARG NVSHMEM_VERSION=3.8.0
-ARG DEEPEP_REF=v1.2.1
+ARG GDRCOPY_VERSION=2.5.1
+ARG DEEPEP_COMMIT=dd758caf451848bd150e1046af3d0a73e5fff38d
 ENV TORCH_CUDA_ARCH_LIST=9.0 \
     CUDA_HOME=/usr/local/cuda
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+# torch first (DeepEP v2 needs >= 2.10); then NCCL raised past torch's pin to a release with GIN
+# (v2 needs >= 2.30.4, EFA's GIN path >= 2.31), as a pip wheel: DeepEP's setup.py finds it in the
+# venv and links it with an rpath into it, so the trainer must install the very same wheel.
+# NVSHMEM (pip wheel, built with IBGDA): only to link DeepEP's legacy sources, which 2.x still
+# compiles; v1 inside a node (no RDMA bytes) and v2 never initialise it.
+RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
+ && pip install --no-cache-dir --no-deps "nvidia-nccl-cu12==${NCCL_VERSION}" "nvidia-nvshmem-cu12==${NVSHMEM_VERSION}"
+# GDRCopy's user library: NCCL GIN's proxy reads GPU memory through it (the `gdrdrv` kernel
+# module belongs to the node; without it NCCL reports "NCCL GIN is unavailable").
 WORKDIR /build
 RUN curl -fsSL "https://github.com/NVIDIA/gdrcopy/archive/refs/tags/v${GDRCOPY_VERSION}.tar.gz" | tar -xz \
  && make -C "gdrcopy-${GDRCOPY_VERSION}" -j"$(nproc)" prefix=/opt/gdrcopy CUDA=/usr/local/cuda lib lib_install
-# NVSHMEM with the libfabric transport: DeepEP's internode kernels reach EFA through it
-# (NVSHMEM_REMOTE_TRANSPORT=libfabric, NVSHMEM_LIBFABRIC_PROVIDER=efa at run time).
-RUN curl -fsSL "https://github.com/NVIDIA/nvshmem/archive/refs/tags/v${NVSHMEM_VERSION}-0.tar.gz" | tar -xz \
- && cmake -S "nvshmem-${NVSHMEM_VERSION}-0" -B nvshmem-build -G Ninja \
-      -DCMAKE_INSTALL_PREFIX=/opt/nvshmem \
-      -DCMAKE_CUDA_ARCHITECTURES=90 \
-      -DNVSHMEM_LIBFABRIC_SUPPORT=ON -DLIBFABRIC_HOME=/opt/amazon/efa \
-      -DNVSHMEM_USE_GDRCOPY=ON -DGDRCOPY_HOME=/opt/gdrcopy \
-      -DNVSHMEM_IBGDA_SUPPORT=OFF -DNVSHMEM_MPI_SUPPORT=OFF -DNVSHMEM_SHMEM_SUPPORT=OFF \
-      -DNVSHMEM_PMIX_SUPPORT=OFF -DNVSHMEM_USE_NCCL=OFF \
-      -DNVSHMEM_BUILD_TESTS=OFF -DNVSHMEM_BUILD_EXAMPLES=OFF -DNVSHMEM_BUILD_PYTHON_LIB=OFF \
- && cmake --build nvshmem-build -j"$(nproc)" \
- && cmake --install nvshmem-build
+# DeepEP 2.x at a pinned commit: one wheel with `ElasticBuffer` (v2) and `Buffer` (v1).
 RUN mkdir deepep \
- && curl -fsSL "https://github.com/deepseek-ai/DeepEP/archive/refs/tags/${DEEPEP_REF}.tar.gz" \
+ && curl -fsSL "https://github.com/deepseek-ai/DeepEP/archive/${DEEPEP_COMMIT}.tar.gz" \
       | tar -xz --strip-components=1 -C deepep \
- && NVSHMEM_DIR=/opt/nvshmem pip wheel --no-cache-dir --no-build-isolation --no-deps --wheel-dir /wheels ./deepep
+ && pip wheel --no-cache-dir --no-build-isolation --no-deps --wheel-dir /wheels ./deepep
 
 # ---------------------------------------------------------------------------------------
-# trainer: torch, DeepSpeed (ops JIT-built on first use, so nvcc stays), DeepEP, NVSHMEM,
-# GDRCopy and the project with its trainer and storage (s3fs, pyarrow) extras. NCCL is raised past torch's pin to a release
-# whose GIN path DeepEP v2 uses through aws-ofi-nccl (NCCL keeps its ABI across 2.x).
+# trainer: torch, DeepSpeed (ops JIT-built on first use, so nvcc stays), DeepEP (v1 + v2),
+# GDRCopy, and the project with its trainer and storage (s3fs, pyarrow) extras. NCCL and
+# NVSHMEM are the exact wheels DeepEP was linked against in ep-build (NCCL keeps its ABI across
+# 2.x, so torch runs on the raised NCCL too). The import check at the end fails the build when
+# either DeepEP API is missing or NCCL is older than GIN needs.
 FROM cuda-efa AS trainer
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu129
 ARG NCCL_VERSION=2.32.3
+ARG NVSHMEM_VERSION=3.8.0
 ENV TORCH_CUDA_ARCH_LIST=9.0 \
     CUDA_HOME=/usr/local/cuda \
     DS_BUILD_OPS=0 \
     TORCH_EXTENSIONS_DIR=/tmp/torch_extensions \
-    NVSHMEM_HOME=/opt/nvshmem \
-    LD_LIBRARY_PATH=/opt/nvshmem/lib:/opt/gdrcopy/lib:/opt/amazon/ofi-nccl/lib:/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:/opt/amazon/efa/lib:/usr/local/cuda/lib64
+    LD_LIBRARY_PATH=/opt/gdrcopy/lib:/opt/amazon/ofi-nccl/lib:/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:/opt/amazon/efa/lib:/usr/local/cuda/lib64
 COPY --from=ep-build /opt/gdrcopy /opt/gdrcopy
-COPY --from=ep-build /opt/nvshmem /opt/nvshmem
 RUN --mount=type=bind,from=ep-build,source=/wheels,target=/ep-wheels \
     --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
       "torch==${TORCH_VERSION}" /ep-wheels/deep_ep-*.whl "$(ls /wheels/grpo_operator-*.whl)[trainer,storage]" \
- && pip install --no-cache-dir --no-deps "nvidia-nccl-cu12==${NCCL_VERSION}" \
- && python -c "import torch, deepspeed, deep_ep, grpo_trainer, grpo_rollout, s3fs, pyarrow; print(torch.cuda.nccl.version())"
+ && pip install --no-cache-dir --no-deps "nvidia-nccl-cu12==${NCCL_VERSION}" "nvidia-nvshmem-cu12==${NVSHMEM_VERSION}" \
+ && python -c "import torch, deepspeed, grpo_trainer, grpo_rollout, s3fs, pyarrow; from deep_ep import Buffer, ElasticBuffer; v = torch.cuda.nccl.version(); print('NCCL', v); assert v >= (2, 31), v"
 RUN useradd --uid 1000 --create-home grpo
 USER 1000
 WORKDIR /home/grpo

@@ -160,7 +160,6 @@ def test_trainer_image_has_the_efa_and_deepep_stack() -> None:
         "efa_installer.sh",
         "--skip-kmod",
         "gdrcopy",
-        "NVSHMEM_LIBFABRIC_SUPPORT=ON",
         "DeepEP",
         "[trainer,storage]",
         "nvidia-nccl-cu12==${NCCL_VERSION}",
@@ -180,6 +179,41 @@ def test_trainer_image_has_the_efa_and_deepep_stack() -> None:
             f"{stage} builds against the torch pyproject pins"
         )
     assert user("trainer") not in {"root", "0"}
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def test_deepep_is_v2_with_v1_inside_a_node_built_against_the_nccl_it_runs_with() -> None:
+    """The facts of docs/deepep-efa.md: DeepEP 2.x (ElasticBuffer over NCCL GIN, plus the legacy
+    Buffer for one node) at a pinned commit, NCCL >= 2.31 with GIN, the same NCCL/NVSHMEM wheels
+    at build and run time, aws-ofi-nccl >= 1.21 (EFA installer >= 1.50), GDRCopy >= 2.5, and no
+    NVSHMEM-for-EFA build (v1 internode needs IBGDA, which EFA lacks)."""
+    build, run = build_args("ep-build"), build_args("trainer")
+    assert re.fullmatch(r"[0-9a-f]{40}", build["DEEPEP_COMMIT"]), "DeepEP pinned to a commit of 2.x"
+    assert "DEEPEP_REF" not in build, "v1.2.1 (the only tag) has no ElasticBuffer"
+    assert "DeepEP/archive/${DEEPEP_COMMIT}.tar.gz" in all_runs("ep-build")
+    for pin in ("NCCL_VERSION", "NVSHMEM_VERSION"):
+        assert build[pin] == run[pin], f"{pin}: DeepEP runs against the wheel it was linked with"
+    assert _version(build["NCCL_VERSION"]) >= (2, 31), "NCCL GIN on EFA needs >= 2.31"
+    for stage in ("ep-build", "trainer"):
+        assert "nvidia-nccl-cu12==${NCCL_VERSION}" in all_runs(stage)
+        assert "nvidia-nvshmem-cu12==${NVSHMEM_VERSION}" in all_runs(stage)
+    assert _version(build["EFA_INSTALLER_VERSION"]) >= (1, 50), "aws-ofi-nccl >= 1.21 (GIN plugin)"
+    assert _version(build["GDRCOPY_VERSION"]) >= (2, 5), "NCCL GIN's proxy needs GDRCopy >= 2.5"
+    assert "from deep_ep import Buffer, ElasticBuffer" in all_runs("trainer"), "the build checks both APIs"
+    assert "assert v >= (2, 31)" in all_runs("trainer"), "and the NCCL torch really loads"
+    text = " ".join(all_runs("trainer").split() + [v for st in chain("trainer") for v in st.values("ENV")])
+    assert "IBGDA" not in text and "/opt/nvshmem" not in text and "cmake -S" not in all_runs("ep-build")
+
+
+def test_the_renderers_gin_plugin_name_exists_in_the_image() -> None:
+    """NCCL_NET_PLUGIN/NCCL_GIN_PLUGIN=ofi resolve to libnccl-net-ofi.so, which cuda-efa provides."""
+    assert pods.GIN_ENV["NCCL_NET_PLUGIN"] == pods.GIN_ENV["NCCL_GIN_PLUGIN"] == "ofi"
+    assert "libnccl-net-ofi.so" in all_runs("cuda-efa")
+    assert "/opt/amazon/ofi-nccl/lib" in " ".join(v for st in chain("trainer") for v in st.values("ENV"))
+    assert not [k for k in pods.GIN_ENV if "NVSHMEM" in k or "IBGDA" in k or "GDAKI" in k]
 
 
 def test_rollout_image_has_vllm_at_a_version_pyproject_allows() -> None:
