@@ -28,6 +28,8 @@ REPORT = StepReport(
     push_s=0.1,
     rollout_wait_fraction=0.2,
     ep_all_to_all_s=0.05,
+    ep_backend="alltoall",
+    ep_candidates={"alltoall": "1.200 ms", "deepep_v1": "failed: rank 3: RuntimeError: no NVLink"},
     time=1.7e9,
     last_checkpoint="/ckpt/step-00000002",
     last_checkpoint_step=2,
@@ -90,6 +92,7 @@ def test_status_progress_comes_from_the_report_and_every_field_is_written() -> N
     assert unset == []  # a Progress field nothing fills in would be an always-empty dashboard panel
     assert progress.rollout_seconds == 0.1 and progress.train_seconds == 0.3
     assert progress.ep_all_to_all_seconds == 0.05 and progress.tokens_per_second == 900.0
+    assert progress.ep_backend == "alltoall" and progress.wire()["epBackend"] == "alltoall"
     assert progress.updated_at == "2023-11-14T22:13:20+00:00"
 
 

@@ -23,6 +23,7 @@ from grpo_operator.api.report import ENV_PROGRESS_FILE, StepReport
 
 from grpo_trainer.batch import Rollouts
 from grpo_trainer.checkpoint import TrainState
+from grpo_trainer.moe import autoselect
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ def step_report(
 ) -> StepReport:
     """Rank 0's report of the step just finished."""
     tokens = sum(map(len, rollouts.prompt_tokens)) + rollouts.completion_tokens_total()
+    selection = autoselect.last_selection()  # the gang-wide EP choice, when epBackend is auto
     wall = seconds.step
     return StepReport(
         step=run_state.step,
@@ -143,6 +145,8 @@ def step_report(
         train_s=seconds.train,
         push_s=seconds.push,
         ep_all_to_all_s=seconds.ep_all_to_all,
+        ep_backend=selection.backend if selection else None,
+        ep_candidates=selection.summary() if selection else {},
         time=time.time(),
         last_checkpoint=checkpoint[0] if checkpoint else None,
         last_checkpoint_step=checkpoint[1] if checkpoint else None,

@@ -40,6 +40,13 @@ class StepReport(BaseModel):
     ep_all_to_all_s: float | None = Field(
         default=None, ge=0, description="Seconds in expert-parallel dispatch and combine; None without EP."
     )
+    ep_backend: str | None = Field(
+        default=None, description="The EP backend `auto` chose for the whole gang; None when not `auto`."
+    )
+    ep_candidates: dict[str, str] = Field(
+        default_factory=dict,
+        description='Each `auto` candidate\'s seconds per round trip ("1.234 ms") or "failed: <reason>".',
+    )
     time: float = Field(description="Unix time of the report.")
     last_checkpoint: str | None = Field(default=None, description="Path of the newest checkpoint.")
     last_checkpoint_step: int | None = Field(default=None, ge=0, description="Its step.")
@@ -65,6 +72,7 @@ class StepReport(BaseModel):
             rollout_wait_fraction=self.rollout_wait_fraction,
             train_seconds=self.train_s,
             ep_all_to_all_seconds=self.ep_all_to_all_s,
+            ep_backend=self.ep_backend,
             weight_version=self.weight_version,
             last_checkpoint=self.last_checkpoint,
             last_checkpoint_step=self.last_checkpoint_step,

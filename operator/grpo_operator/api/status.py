@@ -114,6 +114,12 @@ class Progress(ApiModel):
         ge=0,
         description="epAllToAllSeconds: seconds in expert-parallel dispatch and combine, last step.",
     )
+    ep_backend: str | None = Field(
+        default=None,
+        max_length=64,
+        description="epBackend: the expert-parallel backend the whole gang runs when epBackend is auto "
+        "(measured at start-up: alltoall, deepep_v1 or deepep_v2); unset otherwise.",
+    )
     rollout_wait_fraction: float | None = Field(
         default=None,
         ge=0,
