@@ -134,3 +134,21 @@ def test_expert_parallel_turns_hf_router_logits_into_its_own_balancing_loss() ->
     model(torch.randint(0, 32, (1, 6)))
     loss = moe_aux_loss(model)
     assert loss is not None and 0.02 <= float(loss.detach()) < 0.04  # two layers, each >= 0.01 * 1
+
+
+def test_unrecorded_replay_slots_spread_over_all_experts() -> None:
+    """Padding (-1 from batch.replay_routing) must not all land on experts 0..k-1 (EP rank 0)."""
+    from grpo_trainer.batch import replay_routing
+    from grpo_trainer.moe.router import spread_unrecorded
+
+    routes = [torch.tensor([[[1, 2]], [[3, 4]]], dtype=torch.uint8)]  # 2 recorded tokens, 1 layer, k=2
+    (given,) = replay_routing(routes, width=32)  # 30 unrecorded positions
+    assert given[:2].tolist() == [[1, 2], [3, 4]] and (given[2:] == -1).all()
+    idx = spread_unrecorded(given, num_experts=8)
+    assert idx[:2].tolist() == [[1, 2], [3, 4]]
+    assert all(len(set(row)) == 2 for row in idx.tolist())  # k distinct experts per token
+    load = torch.bincount(idx[2:].reshape(-1), minlength=8)  # 60 padding slots over 8 experts
+    assert load.min() == 7 and load.max() == 8
+    router = Router(RouterConfig(num_experts=8, top_k=2), 4)
+    _, weights, replayed = router(torch.randn(32, 4), given_idx=given)
+    assert torch.equal(replayed, idx) and torch.isfinite(weights).all()

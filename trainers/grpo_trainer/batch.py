@@ -159,10 +159,11 @@ class MicroBatch:
 
 def replay_routing(routes: list[torch.Tensor], width: int) -> list[torch.Tensor]:
     """Per MoE layer, the (b * width, k) experts for right-padded rows of `width` tokens, flattened
-    as the MoE blocks flatten [b, L, H]. Each row's last token and its padding get experts 0..k-1:
-    any valid choice does, since no logit the loss keeps depends on them (causal attention)."""
+    as the MoE blocks flatten [b, L, H]. Each row's last token and its padding get -1 (no recorded
+    choice): the router spreads those over all experts (`moe.router.spread_unrecorded`); any valid
+    choice does, since no logit the loss keeps depends on them (causal attention)."""
     _, layers, k = routes[0].shape
-    out = torch.arange(k).expand(len(routes), width, layers, k).clone()  # [b, L, layers, k]
+    out = torch.full((len(routes), width, layers, k), -1, dtype=torch.int64)  # [b, L, layers, k]
     for row, r in enumerate(routes):
         out[row, : len(r)] = r
     return list(out.flatten(0, 1).unbind(1))  # layers x [b * L, k]

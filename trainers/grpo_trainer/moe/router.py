@@ -64,6 +64,16 @@ def load_balancing_loss(probs: torch.Tensor, topk_idx: torch.Tensor, num_experts
     return num_experts * (share * probs.mean(0)).sum()
 
 
+def spread_unrecorded(given_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """A replayed choice (T, K) with -1 where none was recorded (padding, a row's last token) →
+    int64 ids where those slots get K distinct experts that rotate with the token's position, so
+    padding spreads over all experts (and EP ranks) instead of piling onto experts 0..K-1."""
+    idx = given_idx.to(torch.int64)
+    tokens, k = idx.shape
+    spread = torch.arange(tokens, device=idx.device)[:, None] * k + torch.arange(k, device=idx.device)
+    return torch.where(idx < 0, spread % num_experts, idx)
+
+
 class Router(nn.Module):
     """Linear scores over the experts, then the choice and the weights of the top-k.
 
@@ -98,7 +108,7 @@ class Router(nn.Module):
             scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
         else:
             scores = logits.float().sigmoid()
-        idx = self._choose(scores) if given_idx is None else given_idx.to(torch.int64)
+        idx = self._choose(scores) if given_idx is None else spread_unrecorded(given_idx, cfg.num_experts)
         weights = scores.gather(1, idx)
         if cfg.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
