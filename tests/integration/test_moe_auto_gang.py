@@ -5,7 +5,8 @@ every rank the same way:
 - `init_fails`: its constructor raises on world rank 3 only;
 - `trip_raises`: builds everywhere, its round trip raises on world rank 1 only, and it would
   be the fastest (no communication at all) if it counted;
-- `refused_there`: refused by layout for the second EP group only.
+- `refused_there`: refused by layout for the second EP group only;
+- `slow_released`: works but loses, and must be released.
 Every rank must end on `alltoall`, with each failure's reason (naming the failing rank) in the
 selection, and nobody hangs (the spawn joins under the test's timeout).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 
 import pytest
 import torch
@@ -21,10 +23,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-class _NoExchange:
+class _Moveless:
     """Moves nothing: fast, and wrong as EP, which is fine for a candidate that must lose."""
 
-    name = "trip_raises"
+    name = "moveless"
 
     def __init__(self, group, num_experts: int) -> None:
         from grpo_trainer.moe.dispatch import ExchangeClock
@@ -34,12 +36,33 @@ class _NoExchange:
     def dispatch(self, x, topk_idx, topk_weights):
         from grpo_trainer.moe.dispatch import Dispatched
 
-        if dist.get_rank() == 1:
-            raise RuntimeError("round trip broke on purpose")
         return Dispatched(x, [x.shape[0]], topk_weights[:, 0], None)
 
     def combine(self, rows, handle):
         return rows
+
+
+class _NoExchange(_Moveless):
+    name = "trip_raises"
+
+    def dispatch(self, x, topk_idx, topk_weights):
+        if dist.get_rank() == 1:
+            raise RuntimeError("round trip broke on purpose")
+        return super().dispatch(x, topk_idx, topk_weights)
+
+
+class _SlowReleased(_Moveless):
+    """Works everywhere but loses (slow); must be told to release what it holds."""
+
+    name = "slow_released"
+    released = False
+
+    def dispatch(self, x, topk_idx, topk_weights):
+        time.sleep(0.05)
+        return super().dispatch(x, topk_idx, topk_weights)
+
+    def release(self) -> None:
+        _SlowReleased.released = True
 
 
 def _init_fails(group, num_experts: int):
@@ -57,7 +80,8 @@ def worker(rank: int, world: int, store: str) -> None:
         dispatch.register_backend("init_fails")(_init_fails)
         dispatch.register_backend("trip_raises")(_NoExchange)
         dispatch.register_backend("refused_there")(_NoExchange)
-        for name in ("init_fails", "trip_raises"):
+        dispatch.register_backend("slow_released")(_SlowReleased)
+        for name in ("init_fails", "trip_raises", "slow_released"):
             autoselect.register_candidate(name, lambda layout, n: None)
         autoselect.register_candidate(
             "refused_there", lambda layout, n: "second group" if layout.ranks[0] == 2 else None
@@ -70,7 +94,9 @@ def worker(rank: int, world: int, store: str) -> None:
         assert "rank 3: RuntimeError: init broke on purpose" in selection.failures["init_fails"]
         assert "rank 1: RuntimeError: round trip broke on purpose" in selection.failures["trip_raises"]
         assert "rank 2: second group" in selection.failures["refused_there"]
-        assert set(selection.seconds) == {"alltoall"}
+        assert set(selection.seconds) == {"alltoall", "slow_released"}
+        assert selection.seconds["slow_released"] > selection.seconds["alltoall"]
+        assert _SlowReleased.released  # the losers' buffers are dropped on every rank
         assert autoselect.FAILURES["init_fails"] == autoselect.FAILURES["trip_raises"] == 1
         assert dispatcher.bytes_sent == 0 and dispatcher.clock.take() == 0.0
         everyone: list = [None] * world

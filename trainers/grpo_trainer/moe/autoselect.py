@@ -214,6 +214,9 @@ def choose_backend(
     if not built:
         raise RuntimeError(f"no EP backend works here: {selection.failures}")
     selection.backend = min(selection.seconds, key=selection.seconds.__getitem__)
+    for name, loser in built.items():  # e.g. DeepEP buffers: GPU memory the chosen one may need
+        if name != selection.backend and hasattr(loser, "release"):
+            loser.release()
     best = built[selection.backend]
     best.bytes_sent = 0
     best.clock.take()  # the measurement is not training time

@@ -122,6 +122,9 @@ class DeepEPDispatcher:
     def exchange(self, hidden: int, top_k: int) -> Exchange:
         raise NotImplementedError
 
+    def release(self) -> None:
+        """Drop this group's DeepEP buffers (called on every rank when `auto` chose another backend)."""
+
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         send = x.to(torch.bfloat16).contiguous()  # DeepEP moves bf16 rows
         exchange = self.exchange(send.shape[1], topk_idx.shape[1])

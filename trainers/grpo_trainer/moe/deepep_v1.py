@@ -98,6 +98,10 @@ class Dispatcher(DeepEPDispatcher):
             _EXCHANGES[key] = V1Exchange(self.group, key[1])
         return _EXCHANGES[key]
 
+    def release(self) -> None:
+        for key in [k for k in _EXCHANGES if k[0] == id(self.group)]:
+            del _EXCHANGES[key]  # freed with its last reference (no explicit destroy asked)
+
 
 if AVAILABLE:
     register_backend(NAME)(Dispatcher)
