@@ -73,8 +73,7 @@ class _Dispatch(torch.autograd.Function):
                 x, topk_idx, topk_weights, num_experts
             )
         ctx.exchange, ctx.handle, ctx.clock = exchange, handle, clock
-        meta.update(handle=handle, recv_idx=recv_idx, counts=counts)
-        ctx.mark_non_differentiable(recv_idx)
+        meta.update(handle=handle, recv_idx=recv_idx, counts=counts)  # not outputs: no gradient
         return recv_x, recv_weights
 
     @staticmethod
