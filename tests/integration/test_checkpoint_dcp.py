@@ -32,7 +32,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
-def _gang(rank: int, world: int, ep: int, port: int, model_dir: str):
+def _gang(rank: int, world: int, ep: int, port: int, model_dir: str, sharding: str = "optimizer"):
     from grpo_trainer.config import RankInfo
     from grpo_trainer.optim import GangAdamW
     from grpo_trainer.parallel import load_policy, make_groups
@@ -41,28 +41,37 @@ def _gang(rank: int, world: int, ep: int, port: int, model_dir: str):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     info = RankInfo(rank=rank, local_rank=rank, world_size=world, pod_index=0, ep_size=ep)
     groups = make_groups(info)
-    model = load_policy(model_dir, groups, "gloo", torch.device("cpu"))
-    opt = GangAdamW(model, groups, lr=1e-2, zero_stage=1)
+    model = load_policy(model_dir, groups, "gloo", torch.device("cpu"), sharding=sharding)
+    opt = GangAdamW(model, groups, lr=1e-2, sharding=sharding)
     return info, groups, model, opt
 
 
 def _global_view(model, opt, info) -> dict[str, torch.Tensor]:
-    """Every weight and AdamW tensor this rank holds, under its global key (cloned)."""
+    """Every weight and AdamW tensor this rank holds, under its global key (cloned; FSDP2
+    DTensors gathered whole, a collective in the same key order on every rank)."""
     from grpo_trainer import checkpoint
+    from torch.distributed.tensor import DTensor
 
     entries = {**checkpoint.model_entries(model), **checkpoint.optimizer_entries(model, opt)}
-    return {k: e.tensor.detach().clone() for k, e in entries.items()}
+    return {
+        k: (e.tensor.full_tensor() if isinstance(e.tensor, DTensor) else e.tensor).detach().clone()
+        for k, e in entries.items()
+    }
 
 
-def _worker(rank: int, world: int, ep: int, port: int, model_dir: str, mode: str, uri: str, out: str) -> None:
+def _worker(
+    rank: int, world: int, ep: int, port: int, model_dir: str, mode: str, uri: str, out: str, sharding: str
+) -> None:
     from grpo_trainer import checkpoint
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
-    info, _groups, model, opt = _gang(rank, world, ep, port, model_dir)
+    info, _groups, model, opt = _gang(rank, world, ep, port, model_dir, sharding)
     if mode == "save":
         torch.manual_seed(1)  # same "gradient" everywhere: replicas stay identical, as after a sync
         for _ in range(2):
             for p in model.parameters():
-                p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()))
+                g = torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()))
+                p.grad = distribute_tensor(g, p.device_mesh, p.placements) if isinstance(p, DTensor) else g
             opt.step()
         group = dist.new_group(backend="gloo")
         saver = checkpoint.Saver(str(Path(uri).parent), info, group, keep_last=2, spec={})
@@ -88,12 +97,13 @@ def _worker(rank: int, world: int, ep: int, port: int, model_dir: str, mode: str
     dist.destroy_process_group()
 
 
-def run_gang(world: int, ep: int, model_dir: Path, mode: str, uri: str, out: Path) -> list[dict]:
+def run_gang(
+    world: int, ep: int, model_dir: Path, mode: str, uri: str, out: Path, sharding: str = "optimizer"
+) -> list[dict]:
     from grpo_rollout.testing import free_port
 
-    mp.spawn(
-        _worker, args=(world, ep, free_port(), str(model_dir), mode, uri, str(out)), nprocs=world, join=True
-    )
+    args = (world, ep, free_port(), str(model_dir), mode, uri, str(out), sharding)
+    mp.spawn(_worker, args=args, nprocs=world, join=True)
     return [json.loads((out / f"{mode}-w{world}-r{r}.json").read_text()) for r in range(world)]
 
 
@@ -110,6 +120,23 @@ def assert_same(saved: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor])
     assert {k for k in saved if k.endswith(".exp_avg")} == {k for k in loaded if k.endswith(".exp_avg")}
     for k, v in loaded.items():
         assert torch.equal(v, saved[k]), k
+
+
+def test_fsdp2_full_save_loads_unsharded_and_back(tiny: Path, tmp_path: Path) -> None:
+    """trainer.sharding full (dense DTensors, each rank writes its row chunks) saves and loads
+    in the same global key space as the other modes: world 2 / EP 2 full -> world 1, and back."""
+    out = tmp_path / "out"
+    out.mkdir()
+    save_dir = tmp_path / "ckpt" / "step-00000002"
+    run_gang(2, 2, tiny, "save", str(save_dir), out, sharding="full")
+    saved = union(out, "save", 2)
+    assert any(".experts.gate_up_proj.3" in k for k in saved)  # per-expert keys kept
+    run_gang(1, 1, tiny, "load", str(save_dir), out)
+    assert_same(saved, union(out, "load", 1))
+    back = tmp_path / "ckpt1" / "step-00000002"
+    run_gang(1, 1, tiny, "save", str(back), out)
+    run_gang(2, 2, tiny, "load", str(back), out, sharding="full")
+    assert_same(union(out, "save", 1), union(out, "load", 2))
 
 
 def test_ep2_save_loads_at_ep1_and_world2_ep1_then_back(tiny: Path, tmp_path: Path) -> None:

@@ -82,16 +82,26 @@ def make_contract(model_dir: Path, world: int, ep: int, options: dict):
 
 
 def worker(
-    rank: int, world: int, ep: int, port: int, model_dir: str, out: str, options: dict, zero: int | None
+    rank: int,
+    world: int,
+    ep: int,
+    port: int,
+    model_dir: str,
+    out: str,
+    options: dict,
+    zero: int | None,
+    sharding: str = "optimizer",
 ) -> None:
-    """One rank: a train_step with SGD (zero None) or with the gang's AdamW at ZeRO stage `zero`."""
+    """One rank: a train_step with SGD (zero None) or with the gang's AdamW at ZeRO stage `zero`;
+    `sharding` "full": the model FSDP2-sharded (and checkpointed per layer) as the trainer loads it."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     contract = make_contract(Path(model_dir), world, ep, options)
     info = RankInfo(rank=rank, local_rank=rank, world_size=world, pod_index=0, ep_size=ep)
     groups = make_groups(info)
     algo = contract.spec.algorithm
-    model = load_policy(model_dir, groups, "gloo", torch.device("cpu"), replay=algo.routing_replay)
+    cpu = torch.device("cpu")
+    model = load_policy(model_dir, groups, "gloo", cpu, replay=algo.routing_replay, sharding=sharding)
     lr = 1e-2
     opt = (
         torch.optim.SGD(model.parameters(), lr=1.0)
@@ -100,7 +110,7 @@ def worker(
     )
     ref = (
         load_policy(
-            model_dir, groups, "gloo", torch.device("cpu"), replay=algo.routing_replay
+            model_dir, groups, "gloo", cpu, replay=algo.routing_replay, sharding=sharding
         ).requires_grad_(False)
         if algo.kl_coef
         else None
@@ -111,7 +121,7 @@ def worker(
     ids = torch.tensor([data.prompt_tokens[0] + data.completion_tokens[0]])
     before = forward_logp(model, ids, 1.0)[0].sum().item() if world == 1 else 0.0
     stats = train_step(run, data)
-    state = moe.full_state_dict(model) if groups.ep is not None else model.state_dict()
+    state = moe.full_state_dict(model)  # collective (FSDP2: every rank gathers each DTensor)
     if rank == 0:
         after = forward_logp(model, ids, 1.0)[0].sum().item() if world == 1 else 0.0
         local = opt.local_state_size() if zero is not None else 0
@@ -121,11 +131,17 @@ def worker(
 
 
 def run_gang(
-    model_dir: Path, tmp: Path, world: int, ep: int, options: dict | None = None, zero: int | None = None
+    model_dir: Path,
+    tmp: Path,
+    world: int,
+    ep: int,
+    options: dict | None = None,
+    zero: int | None = None,
+    sharding: str = "optimizer",
 ) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
-    out = tmp / f"w{world}-ep{ep}-z{zero}.pt"
-    args = (world, ep, free_port(), str(model_dir), str(out), options or {}, zero)
+    out = tmp / f"w{world}-ep{ep}-z{zero}-{sharding}.pt"
+    args = (world, ep, free_port(), str(model_dir), str(out), options or {}, zero, sharding)
     mp.start_processes(worker, args=args, nprocs=world, start_method="spawn")
     return torch.load(out, weights_only=False)
 
@@ -186,3 +202,18 @@ def test_zero1_shards_adam_state_and_takes_the_same_step(model_dir: Path, tmp_pa
     for name, tensor in plain["state"].items():
         torch.testing.assert_close(zero["state"][name], tensor, rtol=0, atol=1e-7, msg=name)
     assert any(not torch.equal(t, zero["state"][n]) for n, t in initial_state(model_dir).items())
+
+
+@pytest.mark.parametrize(("world", "ep"), [(2, 2), (2, 1)])
+def test_full_sharding_takes_the_same_step(model_dir: Path, tmp_path: Path, world: int, ep: int) -> None:
+    """FSDP2 over the world (dense DTensors, experts by EP), activation checkpointing per layer,
+    every loss option: the same step as one process, gathered back to full HF tensors."""
+    single = run_gang(model_dir, tmp_path / "one", 1, 1, ALL_OPTIONS)
+    assert_same_step(run_gang(model_dir, tmp_path / "full", world, ep, ALL_OPTIONS, sharding="full"), single)
+
+
+def test_full_sharding_with_adamw_matches_zero1(model_dir: Path, tmp_path: Path) -> None:
+    zero = run_gang(model_dir, tmp_path / "zero", 2, 2, zero=1)
+    full = run_gang(model_dir, tmp_path / "full", 2, 2, zero=1, sharding="full")
+    for name, tensor in zero["state"].items():
+        torch.testing.assert_close(full["state"][name], tensor, rtol=1e-5, atol=1e-6, msg=name)

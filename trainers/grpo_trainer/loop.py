@@ -18,6 +18,7 @@ import math
 import time
 import types
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from grpo_operator import storage
 from grpo_operator.api.contract import RunContract
 from grpo_operator.memory_plan.inputs import LOGITS_CHUNK_TOKENS
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from grpo_trainer import checkpoint, memory, moe
 from grpo_trainer.batch import Rollouts, micro_batches, score, shard
@@ -83,13 +85,16 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     groups = make_groups(info)
     backend, replay = str(spec.trainer.ep_backend), algo.routing_replay
     cache = spec.storage.cache_dir  # s3:// models: fetched once per pod into this emptyDir
-    model = load_policy(spec.model.path, groups, backend, device, replay=replay, cache_dir=cache)
+    sharding = spec.trainer.effective_sharding
+    load = dict(replay=replay, cache_dir=cache, sharding=sharding)  # each rank reads only its part
+    ac = spec.trainer.activation_checkpointing
+    model = load_policy(spec.model.path, groups, backend, device, activation_checkpointing=ac, **load)
     ref = None
     if algo.kl_coef > 0:  # the reference replays the rollout's routing too
         ref_path = spec.model.reference_path or spec.model.path
-        ref = load_policy(ref_path, groups, backend, device, replay=replay, cache_dir=cache)
+        ref = load_policy(ref_path, groups, backend, device, activation_checkpointing=False, **load)
         ref.eval().requires_grad_(False)
-    optimizer = GangAdamW(model, groups, lr=algo.learning_rate, zero_stage=spec.trainer.zero_stage)
+    optimizer = GangAdamW(model, groups, lr=algo.learning_rate, sharding=sharding)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     state, cfg = checkpoint.TrainState(), LossConfig.from_spec(algo)
     run = Run(contract, info, groups, device, model, ref, optimizer, cfg, order, pad_id, state, None, None)
@@ -113,27 +118,49 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     return run
 
 
-def full_state(run: Run) -> dict[str, torch.Tensor] | None:
-    """Collective over rank 0's EP group: the unsharded weights (HF names); None on other groups,
-    which hold the same weights (rank 0's group speaks for them)."""
-    if run.info.rank >= run.info.ep_size:
+def full_state_items(run: Run) -> Iterator[tuple[str, torch.Tensor]] | None:
+    """Collective: the unsharded weights (HF names), one tensor at a time. Over rank 0's EP group
+    (other groups hold the same weights; None there), and under FSDP2 over the whole world, every
+    rank taking part in each DTensor's `full_tensor()` (other groups' items are to be dropped)."""
+    main = run.info.rank < run.info.ep_size
+    sharded = any(isinstance(p, DTensor) for p in run.model.parameters())
+    if not (main or sharded):
         return None
-    return moe.full_state_dict(run.model) if run.groups.ep is not None else run.model.state_dict()
+    return moe.iter_full_state_dict(run.model, gather_experts=main)
+
+
+def full_state(run: Run) -> dict[str, torch.Tensor] | None:
+    """`full_state_items` as a dict on rank 0's EP group (None elsewhere): for the HF export."""
+    items = full_state_items(run)
+    if items is None:
+        return None
+    if run.info.rank >= run.info.ep_size:
+        for _ in items:  # take part in the gathers, keep nothing
+            pass
+        return None
+    return dict(items)
 
 
 def push_weights(run: Run, version: int) -> None:
-    """Gather the unsharded weights (collective, see `full_state`); rank 0 sends them as `version`."""
-    state = full_state(run)
-    if state is None or run.generator is None:
+    """Gather the unsharded weights (collective, see `full_state_items`) one tensor at a time,
+    each converted at once to the rollout dtype on the CPU; rank 0 sends them as `version`."""
+    items = full_state_items(run)
+    if items is None:
         return
+    keep = run.generator is not None
     dtype = getattr(torch, str(run.contract.spec.model.dtype))
     seen: set[int] = set()
     out = {}
-    for name, t in state.items():  # tied tensors share storage, which safetensors refuses
+    for name, t in items:  # tied tensors share storage, which safetensors refuses
+        if not keep:
+            continue  # still iterated: the gathers are collective
+        ptr = t.data_ptr()
         t = t.detach().to("cpu", dtype)
-        out[name] = t.clone() if t.data_ptr() in seen else t
-        seen.add(t.data_ptr())
-    run.generator.push(out, version)
+        out[name] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    if keep:
+        assert run.generator is not None
+        run.generator.push(out, version)
 
 
 def sync_at_start(run: Run, *, resumed: bool) -> None:

@@ -1,13 +1,14 @@
-"""AdamW for the trainer gang, with ZeRO stage 1 (optimizer state sharded over replicas).
+"""AdamW for the trainer gang, by `trainer.sharding` (none | optimizer | full).
 
 Built by the training loop (`grpo_trainer.loop.setup`). Parameters come in two families with
 different replica groups (see `grpo_trainer.parallel`): dense ones are replicated over the whole
-world, expert shards over the expert data-parallel group. With `trainer.zeroStage >= 1` each
+world, expert shards over the expert data-parallel group. Under `optimizer` each replicated
 family's AdamW state (2x the weights in float32, the largest memory item of training) is split
-over its replica group by `torch.distributed.optim.ZeroRedundancyOptimizer`: every rank updates
-its part and broadcasts it. Stages 2 and 3 (sharded gradients and weights) are not implemented,
-and the GRPOJob API refuses them. Checkpoints hold each rank's own part, which is why resuming
-needs the same gang shape.
+over its replica group by `torch.distributed.optim.ZeroRedundancyOptimizer` (ZeRO-1): every rank
+updates its part and broadcasts it. Under `full` the dense parameters are FSDP2 DTensors
+(`grpo_trainer.fsdp`): plain AdamW over them keeps DTensor state, already split over the world;
+experts (not FSDP-sharded) keep ZeRO-1 over expert-DP. Checkpoints write state under the
+model's keys (`grpo_trainer.checkpoint.state`), whatever the partition.
 """
 
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
 
 from grpo_trainer.parallel import Groups, split_parameters
 
@@ -35,13 +37,25 @@ def _adamw(
 class GangAdamW:
     """AdamW over both parameter families; the loop and checkpoints use it like one optimizer."""
 
-    def __init__(self, model: nn.Module, groups: Groups, *, lr: float, zero_stage: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        groups: Groups,
+        *,
+        lr: float,
+        sharding: str | None = None,
+        zero_stage: int | None = None,
+    ) -> None:
+        """sharding: none | optimizer | full; or the old zero_stage (0 = none, 1 = optimizer)."""
+        if sharding is None:
+            sharding = "optimizer" if (zero_stage if zero_stage is not None else 1) >= 1 else "none"
         dense, experts = split_parameters(model)
         world = dist.get_world_size()
         expert_replicas = dist.get_world_size(groups.expert_dp) if groups.expert_dp is not None else 1
-        zero = zero_stage >= 1
+        zero = str(sharding) in ("optimizer", "full")
+        fsdp_dense = any(isinstance(p, DTensor) for p in dense)  # already split: no ZeRO on top
         self.parts = {
-            "dense": _adamw(dense, None, world, lr, zero),
+            "dense": _adamw(dense, None, world, lr, zero and not fsdp_dense),
             "experts": _adamw(experts, groups.expert_dp, expert_replicas, lr, zero),
         }
 

@@ -23,9 +23,9 @@ from grpo_operator import storage
 from grpo_operator.api.contract import RunContract
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-from transformers import AutoModelForCausalLM
+from torch.distributed.tensor import DTensor
 
-from grpo_trainer import moe
+from grpo_trainer import fsdp, loading, moe
 from grpo_trainer.config import RankInfo
 
 log = logging.getLogger(__name__)
@@ -86,22 +86,38 @@ def load_policy(
     *,
     replay: bool = False,
     cache_dir: str | None = None,
-    ep_tokens: int | None = None,  # tokens per micro-batch per rank: `auto` measures with them
+    sharding: str = "optimizer",
+    activation_checkpointing: bool | None = None,
 ) -> nn.Module:
     """The HF model in float32 (optimizer master weights), expert-parallel when the EP group is
-    larger than one rank. Reads a local directory (a PVC mount included) or an s3:// prefix,
-    fetched once per pod into `cache_dir` (`grpo_operator.storage.model_dir`: the pod's ranks
-    share one download); never the hub.
+    larger than one rank, FSDP2-sharded over the world when `sharding` is "full". Reads a local
+    directory (a PVC mount included) or an s3:// prefix, fetched once per pod into `cache_dir`
+    (`grpo_operator.storage.model_dir`: the pod's ranks share one download); never the hub.
 
-    replay (routing replay): MoE blocks become `MoELayer`s at EP = 1 too, since only those take
-    given expert choices; over this rank's one-rank group (no group would mean the world)."""
+    Built on the meta device and filled from safetensors with only this rank's tensors
+    (`grpo_trainer.loading`): its experts, its rows of FSDP-sharded tensors, replicated tensors whole.
+
+    replay: kept for callers; MoE blocks are `MoELayer`s at EP = 1 too (over this rank's one-rank
+    group), since only those take given expert choices and the loader fills their experts.
+    activation_checkpointing: per decoder layer; None means on under "full"."""
     local = storage.model_dir(path, cache_dir)
-    model = AutoModelForCausalLM.from_pretrained(local, local_files_only=True, dtype=torch.float32)
+    model = loading.skeleton(local)
     if groups.ep is not None:
-        moe.expert_parallel(model, group=groups.ep, backend=EP_BACKENDS[backend], tokens_per_batch=ep_tokens)
-    elif replay:
+        moe.expert_parallel(model, group=groups.ep, backend=EP_BACKENDS[backend])
+    else:  # MoELayers at EP = 1 too: replay needs them, and the loader fills their fused experts
         moe.expert_parallel(model, group=groups.own_ep, backend="local")
-    return model.to(device)
+    full = str(sharding) == "full"
+    if activation_checkpointing if activation_checkpointing is not None else full:
+        for layer in fsdp.decoder_layers(model):
+            fsdp.checkpoint_layer(layer)
+    if full:
+        experts = expert_parameters(model)
+        ignored = {p for p in model.parameters() if id(p) in experts}
+        fsdp.apply_fsdp(model, fsdp.world_mesh(device), ignored=ignored, bf16=device.type == "cuda")
+    loading.materialize(model, device)
+    read = loading.fill(model, local)
+    log.info("loaded %s: read %.1f MiB of safetensors on this rank", local, read / 2**20)
+    return model.eval()  # as from_pretrained leaves it (no dropout)
 
 
 def expert_parameters(model: nn.Module) -> set[int]:
@@ -133,31 +149,41 @@ def _all_reduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup | Non
 
 
 def sync_gradients(model: nn.Module, groups: Groups) -> None:
+    """Sum replicated gradients over their replicas: dense ones over the world (FSDP2-sharded
+    ones were already reduce-scattered by FSDP in backward), experts over expert-DP."""
     dense, experts = split_parameters(model)
     if dist.get_world_size() > 1:
-        _all_reduce_grads(dense, None)
+        _all_reduce_grads([p for p in dense if not isinstance(p, DTensor)], None)
     if groups.expert_dp is not None:
         _all_reduce_grads(experts, groups.expert_dp)
+
+
+def _sq(params: list[nn.Parameter], device: torch.device) -> torch.Tensor:
+    sq = torch.zeros((), device=device)
+    for p in params:
+        if p.grad is not None:
+            g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            sq += g.float().pow(2).sum()
+    return sq
 
 
 def clip_gradients(model: nn.Module, groups: Groups, max_norm: float) -> float:
     """Clip by the global norm of the whole (unsharded) gradient; return that norm.
 
-    Dense gradients are identical on every rank after sync; expert shards differ across the EP
-    group, so their squared norms are summed over it before the square root.
+    Replicated dense gradients are identical on every rank after sync; FSDP2-sharded ones are
+    disjoint row chunks, so their squared norms are summed over the world; expert shards differ
+    across the EP group, so theirs are summed over it.
     """
     dense, experts = split_parameters(model)
-    sq = torch.zeros((), device=dense[0].device)
-    expert_sq = torch.zeros((), device=dense[0].device)
-    for p in dense:
-        if p.grad is not None:
-            sq += p.grad.float().pow(2).sum()
-    for p in experts:
-        if p.grad is not None:
-            expert_sq += p.grad.float().pow(2).sum()
+    device = next(model.parameters()).device
+    sq = _sq([p for p in dense if not isinstance(p, DTensor)], device)
+    sharded_sq = _sq([p for p in dense if isinstance(p, DTensor)], device)
+    expert_sq = _sq(experts, device)
+    if any(isinstance(p, DTensor) for p in dense) and dist.get_world_size() > 1:
+        dist.all_reduce(sharded_sq)
     if groups.ep is not None:
         dist.all_reduce(expert_sq, group=groups.ep)
-    norm = float((sq + expert_sq).sqrt())
+    norm = float((sq + sharded_sq + expert_sq).sqrt())
     if norm > max_norm:
         scale = max_norm / (norm + 1e-6)
         for p in dense + experts:

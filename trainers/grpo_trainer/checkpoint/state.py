@@ -115,6 +115,9 @@ def optimizer_entries(model: nn.Module, optimizer: GangAdamW, *, create: bool = 
                         for k in _split(name, p.detach(), experts) or [name]:
                             out[f"{OPTIM}{k}.{key}"] = Entry(value, holders)
                         continue
+                    if isinstance(value, DTensor):  # FSDP2 state: each rank writes its own chunk
+                        out[f"{OPTIM}{name}.{key}"] = Entry(value, "own")
+                        continue
                     parts = _split(name, value, experts)
                     for k, v in (parts or {name: value}).items():
                         out[f"{OPTIM}{k}.{key}"] = Entry(v, holders)

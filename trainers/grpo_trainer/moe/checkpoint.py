@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from safetensors import safe_open
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from grpo_trainer.moe.layer import MoELayer
 
@@ -107,10 +108,15 @@ def load_checkpoint(model: nn.Module, path: str | Path) -> None:
         raise KeyError(f"checkpoint lacks {len(missing)} tensors of {type(model).__name__}: {missing[:8]}")
 
 
-def iter_full_state_dict(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_full_state_dict(
+    model: nn.Module, *, gather_experts: bool = True
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of the unsharded model, one at a time (bounded memory for weight sync).
 
-    Collective over each MoE layer's EP group: every rank must iterate it to the end.
+    Collective over each MoE layer's EP group, and for FSDP2 DTensors (`full_tensor()`) over
+    their mesh: every rank must iterate it to the end. gather_experts=False: a rank outside the
+    group whose result is used takes part in the DTensor gathers only (its expert items are its
+    local shards, to be dropped).
     """
     sharded = {}
     for name, layer in model.named_modules():
@@ -118,8 +124,11 @@ def iter_full_state_dict(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]
             sharded[f"{name}.experts.gate_up_proj"] = layer.experts.group
             sharded[f"{name}.experts.down_proj"] = layer.experts.group
     for name, tensor in model.state_dict().items():
+        if isinstance(tensor, DTensor):
+            yield name, tensor.full_tensor()
+            continue
         group = sharded.get(name)
-        if group is None or dist.get_world_size(group) == 1:
+        if group is None or dist.get_world_size(group) == 1 or not gather_experts:
             yield name, tensor
             continue
         parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
