@@ -88,6 +88,7 @@ def load_policy(
     cache_dir: str | None = None,
     sharding: str = "optimizer",
     activation_checkpointing: bool | None = None,
+    ep_tokens: int | None = None,  # tokens per micro-batch per rank: `auto` measures with them
 ) -> nn.Module:
     """The HF model in float32 (optimizer master weights), expert-parallel when the EP group is
     larger than one rank, FSDP2-sharded over the world when `sharding` is "full". Reads a local
@@ -103,7 +104,7 @@ def load_policy(
     local = storage.model_dir(path, cache_dir)
     model = loading.skeleton(local)
     if groups.ep is not None:
-        moe.expert_parallel(model, group=groups.ep, backend=EP_BACKENDS[backend])
+        moe.expert_parallel(model, group=groups.ep, backend=EP_BACKENDS[backend], tokens_per_batch=ep_tokens)
     else:  # MoELayers at EP = 1 too: replay needs them, and the loader fills their fused experts
         moe.expert_parallel(model, group=groups.own_ep, backend="local")
     full = str(sharding) == "full"
