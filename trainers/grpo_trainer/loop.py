@@ -215,7 +215,7 @@ def forward_logp(
 
     def run(self: nn.Module, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         hidden = self.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state  # [b, L, H]
-        return chunked_token_stats(
+        logp, ent = chunked_token_stats(
             hidden[:, :-1],
             self.get_output_embeddings(),
             input_ids[:, 1:],
@@ -223,6 +223,8 @@ def forward_logp(
             chunk_tokens=chunk_tokens,
             entropy=entropy,
         )
+        # [b, L-1] each, returned as fresh tensors: FSDP2 hooks the root's outputs and warns on views
+        return logp.clone(), ent.clone() if ent is not None else None
 
     with _forward_as(model, run):
         return model(ids)

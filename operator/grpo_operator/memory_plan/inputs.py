@@ -46,6 +46,8 @@ class TrainerInputs:
     activation_checkpointing: bool | None = None  # None: on when the plan needs it (FSDP2 only)
     logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS
     sync_bucket_bytes: int = SYNC_BUCKET_BYTES
+    runtime_bytes: int | None = None  # None: the GPU reserve (trainer.RUNTIME_BYTES); a host run passes
+    # its own (e.g. benchmarks/trainer_memory.py: the process's RSS before the model is built)
 
     @property
     def tokens(self) -> int:

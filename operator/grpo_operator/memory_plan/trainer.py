@@ -99,7 +99,8 @@ def plan(shape: ModelShape, t: TrainerInputs, gpu_bytes: int | None) -> RolePlan
     else:
         ref_local = shape.dense_total + shape.expert_total / t.ep
         ref = Part(int(MASTER * ref_local), "4 B x (P_d + P_e / E), loaded like the policy")
-    fixed = sum(p.bytes for p in parts.values()) + logits + sync.bytes + ref.bytes + RUNTIME_BYTES
+    runtime = RUNTIME_BYTES if t.runtime_bytes is None else t.runtime_bytes
+    fixed = sum(p.bytes for p in parts.values()) + logits + sync.bytes + ref.bytes + runtime
     ac = t.activation_checkpointing
     if ac is None:
         ac = t.fsdp2 and gpu_bytes is not None and fixed + no_ac > gpu_bytes
@@ -114,7 +115,12 @@ def plan(shape: ModelShape, t: TrainerInputs, gpu_bytes: int | None) -> RolePlan
     parts["logits"] = Part(int(logits), logits_f)
     parts["weight_sync"] = sync
     parts["reference"] = ref
-    parts["runtime"] = Part(RUNTIME_BYTES, "CUDA context, NCCL/EP buffers, allocator slack")
+    parts["runtime"] = Part(
+        runtime,
+        "CUDA context, NCCL/EP buffers, allocator slack"
+        if t.runtime_bytes is None
+        else "host process before the model (interpreter, torch, gloo), given by the caller",
+    )
     if not t.fsdp2:
         notes.append(
             "today's trainer (zeroStage): fp32 weights, no activation checkpointing, full-vocab logits"
