@@ -44,6 +44,7 @@ def write_contract(
     rollout_port: int | tuple[int, ...],
     pods: int = 1,
     checkpoint_every: int = 2,
+    trainer: dict | None = None,
     **algorithm: object,
 ) -> Path:
     """Render the contract for an EP = 2 job of 2 ranks (1 pod x 2, or 2 pods x 1) and the given
@@ -56,7 +57,7 @@ def write_contract(
         "algorithm": {"groupSize": 4, "promptsPerStep": 4, "microBatchSize": 4, "maxNewTokens": 4,
                       "learningRate": 1e-3, "maxStaleness": 1, **algorithm},
         "trainer": {"replicas": pods, "processesPerPod": 2 // pods, "expertParallelSize": 2,
-                    "epBackend": "gloo"},
+                    "epBackend": "gloo", **(trainer or {})},
         "rollout": {"replicas": len(rollout_ports), "engine": "torch"},
         "checkpoint": {"path": str(work / "ckpt"), "everySteps": checkpoint_every, "keepLast": 1},
     }  # fmt: skip
@@ -149,6 +150,22 @@ def test_ep2_gang_pushes_versions_and_resumes_where_it_stopped(server, tiny: Pat
     # the resumed gang re-sent its policy as version 5 (servers may hold newer weights than the save)
     assert [r["weight_version"] for r in resumed] == [6, 7]
     assert live_version(url) == 7
+    assert_exported(tmp_path / "ckpt" / "local" / "t" / "final", tiny)
+
+
+def test_full_sharding_gang_pushes_saves_exports_and_resumes(server, tiny: Path, tmp_path: Path) -> None:
+    """trainer.sharding full end to end: FSDP2 dense DTensors, weight sync gathering them one at a
+    time, DCP saves with DTensor state, an HF export with every expert, and a resume."""
+    port, url = server
+    full = {"sharding": "full"}
+    contract = write_contract(tmp_path, tiny, port, trainer=full, maxSteps=2, klCoef=0.05, routingReplay=True)
+    assert finish(start_trainer(contract, tmp_path), tmp_path) == 0, log_tail(tmp_path)
+    assert [r["weight_version"] for r in progress(tmp_path)] == [1, 2]
+    assert live_version(url) == 2
+    contract = write_contract(tmp_path, tiny, port, trainer=full, maxSteps=3, klCoef=0.05, routingReplay=True)
+    assert finish(start_trainer(contract, tmp_path), tmp_path) == 0, log_tail(tmp_path)
+    assert [r["step"] for r in progress(tmp_path)] == [1, 2, 3]
+    assert "resum" in (tmp_path / "trainer.log").read_text().lower()
     assert_exported(tmp_path / "ckpt" / "local" / "t" / "final", tiny)
 
 
