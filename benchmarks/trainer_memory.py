@@ -157,7 +157,7 @@ def plan_mib(model_dir: Path, world: int, ep: int, sharding: str, runtime_mib: f
 
     shape = memory_plan.from_config(json.loads((model_dir / "config.json").read_text()))
     inputs = TrainerInputs(
-        world=world, ep=ep, sharding=memory_plan.Sharding(sharding), fsdp2=True, micro_batch=MICRO,
+        world=world, ep=ep, sharding=memory_plan.Sharding(sharding), micro_batch=MICRO,
         seq_tokens=PROMPT_LEN + NEW_TOKENS, kl=False, compute_bytes=4, rollout_bytes=4,
         activation_checkpointing=sharding == "full", sync_bucket_bytes=0,
         runtime_bytes=int(runtime_mib * 2**20),

@@ -1,13 +1,11 @@
 """What the memory plan needs of a GRPOJob: sizes, the trainer's sharding mode and its features.
 
 Built by `inputs_from_spec` for `grpo-operator plan`, `grpo-operator validate` and the trainer's
-start-up check (`grpo_trainer.memory`), so all three read a job the same way. The trainer's
-memory features are explicit here (`TrainerInputs.fsdp2`): today's trainer (fp32 weights under
-bf16 autocast, ZeRO-1 at most, no activation checkpointing, full-vocabulary logits, weight sync
-through a gathered state dict) and the trainer of issue 10 items 1–3 (FSDP2 `none | optimizer |
-full`, bf16 compute over fp32 master state, activation checkpointing per decoder layer, log-probs
-in token chunks, weight sync in buckets). A spec with a `trainer.sharding` field, or an explicit
-`sharding` argument, means the latter; a spec with only `zeroStage` means today's trainer.
+start-up check (`grpo_trainer.memory`), so all three read a job the same way. The trainer it
+models: sharding `none | optimizer | full` (full = FSDP2 for the dense part, experts by EP),
+bf16 compute over fp32 master state, activation checkpointing per decoder layer (on by default
+under full), log-probs in token chunks, weight sync in buckets. A spec with only the old
+`zeroStage` means none (0) or optimizer (1), as the trainer reads it.
 """
 
 from dataclasses import dataclass
@@ -37,13 +35,12 @@ class TrainerInputs:
     world: int  # replicas x processesPerPod
     ep: int  # expertParallelSize
     sharding: Sharding
-    fsdp2: bool  # True: the trainer of issue 10 items 1-3; False: today's trainer
     micro_batch: int  # sequences per forward/backward per rank
     seq_tokens: int  # prompt + maxNewTokens: the longest padded sequence
     kl: bool  # klCoef > 0: a reference model is loaded
     compute_bytes: int  # bytes of the compute dtype (model.dtype): 2 for bf16
     rollout_bytes: int  # bytes per weight sent to rollout (model.dtype)
-    activation_checkpointing: bool | None = None  # None: on when the plan needs it (FSDP2 only)
+    activation_checkpointing: bool | None = None  # None: the trainer's default (on under full)
     logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS
     sync_bucket_bytes: int = SYNC_BUCKET_BYTES
     runtime_bytes: int | None = None  # None: the GPU reserve (trainer.RUNTIME_BYTES); a host run passes
@@ -66,15 +63,11 @@ class RolloutInputs:
     weight_bytes: int  # bytes per weight and per KV element (model.dtype)
 
 
-def resolve_sharding(trainer: Any, override: str | None = None) -> tuple[Sharding, bool]:
-    """(mode, fsdp2): the override or the spec's `sharding` field mean the FSDP2 trainer; without
-    them `zeroStage` 0/1 is today's trainer without or with sharded optimizer state."""
+def resolve_sharding(trainer: Any, override: str | None = None) -> Sharding:
+    """The override, else the spec's sharding (`sharding`, or what the old `zeroStage` names)."""
     if override is not None:
-        return Sharding(override), True
-    field = getattr(trainer, "sharding", None)
-    if field is not None:
-        return Sharding(str(getattr(field, "value", field))), True
-    return (Sharding.OPTIMIZER if getattr(trainer, "zero_stage", 0) >= 1 else Sharding.NONE), False
+        return Sharding(override)
+    return Sharding(str(trainer.effective_sharding))
 
 
 def inputs_from_spec(
@@ -85,7 +78,9 @@ def inputs_from_spec(
     activation_checkpointing: bool | None = None,
 ) -> tuple[TrainerInputs, RolloutInputs]:
     algo, trainer, rollout = spec.algorithm, spec.trainer, spec.rollout
-    mode, fsdp2 = resolve_sharding(trainer, sharding)
+    mode = resolve_sharding(trainer, sharding)
+    if activation_checkpointing is None:
+        activation_checkpointing = trainer.activation_checkpointing
     width = DTYPE_BYTES[str(spec.model.dtype)]
     seq = prompt_tokens + algo.max_new_tokens
     return (
@@ -93,7 +88,6 @@ def inputs_from_spec(
             world=trainer.replicas * trainer.processes_per_pod,
             ep=trainer.expert_parallel_size,
             sharding=mode,
-            fsdp2=fsdp2,
             micro_batch=algo.micro_batch_size,
             seq_tokens=seq,
             kl=algo.kl_coef > 0,

@@ -47,7 +47,7 @@ def layer_activation_bytes(shape: ModelShape, a: int, e: int) -> tuple[float, fl
 
 def plan(shape: ModelShape, t: TrainerInputs, gpu_bytes: int | None) -> RolePlan:
     a = t.compute_bytes
-    full = t.fsdp2 and t.sharding is Sharding.FULL
+    full = t.sharding is Sharding.FULL
     dense, expert, local_f = _local(shape, t, full)
     local = dense + expert
     parts: dict[str, Part] = {}
@@ -60,18 +60,14 @@ def plan(shape: ModelShape, t: TrainerInputs, gpu_bytes: int | None) -> RolePlan
         opt = (shape.dense_total + shape.expert_total) / t.world
         parts["optimizer"] = Part(int(2 * MASTER * opt), "AdamW 2 x 4 B x (P_d + P_e) / W")
     layer_local = shape.layer_params(t.world if full else t.ep)
-    if not t.fsdp2:
-        cached = shape.dense_total - shape.embed
-        parts["compute_copies"] = Part(int(a * cached), f"autocast cache: {a} B x (P_d - embed)")
-    elif full:
+    if full:
         unsharded = 2 * layer_local * (a + MASTER) + a * max(shape.embed, shape.lm_head)
         parts["compute_copies"] = Part(
             int(unsharded), f"FSDP2 gathers: 2 layers x ({a} B params + 4 B grads) x layer + {a} B x V x h"
         )
     else:
         parts["compute_copies"] = Part(int(a * local), f"{a} B working copy x {local_f}")
-    e = MASTER if not t.fsdp2 else a  # today's experts compute in fp32 (issue 10)
-    base, moe, dense_mlp = layer_activation_bytes(shape, a, e)
+    base, moe, dense_mlp = layer_activation_bytes(shape, a, a)  # experts compute in the compute dtype
     per_token_all = (
         shape.layers * base + shape.moe_layers * moe + (shape.layers - shape.moe_layers) * dense_mlp
     )
@@ -80,32 +76,21 @@ def plan(shape: ModelShape, t: TrainerInputs, gpu_bytes: int | None) -> RolePlan
     )
     no_ac = t.tokens * (per_token_all + 2 * a * shape.hidden)
     with_ac = t.tokens * (shape.layers * a * shape.hidden + per_token_one + 2 * a * shape.hidden)
-    logits_tokens = min(t.tokens, t.logits_chunk_tokens) if t.fsdp2 else t.tokens
+    logits_tokens = min(t.tokens, t.logits_chunk_tokens)
     logits = logits_tokens * shape.vocab * (a + 4 * LOGIT_FP32_COPIES)
-    logits_f = (
-        f"{'chunk ' + str(logits_tokens) if t.fsdp2 else 'T = ' + str(t.tokens)} tokens x V"
-        f" x ({a} B + {LOGIT_FP32_COPIES} fp32 copies)"
-    )
-    if t.fsdp2:
-        sync = Part(2 * t.sync_bucket_bytes, f"2 buckets x {t.sync_bucket_bytes // 2**20} MiB")
-    elif t.ep > 1:
-        sync = Part(MASTER * shape.expert_total, "gathered state dict: 4 B x P_e (rank 0's EP group)")
-    else:
-        sync = Part(0, "state dict shares the weights (EP = 1)")
+    logits_f = f"chunk {logits_tokens} tokens x V x ({a} B + {LOGIT_FP32_COPIES} fp32 copies)"
+    sync = Part(2 * t.sync_bucket_bytes, f"2 buckets x {t.sync_bucket_bytes // 2**20} MiB")
     if not t.kl:
         ref = Part(0, "klCoef = 0: no reference model")
-    elif t.fsdp2:
-        ref = Part(int(a * local), f"{a} B x {local_f}, sharded like the policy")
     else:
-        ref_local = shape.dense_total + shape.expert_total / t.ep
-        ref = Part(int(MASTER * ref_local), "4 B x (P_d + P_e / E), loaded like the policy")
+        ref = Part(int(a * local), f"{a} B x {local_f}, sharded like the policy")
     runtime = RUNTIME_BYTES if t.runtime_bytes is None else t.runtime_bytes
     fixed = sum(p.bytes for p in parts.values()) + logits + sync.bytes + ref.bytes + runtime
     ac = t.activation_checkpointing
-    if ac is None:
-        ac = t.fsdp2 and gpu_bytes is not None and fixed + no_ac > gpu_bytes
-        if ac:
-            notes.append("activation checkpointing on: without it the activations do not fit")
+    if ac is None:  # the trainer's default: on under full sharding
+        ac = full
+    if not ac and gpu_bytes is not None and fixed + no_ac > gpu_bytes >= fixed + with_ac:
+        notes.append("turn trainer.activationCheckpointing on: without it the activations do not fit")
     act_f = (
         f"T = {t.tokens} tokens x (layers x {a} B x h + one layer's saved tensors)"
         if ac
@@ -121,10 +106,6 @@ def plan(shape: ModelShape, t: TrainerInputs, gpu_bytes: int | None) -> RolePlan
         if t.runtime_bytes is None
         else "host process before the model (interpreter, torch, gloo), given by the caller",
     )
-    if not t.fsdp2:
-        notes.append(
-            "today's trainer (zeroStage): fp32 weights, no activation checkpointing, full-vocab logits"
-        )
     return RolePlan(
         role="trainer",
         parts=parts,
@@ -132,7 +113,6 @@ def plan(shape: ModelShape, t: TrainerInputs, gpu_bytes: int | None) -> RolePlan
         notes=notes,
         extra={
             "sharding": str(t.sharding),
-            "fsdp2": t.fsdp2,
             "activation_checkpointing": bool(ac),
             "activations_gib": {
                 "without_checkpointing": round(no_ac / GIB, 2),
