@@ -44,6 +44,8 @@ class Verdict:
     reason: str = ""
     created: str = ""
     """created: the pod's creationTimestamp, to drop news of a same-named job's old pods."""
+    job_uid: str = ""
+    """job_uid: the uid of the job that made the pod (its grpo.dev/job-uid label), if labelled."""
 
     @property
     def permanent(self) -> bool:

@@ -155,6 +155,7 @@ async def pod_changed(
             role=labels.get(names.LABEL_ROLE, ""),
             attempt=observe.pod_attempt(pod),
             created=body.metadata.get("creationTimestamp", ""),
+            job_uid=labels.get(names.LABEL_JOB_UID, ""),
         )
     # Only for live workers: a deleted job's pods must not leave news for a later namesake.
     if verdict is not None and verdict.role == names.ROLE_TRAINER and (namespace, job) in rt.jobs.wakers:

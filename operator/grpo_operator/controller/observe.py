@@ -44,6 +44,7 @@ def verdict(pod: dict, lost_nodes: frozenset[str] | set[str] = frozenset()) -> V
         "role": role,
         "attempt": pod_attempt(pod),
         "created": meta.get("creationTimestamp", ""),
+        "job_uid": (meta.get("labels") or {}).get(names.LABEL_JOB_UID, ""),
     }
     term = _terminated(pod, role)
     phase = status.get("phase")

@@ -156,9 +156,10 @@ class Reconciler:
             job = memory.last_good  # a refused live edit: the job runs on what it ran
         born = meta.get("creationTimestamp", "")  # RFC 3339 in UTC: compares as text
         pods = self.kube.list_pods(meta["namespace"], names.label_selector(meta["name"]))
-        pods = [p for p in pods if p["metadata"].get("creationTimestamp", "") >= born]  # not a namesake's
+        pods = [p for p in pods if _ours(p["metadata"], meta["uid"], born)]  # not a namesake's
         obs = observe.summarize(pods, attempt=old.restarts, lost_nodes=frozenset(self.lost_nodes))
-        obs.verdicts += [v for v in pending if v.created >= born]
+        uid = meta["uid"]
+        obs.verdicts += [v for v in pending if (v.job_uid == uid if v.job_uid else v.created >= born)]
         gate = self.queueing.gate(body, job, memory.queue, now)
         return Snapshot(body, old, job, error, pods, obs, gate)
 
@@ -254,6 +255,13 @@ def _rollout_count(new: GRPOJobStatus, kueue_cap: int | None) -> int | None:
     """Rollout servers to render: the decided (autoscaled) count, within what Kueue admitted."""
     counts = [n for n in (new.rollout.replicas if new.rollout else None, kueue_cap) if n is not None]
     return min(counts) if counts else None
+
+
+def _ours(pod_meta: dict, uid: str, born: str) -> bool:
+    """A pod of this job, not of a deleted namesake: by its job-uid label, else (a pod made
+    before the label existed) by its creation time, which has only a second's resolution."""
+    labelled = (pod_meta.get("labels") or {}).get(names.LABEL_JOB_UID)
+    return labelled == uid if labelled else pod_meta.get("creationTimestamp", "") >= born
 
 
 def _running(old: GRPOJobStatus) -> bool:
