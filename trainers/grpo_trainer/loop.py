@@ -87,6 +87,7 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     cache = spec.storage.cache_dir  # s3:// models: fetched once per pod into this emptyDir
     sharding = spec.trainer.effective_sharding
     load = dict(replay=replay, cache_dir=cache, sharding=sharding)  # each rank reads only its part
+    load["ep_tokens"] = algo.micro_batch_size * algo.max_new_tokens  # what `auto` measures EP with
     ac = spec.trainer.activation_checkpointing
     model = load_policy(spec.model.path, groups, backend, device, activation_checkpointing=ac, **load)
     ref = None
