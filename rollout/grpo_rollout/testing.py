@@ -5,7 +5,9 @@ The rollout tests (and anyone who needs a model directory without a download) ca
 tests check mechanics (batched sampling, log-probs, weight swaps), not quality.
 """
 
+import contextlib
 import string
+from collections.abc import Iterator
 from pathlib import Path
 
 CHARS = [c for c in string.printable if c not in "\x0b\x0c\r"]
@@ -171,3 +173,27 @@ def wait_ready(url: str, proc, timeout: float = 120.0) -> None:
             pass
         time.sleep(0.2)
     raise TimeoutError(f"rollout server {url} not ready after {timeout}s")
+
+
+@contextlib.contextmanager
+def running_servers(
+    model_dir: str | Path, work: Path, token: str, count: int = 2
+) -> Iterator[tuple[list, list]]:
+    """`count` real rollout servers of one contract, ready; (urls, processes). Stopped servers
+    (SIGSTOP in a test) are continued before the kill, so none is left behind."""
+    import signal
+
+    ports = [free_port() for _ in range(count)]
+    contract = write_contract(work / "servers.json", model_dir, ports=ports, max_batch_size=32)
+    procs = [start_server(contract, p, token, drain_seconds=3.0, log_path=work / f"{p}.log") for p in ports]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    try:
+        for url, proc in zip(urls, procs, strict=True):
+            wait_ready(url, proc)
+        yield urls, procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+            proc.wait(timeout=30)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from grpo_rollout.client import GenerateError, RolloutClient, ServerError, bucketize
 from grpo_rollout.protocol import Prompt, Sampling
-from grpo_rollout.testing import build_tiny_model, free_port, start_server, wait_ready, write_contract
+from grpo_rollout.testing import build_tiny_model, free_port, running_servers
 
 pytestmark = pytest.mark.slow
 TOKEN = "client-test-token"
@@ -28,21 +28,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture
 def two_servers(model_dir, tmp_path):
-    ports = [free_port(), free_port()]
-    contract = write_contract(tmp_path / "job.json", model_dir, ports=ports, max_batch_size=32)
-    procs = [
-        start_server(contract, p, TOKEN, drain_seconds=3.0, log_path=tmp_path / f"{p}.log") for p in ports
-    ]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    try:
-        for url, proc in zip(urls, procs, strict=True):
-            wait_ready(url, proc)
-        yield urls, procs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=30)
+    with running_servers(model_dir, tmp_path, TOKEN) as servers:
+        yield servers
 
 
 def prompts(count: int) -> list[Prompt]:

@@ -18,7 +18,7 @@ import torch
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_rollout.client import RolloutClient
 from grpo_rollout.protocol import Prompt, Sampling
-from grpo_rollout.testing import build_tiny_model, free_port, start_server, wait_ready, write_contract
+from grpo_rollout.testing import build_tiny_model, running_servers, write_contract
 from grpo_trainer.data import Row
 from grpo_trainer.generation import Generator
 from grpo_trainer.membership import ContractFileSource
@@ -34,22 +34,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def two_servers(model_dir: Path, tmp_path: Path):
-    ports = [free_port(), free_port()]
-    contract = write_contract(tmp_path / "servers.json", model_dir, ports=ports, max_batch_size=32)
-    procs = [
-        start_server(contract, p, TOKEN, drain_seconds=3.0, log_path=tmp_path / f"{p}.log") for p in ports
-    ]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    try:
-        for url, proc in zip(urls, procs, strict=True):
-            wait_ready(url, proc)
-        yield urls, procs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.kill()
-            proc.wait(timeout=30)
+    with running_servers(model_dir, tmp_path, TOKEN) as servers:
+        yield servers
 
 
 def generate_requests(url: str) -> dict[str, float]:

@@ -101,6 +101,13 @@ class _Combine(torch.autograd.Function):
         return grad_x, None, None, None
 
 
+def release_exchanges(cache: dict, group: object) -> None:
+    """Drop the cached exchanges of `group` (keys start with its id); DeepEP frees a buffer with
+    its last reference, so nothing else is asked of it."""
+    for key in [k for k in cache if k[0] == id(group)]:
+        del cache[key]
+
+
 class DeepEPDispatcher:
     """Expert parallelism through one DeepEP version (`exchange`); experts sharded in contiguous
     blocks like `alltoall`. Subclasses build the exchange lazily (DeepEP's constructors are

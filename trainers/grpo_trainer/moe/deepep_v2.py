@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from grpo_trainer.moe import autoselect
-from grpo_trainer.moe.deepep import DeepEPDispatcher, deepep_dispatcher
+from grpo_trainer.moe.deepep import DeepEPDispatcher, deepep_dispatcher, release_exchanges
 from grpo_trainer.moe.dispatch import register_backend
 
 NAME = "deepep_v2"
@@ -115,8 +115,7 @@ class Dispatcher(DeepEPDispatcher):
         return _EXCHANGES[key]
 
     def release(self) -> None:
-        for key in [k for k in _EXCHANGES if k[0] == id(self.group)]:
-            del _EXCHANGES[key]  # freed with its last reference (no explicit destroy asked)
+        release_exchanges(_EXCHANGES, self.group)
 
 
 if AVAILABLE:
