@@ -39,7 +39,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -157,12 +157,30 @@ def _wait_for(
         time.sleep(interval)
 
 
+def _established(kubectl: Kubectl, names: Iterable[str], timeout: float = 60) -> None:
+    """Poll each CRD's Established condition. `kubectl wait` errors out instead of waiting when a
+    just-applied CRD has no conditions yet, so it cannot be used right after an apply."""
+    jsonpath = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
+    for name in names:
+        _wait_for(
+            lambda name=name: kubectl("get", f"crd/{name}", "-o", jsonpath, check=False).stdout == "True",
+            what=f"CRD {name} to be Established",
+            timeout=timeout,
+        )
+
+
+@pytest.fixture(scope="session")
+def established(kubectl: Kubectl) -> Callable[..., None]:
+    """`established(*names)` returns once every named CRD serves its kind."""
+    return lambda *names: _established(kubectl, names)
+
+
 @pytest.fixture(scope="session")
 def third_party_crds(kubectl: Kubectl) -> Path:
     crd_dir = Path(_run_script(str(CRDS_SH), timeout=600).strip())
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_dir))
     names = [yaml.safe_load(p.read_text())["metadata"]["name"] for p in sorted(crd_dir.glob("*.yaml"))]
-    kubectl("wait", "--for=condition=Established", *(f"crd/{n}" for n in names), "--timeout=60s")
+    _established(kubectl, names)
     return crd_dir
 
 

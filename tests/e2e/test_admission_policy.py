@@ -43,7 +43,9 @@ USERS = {
 
 
 @pytest.fixture(scope="module")
-def admission(bin_dir: Path, kubectl: Kubectl, wait_for: Callable[..., Any]) -> Iterator[str]:
+def admission(
+    bin_dir: Path, kubectl: Kubectl, established: Callable[..., None], wait_for: Callable[..., Any]
+) -> Iterator[str]:
     """A namespace under the chart's policy, with the three users' RBAC; returns its name."""
     run = uuid.uuid4().hex[:6]
     namespace = f"e2e-admission-{run}"
@@ -101,7 +103,7 @@ def admission(bin_dir: Path, kubectl: Kubectl, wait_for: Callable[..., Any]) -> 
     for user in USERS:
         rbac.append(_binding(namespace, user, "Role", "read-readable-secrets", name=f"{user}-read-secrets"))
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "crd/grpojobs.grpo.dev", "--timeout=60s")
+    established("grpojobs.grpo.dev")
     try:
         kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(rbac + policy_objects))
         # Policies reach the admission plugin through an informer: wait until one refuses.

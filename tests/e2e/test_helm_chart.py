@@ -52,12 +52,13 @@ def group_of(doc: dict[str, Any]) -> str:
     return doc["apiVersion"].rpartition("/")[0]
 
 
-def install_crds(kubectl: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+def install_crds(
+    kubectl: Callable[..., subprocess.CompletedProcess[str]], established: Callable[..., None]
+) -> None:
     """The chart's CRDs for real, so their kinds can be dry-run, applied server-side as `helm
     install` does (forcing: a cluster kept from an older checkout may hold an older CRD)."""
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-    for crd in ("grpojobs.grpo.dev", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
-        kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    established("grpojobs.grpo.dev", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev")
 
 
 def dry_run(kubectl: Callable[..., subprocess.CompletedProcess[str]], docs: list[dict[str, Any]]) -> str:
@@ -83,9 +84,15 @@ def dry_run(kubectl: Callable[..., subprocess.CompletedProcess[str]], docs: list
     ids=["cluster", "namespaced", "monitoring-kueue-and-instance-types"],
 )
 def test_helm_template_is_accepted_by_the_api_server(
-    sets: tuple[str, ...], namespace: str, bin_dir: Path, kubeconfig: Path, kubectl, third_party_crds: Path
+    sets: tuple[str, ...],
+    namespace: str,
+    bin_dir: Path,
+    kubeconfig: Path,
+    kubectl,
+    established,
+    third_party_crds: Path,
 ) -> None:
-    install_crds(kubectl)
+    install_crds(kubectl, established)
     args = ["template", f"r{uuid.uuid4().hex[:6]}", str(CHART), "--namespace", namespace, "--include-crds"]
     for s in sets:
         args += ["--set", s]
@@ -121,8 +128,10 @@ def example_objects(namespace: str) -> tuple[list[dict[str, Any]], list[str]]:
     return present, absent
 
 
-def test_examples_pass_server_side_dry_run(namespace: str, kubectl, third_party_crds: Path) -> None:
-    install_crds(kubectl)
+def test_examples_pass_server_side_dry_run(
+    namespace: str, kubectl, established, third_party_crds: Path
+) -> None:
+    install_crds(kubectl, established)
     present, absent = example_objects(namespace)
     kinds = {d["kind"] for d in present}
     assert {"GRPOJob", "PersistentVolume", "PersistentVolumeClaim"} <= kinds

@@ -85,9 +85,9 @@ class Operator:
 
 
 @pytest.fixture(scope="module")
-def crd(kubectl, wait_for):
+def crd(kubectl, established):
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "crd/grpojobs.grpo.dev", "--timeout=60s")
+    established("grpojobs.grpo.dev")
 
 
 @pytest.fixture

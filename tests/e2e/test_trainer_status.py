@@ -25,12 +25,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def crd(kubectl: Any) -> None:
+def crd(kubectl: Any, established: Any) -> None:
     text = subprocess.run(
         [sys.executable, "-m", "grpo_operator.cli", "crd"], capture_output=True, text=True, check=True
     ).stdout
     kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text)
-    kubectl("wait", "--for=condition=Established", "crd/grpojobs.grpo.dev", "--timeout=60s")
+    established("grpojobs.grpo.dev")
 
 
 def create_job(api: client.CustomObjectsApi, namespace: str, name: str) -> dict:
