@@ -9,13 +9,18 @@
 # (grpo_operator.render.pods.COMMANDS) and the chart runs; tests/unit/test_dockerfile.py
 # keeps them in line. Versions are build arguments so a fleet can move without a code change.
 
-ARG PYTHON_VERSION=3.12
-ARG CUDA_VERSION=12.9.1
-ARG CUDA_BASE=nvidia/cuda:${CUDA_VERSION}-cudnn-devel-ubuntu24.04
+# Base images pinned by their multi-arch index digest, so a moved tag cannot change a build;
+# the tag stays for readers and is checked against the pins below (tests/unit/test_dockerfile.py).
+# Digests as published by public repositories that pin the same tags (no registry is reachable
+# from where this was written): python:3.12-slim in VOCSAP/kerdoos (Dockerfile);
+# nvidia/cuda:12.9.1-cudnn-devel-ubuntu24.04 in remsky/Kokoro-FastAPI (docker-bake.hcl, the
+# nvcr.io name of the same index). Refresh with `docker buildx imagetools inspect <tag>`.
+ARG PYTHON_BASE=python:3.12-slim@sha256:78387bc3881b8273120a12ebe6c1ab22b018ccc2c9adf565ae1ac9b536e184ea
+ARG CUDA_BASE=nvidia/cuda:12.9.1-cudnn-devel-ubuntu24.04@sha256:a2e1e2360c85298ac47ec2543b406ab1e8cec42e31ee47e4d32140ebc82e1067
 
 # ---------------------------------------------------------------------------------------
 # wheel: the project's one distribution (three import packages), built once.
-FROM python:${PYTHON_VERSION}-slim AS wheel
+FROM ${PYTHON_BASE} AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
@@ -26,7 +31,7 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 # ---------------------------------------------------------------------------------------
 # operator: the kopf operator. Base dependencies only (no torch, no CUDA); non-root, and
 # nothing is written outside /tmp, so the chart runs it with a read-only root filesystem.
-FROM python:${PYTHON_VERSION}-slim AS operator
+FROM ${PYTHON_BASE} AS operator
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \

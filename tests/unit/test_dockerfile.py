@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from grpo_operator.api.job import GRPOJob
 from grpo_operator.api.roles import RolloutSpec, TrainerSpec
 from grpo_operator.cli import COMMANDS
 from grpo_operator.render import names, pods
@@ -66,6 +67,28 @@ def parse(text: str) -> dict[str, Stage]:
 
 
 STAGES = parse(DOCKERFILE.read_text())
+DIGEST = re.compile(r"(?P<repo>[^:@\s]+):(?P<tag>[^@\s]+)@sha256:(?P<digest>[0-9a-f]{64})")
+
+
+def global_args(text: str) -> dict[str, str]:
+    """The ARGs before the first FROM: the only ones a FROM line can use."""
+    args: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.upper().startswith("FROM "):
+            break
+        if line.upper().startswith("ARG "):
+            key, _, default = line[4:].strip().partition("=")
+            args[key] = default
+    return args
+
+
+GLOBAL_ARGS = global_args(DOCKERFILE.read_text())
+
+
+def base_image(stage: str) -> str:
+    """The external image a stage's chain starts from, with global ARGs substituted."""
+    root = chain(stage)[-1].base
+    return re.sub(r"\$\{(\w+)\}", lambda m: GLOBAL_ARGS[m.group(1)], root)
 
 
 def chain(name: str) -> list[Stage]:
@@ -145,7 +168,8 @@ def test_default_images_name_dockerfile_targets_at_the_project_version() -> None
 
 
 def test_operator_image_is_slim_and_non_root() -> None:
-    assert re.fullmatch(r"python:\$\{PYTHON_VERSION\}-slim", STAGES["operator"].base)
+    m = DIGEST.fullmatch(base_image("operator"))
+    assert m and m["repo"] == "python" and m["tag"].endswith("-slim")
     runs = all_runs("operator")
     assert "[trainer" not in runs and "[gpu" not in runs and "torch" not in runs
     assert "storage]" not in runs and "s3fs" not in runs, "the operator opens no URI: no storage extra"
@@ -214,6 +238,66 @@ def test_the_renderers_gin_plugin_name_exists_in_the_image() -> None:
     assert "libnccl-net-ofi.so" in all_runs("cuda-efa")
     assert "/opt/amazon/ofi-nccl/lib" in " ".join(v for st in chain("trainer") for v in st.values("ENV"))
     assert not [k for k in pods.GIN_ENV if "NVSHMEM" in k or "IBGDA" in k or "GDAKI" in k]
+
+
+# The python3 each Ubuntu release ships: the GPU images' venv runs on it, the wheel is built on
+# the python image, and both must agree.
+UBUNTU_PYTHON = {"ubuntu22.04": "3.10", "ubuntu24.04": "3.12"}
+
+
+def test_every_base_image_is_pinned_by_digest() -> None:
+    """A tag alone can move under a rebuild; `tag@sha256:` cannot (the tag stays for readers)."""
+    roots = {chain(name)[-1].base for name in STAGES}
+    assert roots == {"${PYTHON_BASE}", "${CUDA_BASE}"}, "every external base goes through a pinned ARG"
+    for stage in STAGES:
+        assert DIGEST.fullmatch(base_image(stage)), f"{stage} builds FROM {base_image(stage)}, not a digest"
+
+
+def test_the_pins_agree_with_each_other() -> None:
+    """One CUDA (the base image's) behind torch's wheel index and the NCCL/NVSHMEM wheels; one
+    Python in the wheel stage and in the GPU images; aws-ofi-nccl (EFA installer) and NCCL
+    recent enough for GIN (checked with DeepEP's pins above)."""
+    cuda = DIGEST.fullmatch(GLOBAL_ARGS["CUDA_BASE"])
+    python = DIGEST.fullmatch(GLOBAL_ARGS["PYTHON_BASE"])
+    assert cuda and python and cuda["repo"] == "nvidia/cuda" and python["repo"] == "python"
+    cuda_version, _, flavour = cuda["tag"].partition("-")
+    major, minor = cuda_version.split(".")[:2]
+    assert "devel" in flavour, "DeepEP and DeepSpeed's ops compile with nvcc"
+    for stage in ("ep-build", "trainer"):
+        index = build_args(stage)["TORCH_INDEX_URL"]
+        assert index.endswith(f"/cu{major}{minor}"), f"{stage}: torch wheels for CUDA {major}.{minor}"
+        for wheel in ("nvidia-nccl-cu", "nvidia-nvshmem-cu"):
+            assert f"{wheel}{major}==" in all_runs(stage), f"{stage}: {wheel}{major} for CUDA {major}"
+    ubuntu = flavour.rsplit("-", 1)[-1]
+    assert python["tag"].split("-")[0] == UBUNTU_PYTHON[ubuntu], (
+        f"the wheel is built on Python {python['tag']}, the GPU images run {ubuntu}'s python3"
+    )
+
+
+def test_the_images_env_agrees_with_the_renderers() -> None:
+    """What both the image and the rendered EFA trainer pod set has one value, and the pod's
+    GIN plugin directory is on the image's library path."""
+    from grpo_operator import render
+
+    job = GRPOJob.model_validate(yaml.safe_load((ROOT / "examples" / "p5-qwen3-30b-a3b.yaml").read_text()))
+    out = render.render(job, name="p5", namespace="team", uid="uid-1")
+    pod_env = {
+        e["name"]: e.get("value")
+        for child in out.children
+        if child["kind"] == "StatefulSet" and names.ROLE_TRAINER in child["metadata"]["name"]
+        for c in child["spec"]["template"]["spec"]["containers"]
+        for e in c.get("env", [])
+    }
+    assert pod_env.get("NCCL_GIN_PLUGIN") == "ofi", "the example is an EFA gang"
+    image_env: dict[str, str] = {}
+    for stage in reversed(chain("trainer")):
+        for value in stage.values("ENV"):
+            for key, val in re.findall(r"(\w+)=(\S+)", value):
+                image_env[key] = val
+    shared = set(pod_env) & set(image_env)
+    assert "FI_PROVIDER" in shared
+    assert {k: pod_env[k] for k in shared} == {k: image_env[k] for k in shared}
+    assert "/opt/amazon/ofi-nccl/lib" in image_env["LD_LIBRARY_PATH"].split(":")
 
 
 def test_rollout_image_has_vllm_at_a_version_pyproject_allows() -> None:
