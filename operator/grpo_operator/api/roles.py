@@ -269,6 +269,77 @@ class RolloutAutoscaling(ApiModel):
     )
 
 
+class VllmSpec(ApiModel):
+    """The vLLM engine's knobs (rollout.engine vllm): memory, context, parallel layout, graphs."""
+
+    gpu_memory_utilization: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="gpuMemoryUtilization: optional, default 0.9, (0, 1]. Share of each GPU vLLM may use "
+        "(weights, activations, KV cache).",
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=16,
+        le=1048576,
+        description="maxModelLen: optional, [16, 1048576]. Longest prompt plus completion; unset means the "
+        "model's own limit. Lower it to fit the KV cache of a long-context model.",
+    )
+    data_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="dataParallelSize: optional, default 1, [1, 64]. Model replicas inside one server, each "
+        "on tensorParallelSize GPUs; the server holds tensorParallelSize x dataParallelSize GPUs.",
+    )
+    expert_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=4096,
+        description="expertParallelSize: optional, default 1, [1, 4096]. 1 slices every expert across the tensor-"
+        "parallel GPUs; tensorParallelSize x dataParallelSize places whole experts on each GPU instead "
+        "(vLLM's expert parallelism spans all of a server's GPUs).",
+    )
+    enforce_eager: bool = Field(
+        default=False,
+        description="enforceEager: optional, default false. Skip CUDA graph capture: faster start and less "
+        "memory, slower decoding.",
+    )
+    sleep_for_updates: bool = Field(
+        default=False,
+        description="sleepForUpdates: optional, default false. Release the KV cache while a weight version "
+        "loads (vLLM sleep level 2, woken after), so the update's buffers have the room; the prefix "
+        "cache is lost, which a new version invalidates anyway.",
+    )
+
+
+class WeightSyncTransport(StrEnum):
+    AUTO = "auto"
+    COLLECTIVE = "collective"
+    HTTP = "http"
+
+
+class WeightSync(ApiModel):
+    """How each new weight version reaches the rollout servers (docs/weight-sync.md)."""
+
+    transport: WeightSyncTransport = Field(
+        default=WeightSyncTransport.AUTO,
+        description=(
+            "transport: optional, default auto. collective: every trainer rank streams the weights it "
+            "holds over a torch.distributed group with the servers (NCCL on GPU, gloo on CPU); http: "
+            "rank 0 gathers the model and POSTs it to each server. auto: collective for the torch "
+            "engine, http for vllm."
+        ),
+    )
+    bucket_mb: int = Field(
+        default=256,
+        ge=1,
+        le=2048,
+        description="bucketMB: optional, default 256, [1, 2048]. Bucket size; a trainer rank holds at most two.",
+    )
+
+
 class RolloutSpec(RoleCommon):
     model_config = ConfigDict(
         json_schema_extra=cel(
@@ -291,6 +362,18 @@ class RolloutSpec(RoleCommon):
                 "!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
                 "rollout.replicas must be <= rollout.maxReplicas",
                 ".maxReplicas",
+            ),
+            (
+                "self.vllm.expertParallelSize == 1 || "
+                "self.vllm.expertParallelSize == self.tensorParallelSize * self.vllm.dataParallelSize",
+                "rollout.vllm.expertParallelSize must be 1 or tensorParallelSize x dataParallelSize: vLLM "
+                "spreads experts over all of a server's GPUs",
+                ".vllm.expertParallelSize",
+            ),
+            (
+                "self.engine == 'vllm' || self.vllm.dataParallelSize == 1",
+                "rollout.vllm.dataParallelSize needs rollout.engine vllm",
+                ".vllm.dataParallelSize",
             ),
             podspec.sidecars_need_images("rollout"),
         )
@@ -335,3 +418,11 @@ class RolloutSpec(RoleCommon):
         le=65536,
         description="maxBatchSize: optional, default 256, [1, 65536]. Sequences one server decodes at once.",
     )
+    vllm: VllmSpec = Field(
+        default_factory=VllmSpec, description="vllm: optional. The vLLM engine's knobs (engine vllm)."
+    )
+
+    @property
+    def gpus_per_server(self) -> int:
+        """GPUs one rollout server holds: its tensor-parallel group times vLLM's data-parallel replicas."""
+        return self.tensor_parallel_size * self.vllm.data_parallel_size

@@ -238,12 +238,6 @@ class GRPOJobSpec(ApiModel):
                 "pod-local, so no pod would hold a whole checkpoint",
                 ".checkpoint.path",
             ),
-            (
-                "!self.algorithm.routingReplay || self.rollout.engine != 'vllm'",
-                "algorithm.routingReplay needs rollout.engine torch: the vllm engine does not return "
-                "routed experts yet",
-                ".algorithm.routingReplay",
-            ),
         )
     )
     model: ModelSpec = Field(description="model: required. The policy model to train.")

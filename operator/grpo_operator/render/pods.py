@@ -64,10 +64,13 @@ def hardware(job: GRPOJob, role: str, table: InstanceTable) -> Hardware:
             raise RenderError(f"network.efa is 'required' but {what}; use an EFA type (p4d, p5, p5en, p6...)")
         gpus, efa = node_gpus, node_efa
     else:
-        tp = job.spec.rollout.tensor_parallel_size
-        if itype and node_gpus and tp > node_gpus:
-            raise RenderError(f"rollout.tensorParallelSize {tp} exceeds the {node_gpus} GPUs of {itype.name}")
-        gpus = min(tp, node_gpus)
+        per_server = job.spec.rollout.gpus_per_server  # tensorParallelSize x vllm.dataParallelSize
+        if itype and node_gpus and per_server > node_gpus:
+            raise RenderError(
+                f"rollout.tensorParallelSize x vllm.dataParallelSize = {per_server} exceeds the "
+                f"{node_gpus} GPUs of {itype.name}"
+            )
+        gpus = min(per_server, node_gpus)
         efa = node_efa if node_gpus and gpus == node_gpus else 0
     return Hardware(itype, gpus, 0 if mode == EFAMode.DISABLED else efa)
 
