@@ -375,6 +375,29 @@ def test_rollout_autoscaling_follows_the_trainers_wait_and_never_writes_spec(ope
     assert scale["status"]["selector"] == "grpo.dev/job=elastic,grpo.dev/role=rollout"
 
 
+def test_a_failed_auto_candidate_is_one_event_and_one_count(operator, cluster, wait_for):
+    cluster.create(manifest("auto"))
+    cluster.wait_phase("auto", "Running")
+    failures = {"deepep_v2": "RuntimeError: NCCL GIN is unavailable"}
+    for step in (1, 2):  # rank 0 repeats the failure in every step's report: announced once
+        stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        progress = {"step": step, "epBackend": "alltoall", "epBackendFailures": failures, "updatedAt": stamp}
+        cluster.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, cluster.ns, PLURAL, "auto", {"status": {"progress": progress}}
+        )
+        time.sleep(5)  # two resync passes (--resync-seconds 2) see each report
+
+    def announced() -> list:
+        events = cluster.core.list_namespaced_event(cluster.ns, field_selector="involvedObject.name=auto")
+        return [e for e in events.items if e.reason == "EPBackendFailed"]
+
+    wait_for(lambda: announced(), what="an EPBackendFailed Event", timeout=30)
+    (event,) = announced()
+    assert event.type == "Warning" and "deepep_v2" in event.message and "GIN is unavailable" in event.message
+    assert (event.count or 1) == 1
+    assert operator.metric("grpo_operator_ep_backend_failures_total") == 1
+
+
 def test_live_rollout_replicas_and_success(operator, cluster, fail_pod, wait_for):
     cluster.create(manifest("live"))
     cluster.wait_phase("live", "Running")

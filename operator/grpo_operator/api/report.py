@@ -15,6 +15,15 @@ from grpo_operator.api.status import Progress
 ENV_PROGRESS_FILE = "GRPO_PROGRESS_FILE"  # local runtime: rank 0 appends its reports here
 
 
+FAILED = "failed: "  # how `ep_candidates` marks a candidate that failed
+MAX_REASON = 1024
+
+
+def ep_failures(candidates: dict[str, str]) -> dict[str, str]:
+    """The failed `auto` candidates of a report, each with its reason (cut to MAX_REASON)."""
+    return {k: v.removeprefix(FAILED)[:MAX_REASON] for k, v in candidates.items() if v.startswith(FAILED)}
+
+
 class StepReport(BaseModel):
     """One optimizer step. Seconds are wall time of rank 0; rates count generated and trained
     tokens of the step over the step's whole wall time."""
@@ -73,6 +82,7 @@ class StepReport(BaseModel):
             train_seconds=self.train_s,
             ep_all_to_all_seconds=self.ep_all_to_all_s,
             ep_backend=self.ep_backend,
+            ep_backend_failures=ep_failures(self.ep_candidates),
             weight_version=self.weight_version,
             last_checkpoint=self.last_checkpoint,
             last_checkpoint_step=self.last_checkpoint_step,

@@ -120,6 +120,13 @@ class Progress(ApiModel):
         description="epBackend: the expert-parallel backend the whole gang runs when epBackend is auto "
         "(measured at start-up: alltoall, deepep_v1 or deepep_v2); unset otherwise.",
     )
+    ep_backend_failures: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="epBackendFailures: each epBackend auto candidate that failed to build or to round-trip, "
+        "with its reason (the next candidate was tried); the operator emits one EPBackendFailed Event "
+        "per candidate and counts it in grpo_operator_ep_backend_failures_total.",
+    )
     rollout_wait_fraction: float | None = Field(
         default=None,
         ge=0,

@@ -29,6 +29,11 @@ GANG_RESTARTS = Counter("grpo_operator_gang_restarts_total", "Trainer gang resta
 API_WRITES = Counter(
     "grpo_operator_api_writes_total", "Write requests sent to the API server.", ["verb", "kind"]
 )
+EP_BACKEND_FAILURES = Counter(
+    "grpo_operator_ep_backend_failures_total",
+    "epBackend auto candidates that failed in a trainer gang (each reported failure counted once).",
+    ["backend"],
+)
 
 
 class Heartbeat:
