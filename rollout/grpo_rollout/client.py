@@ -36,6 +36,7 @@ from grpo_rollout.protocol import (
     PromptResult,
     Sampling,
     WeightBucket,
+    WeightStreamRequest,
     WeightUpdateResponse,
 )
 
@@ -392,6 +393,43 @@ class RolloutClient:
                 raise ans
         if not result.live or (require_all and result.failed):
             raise WeightSyncError(version, result.failed)
+        return result
+
+    async def stream_weights(self, requests: Mapping[str, WeightStreamRequest]) -> WeightPushResult:
+        """Tell each server (endpoint -> its request) to receive a version over the trainer's groups;
+        answers when every server answered. The bytes travel over the groups, not this call, so the
+        trainer ranks must be sending meanwhile. Failures are per server, as in `push_weights`."""
+        version = next(iter(requests.values())).version if requests else 0
+        timeout = aiohttp.ClientTimeout(
+            total=max(r.timeout_s for r in requests.values()) + 60 if requests else 60,
+            sock_connect=self._weights_timeout.sock_connect,
+        )
+
+        async def one(ep: str, req: WeightStreamRequest) -> int:
+            what = f"weights v{req.version} (streamed)"
+            body = await self._post(
+                ep,
+                "/weights/stream",
+                what,
+                timeout,
+                data=req.model_dump_json(),
+                headers={"Content-Type": "application/json"},
+            )
+            return WeightUpdateResponse.model_validate_json(body).live_version
+
+        result = WeightPushResult(version=version)
+        answers = await asyncio.gather(*(one(ep, r) for ep, r in requests.items()), return_exceptions=True)
+        for ep, ans in zip(requests, answers, strict=True):
+            if isinstance(ans, int) and ans == version:
+                result.live[ep] = ans
+                self._down_until.pop(ep, None)
+            elif isinstance(ans, (int, RolloutError, ValidationError)):
+                result.failed[ep] = (
+                    str(ans) if not isinstance(ans, int) else f"live version {ans} after the stream"
+                )
+                self._mark_down(ep, result.failed[ep])
+            else:
+                raise ans
         return result
 
 

@@ -8,6 +8,8 @@ releases fail with a clear message instead of misreading each other. Models impo
 Endpoints (all JSON except the weight body):
   POST /generate  GenerateRequest -> GenerateResponse        (bearer token)
   POST /weights   one safetensors bucket, WeightBucket headers -> WeightUpdateResponse (bearer token)
+  POST /weights/stream  WeightStreamRequest -> WeightUpdateResponse, the version itself arriving over
+                  a torch.distributed group (`grpo_rollout.weight_stream`; bearer token)
   GET  /health    -> HealthResponse (200 ready, 503 loading/draining; no token, for probes)
   GET  /metrics   Prometheus text (no token)
 Every error is an ErrorResponse with a machine-readable `code`.
@@ -271,6 +273,34 @@ class WeightUpdateResponse(Versioned):
     staged_version: int | None = Field(default=None, description="staged_version: version being assembled.")
     buckets_received: int = Field(default=0, ge=0, description="buckets_received: of staged_version.")
     applied: bool = Field(description="applied: this bucket completed its version and it is live now.")
+class WeightStreamRequest(Versioned):
+    """Join the trainer's weight groups (when `epoch` is new) and receive `version` over them.
+
+    The trainer hosts a TCPStore at `store_host:store_port`; each of its `senders` ranks has its own
+    group of 1 + `servers` members in which this server is rank 1 + `server_rank`. `tensors` names
+    every tensor of the version with its full shape: the server checks them before anything
+    changes and makes the version live only when every element of each one arrived."""
+
+    version: int = Field(ge=1, description="version: the new weight version.")
+    epoch: int = Field(
+        ge=0, description="epoch: the group generation; a new one means form the groups again."
+    )
+    store_host: str = Field(min_length=1, max_length=253)
+    store_port: int = Field(ge=1, le=65535)
+    backend: Literal["gloo", "nccl"]
+    senders: int = Field(ge=1, le=65536, description="senders: trainer ranks streaming, one group each.")
+    servers: int = Field(ge=1, le=4096, description="servers: rollout servers in every group.")
+    server_rank: int = Field(ge=0, description="server_rank: this server's index among them.")
+    timeout_s: float = Field(default=300.0, gt=0, le=3600)
+    tensors: dict[str, list[int]] = Field(description="tensors: HF name -> full shape, every tensor sent.")
+
+    @model_validator(mode="after")
+    def _rank_in_range(self) -> "WeightStreamRequest":
+        if self.server_rank >= self.servers:
+            raise ValueError(f"server_rank {self.server_rank} out of range for {self.servers} servers")
+        return self
+
+
     parameters_updated: int = Field(default=0, ge=0, description="parameters_updated: tensors swapped in.")
 
 

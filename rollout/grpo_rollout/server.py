@@ -26,6 +26,7 @@ from grpo_rollout.protocol import (
     ErrorResponse,
     GenerateRequest,
     WeightBucket,
+    WeightStreamRequest,
 )
 from grpo_rollout.service import RolloutService, ServiceError
 
@@ -130,6 +131,24 @@ async def handle_weights(request: web.Request) -> web.Response:
     return web.Response(text=response.model_dump_json(), content_type="application/json")
 
 
+async def handle_weight_stream(request: web.Request) -> web.Response:
+    """Join the trainer's weight groups and receive a version over them (answers once it is live)."""
+    service = request.app[SERVICE]
+    service.refuse_if_not_ready()
+    body = await read_bounded(request, MAX_GENERATE_BODY_BYTES)
+    try:
+        raw = json.loads(body)
+    except json.JSONDecodeError as e:
+        raise ServiceError(422, "bad_request", f"body is not JSON: {e}") from None
+    check_protocol(raw.get("protocol_version") if isinstance(raw, dict) else None)
+    try:
+        req = WeightStreamRequest.model_validate(raw)
+    except ValidationError as e:
+        raise ServiceError(422, "bad_request", summarize(e)) from None
+    response = await service.stream_weights(req)
+    return web.Response(text=response.model_dump_json(), content_type="application/json")
+
+
 async def handle_health(request: web.Request) -> web.Response:
     health = request.app[SERVICE].health()
     return web.Response(
@@ -149,6 +168,7 @@ def make_app(service: RolloutService, token: str) -> web.Application:
     app[SERVICE], app[TOKEN] = service, token
     app.router.add_post("/generate", handle_generate)
     app.router.add_post("/weights", handle_weights)
+    app.router.add_post("/weights/stream", handle_weight_stream)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/metrics", handle_metrics)
     return app

@@ -3,8 +3,12 @@
 `grpo_rollout.server` wraps a `RolloutService` in aiohttp handlers. The engine runs on one worker
 thread (generations and weight swaps are serialized there, so every response is sampled with exactly
 one weight version) and rewards on another (scoring one request overlaps generating the next).
-Draining (SIGTERM, e.g. a Spot interruption): new work is refused, work that has not started is
-handed back at once, running work gets until the drain deadline and is then handed back unfinished.
+Weight versions arrive over HTTP (`add_weights`, staged whole) or streamed over the trainer's
+collective groups (`stream_weights`, applied bucket by bucket on the engine thread, live only when
+every element arrived; a stream that breaks half-way leaves the server refusing work until the
+next complete version). Draining (SIGTERM, e.g. a Spot interruption): new work is refused, work
+that has not started is handed back at once, running work gets until the drain deadline and is
+then handed back unfinished.
 """
 
 import asyncio
@@ -14,9 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from grpo_operator.api.spec import RewardSpec
 
-from grpo_rollout.engines.base import Engine, EngineConfig, PromptSamples, create_engine
+from grpo_rollout import weight_stream
+from grpo_rollout.engines.base import Engine, EngineConfig, PromptSamples, create_engine, streamed_update
 from grpo_rollout.metrics import RolloutMetrics
 from grpo_rollout.protocol import (
     Completion,
@@ -26,10 +32,11 @@ from grpo_rollout.protocol import (
     PromptResult,
     ServerState,
     WeightBucket,
+    WeightStreamRequest,
     WeightUpdateResponse,
 )
 from grpo_rollout.rewards.scorer import RewardScorer
-from grpo_rollout.weights import BadBucket, WeightConflict, WeightStager
+from grpo_rollout.weights import BadBucket, Coverage, WeightConflict, WeightStager
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +71,8 @@ class RolloutService:
         self._engine_pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
         self._reward_pool = ThreadPoolExecutor(1, thread_name_prefix="rewards")
         self._weights_lock = asyncio.Lock()
+        self.link = weight_stream.ReceiverLink()
+        self.torn = False  # a streamed version broke half-way: weights are mixed until the next one
 
     @property
     def state(self) -> ServerState:
@@ -101,6 +110,10 @@ class RolloutService:
 
     async def generate(self, req: GenerateRequest) -> GenerateResponse:
         self.refuse_if_not_ready()
+        if self.torn:
+            raise ServiceError(
+                503, "loading", "weights incomplete (a stream broke); waiting for the next version"
+            )
         live = self.stager.live_version
         if req.min_weight_version is not None and live < req.min_weight_version:
             raise ServiceError(
@@ -241,6 +254,99 @@ class RolloutService:
         assert self.engine is not None
         updated = self.engine.load_weights(buckets)
         self.stager.applied(version)
+        self.torn = False
+        return updated
+
+    async def stream_weights(self, req: WeightStreamRequest) -> WeightUpdateResponse:
+        """Receive `req.version` over the trainer's groups (joining them first for a new epoch).
+        The stream is consumed even when the version is refused, so the senders never hang."""
+        self.refuse_if_not_ready()
+        async with self._weights_lock:
+            loop = asyncio.get_running_loop()
+            t0 = time.monotonic()
+            try:
+                updated = await loop.run_in_executor(self._engine_pool, self._stream_now, req)
+            except WeightConflict as e:
+                raise ServiceError(409, "weight_version_conflict", str(e)) from None
+            except (ValueError, BadBucket) as e:
+                raise ServiceError(
+                    422, "bad_request", f"weight version {req.version} rejected: {e}"
+                ) from None
+            self.metrics.weight_version.set(self.stager.live_version)
+            self.metrics.weight_loads.inc()
+            log.info(
+                "weight version %d live, streamed (%d tensors, %.2fs)",
+                req.version,
+                updated,
+                time.monotonic() - t0,
+            )
+            return WeightUpdateResponse(
+                server_id=self.config.server_id,
+                live_version=self.stager.live_version,
+                applied=True,
+                parameters_updated=updated,
+            )
+
+    def _stream_now(self, req: WeightStreamRequest) -> int:
+        """On the engine thread (no generate runs meanwhile): join, receive, apply, go live."""
+        assert self.engine is not None
+        groups = self.link.groups_for(
+            epoch=req.epoch,
+            host=req.store_host,
+            port=req.store_port,
+            backend=req.backend,
+            senders=req.senders,
+            servers=req.servers,
+            rank=req.server_rank,
+            timeout_s=req.timeout_s,
+        )
+        refusal: Exception | None = None
+        if req.version <= self.stager.live_version:
+            refusal = WeightConflict(
+                f"weight version {req.version} is not newer than the live {self.stager.live_version}"
+            )
+        updater = streamed_update(self.engine)
+        coverage = Coverage(req.tensors)
+        if refusal is None:
+            try:
+                updater.begin_update(req.tensors)
+            except ValueError as e:
+                refusal = e
+        started = refusal is None
+
+        def apply(pieces: list[weight_stream.Piece], payload: torch.Tensor) -> None:
+            nonlocal refusal
+            if refusal is not None:
+                return  # consume and drop: the senders finish, the refusal is answered after
+            try:
+                for p in pieces:
+                    coverage.add(p.name, p.start, p.count)
+                updater.load_bucket(
+                    [(p.name, p.start, weight_stream.piece_values(payload, p)) for p in pieces]
+                )
+            except (ValueError, BadBucket) as e:
+                refusal = e
+
+        device = torch.device("cpu") if req.backend == "gloo" else getattr(self.engine, "device", "cuda")
+        try:
+            weight_stream.receive_all(groups, torch.device(device), apply)
+            if refusal is None and (missing := coverage.missing()):
+                refusal = BadBucket(
+                    f"{len(missing)} tensor(s) incomplete after the stream, e.g. {missing[:3]}"
+                )
+        except Exception:
+            self.link.reset()  # the groups are broken: the trainer forms new ones next time
+            refusal = refusal or RuntimeError("stream broke")
+            raise
+        finally:
+            if refusal is not None and started:
+                updater.abort_update()
+                self.torn = True  # some buckets may already be in the live weights
+        if refusal is not None:
+            raise refusal
+        updated = updater.finish_update()
+        self.stager.applied(req.version)
+        self.torn = False
         return updated
 
     async def drain(self) -> None:

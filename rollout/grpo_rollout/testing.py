@@ -28,8 +28,11 @@ def build_char_tokenizer():
     )
 
 
-def build_tiny_model(directory: str | Path, *, arch: str = "qwen3_moe", seed: int = 0) -> Path:
-    """Save a tiny random `qwen3_moe` (4 experts, top-2) or `qwen2` causal LM and its tokenizer."""
+def build_tiny_model(
+    directory: str | Path, *, arch: str = "qwen3_moe", seed: int = 0, tied: bool = False
+) -> Path:
+    """Save a tiny random `qwen3_moe` (4 experts, top-2) or `qwen2` causal LM and its tokenizer;
+    `tied`: the output head is the input embedding (`tie_word_embeddings`)."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config, Qwen3MoeConfig
 
@@ -44,7 +47,7 @@ def build_tiny_model(directory: str | Path, *, arch: str = "qwen3_moe", seed: in
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     if arch == "qwen3_moe":
         config = Qwen3MoeConfig(

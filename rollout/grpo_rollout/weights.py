@@ -6,8 +6,12 @@ so the version rules below are unit-tested directly:
 - a bucket of the live version is a harmless re-send (the reply says which version is live);
 - a bucket older than the live or the staged version is a conflict (a confused or stale trainer);
 - a bucket of a newer version than the staged one discards the unfinished older version.
+`Coverage` does the same for a streamed version (the collective transport): it goes live only
+when every element of every announced tensor arrived.
 """
 
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from grpo_rollout.protocol import WeightBucket
@@ -56,3 +60,32 @@ class WeightStager:
 
     def discard(self) -> None:
         self.staged_version, self.staged_count, self.buckets = None, 0, {}
+
+
+class Coverage:
+    """Which elements of a streamed version arrived: the version may go live only when, for every
+    announced tensor, the pieces cover each element exactly once."""
+
+    def __init__(self, shapes: Mapping[str, Sequence[int]]) -> None:
+        self.numel = {name: math.prod(shape) for name, shape in shapes.items()}
+        self.ranges: dict[str, list[tuple[int, int]]] = {name: [] for name in shapes}
+
+    def add(self, name: str, start: int, count: int) -> None:
+        if name not in self.ranges:
+            raise BadBucket(f"piece of {name!r}, which the update did not announce")
+        if start < 0 or count < 0 or start + count > self.numel[name]:
+            raise BadBucket(f"piece [{start}, {start + count}) of {name!r} outside its {self.numel[name]}")
+        self.ranges[name].append((start, start + count))
+
+    def missing(self) -> list[str]:
+        """Tensors not covered exactly (a gap or an overlap), by name."""
+        bad = []
+        for name, ranges in self.ranges.items():
+            end = 0
+            for lo, hi in sorted(ranges):
+                if lo != end:
+                    break
+                end = hi
+            if end != self.numel[name] or sum(hi - lo for lo, hi in ranges) != self.numel[name]:
+                bad.append(name)
+        return bad

@@ -10,11 +10,18 @@ The server set is followed during the run (`grpo_trainer.membership`: EndpointSl
 else the run contract file): a server that leaves gets no more work (its unanswered prompts are
 re-sent elsewhere); one that joins is first brought to the live weight version over HTTP and only
 then given prompts. Every wait is bounded; failures name the server.
+
+Weights go out over one of two transports (spec.rollout.weightSync): `push` sends HTTP buckets
+built on rank 0 (kept for servers that join later); `stream` tells the servers to receive a
+version over the trainer ranks' collective groups (`grpo_trainer.weight_sync`), the trainer
+ranks sending meanwhile. Under `stream` nothing is kept on rank 0: a server that joins is put in
+the group of the next version (`stream_plan` forms the groups again) and given work once it runs it.
 """
 
 import asyncio
 import concurrent.futures
 import logging
+import random
 import threading
 import time
 from collections.abc import Coroutine, Mapping
@@ -23,8 +30,15 @@ from typing import Any, TypeVar
 import torch
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_operator.api.contract import RunContract
-from grpo_rollout.client import GenerateError, RolloutClient, RolloutError, WeightPushResult, bucketize
-from grpo_rollout.protocol import HealthResponse, Prompt, Sampling
+from grpo_rollout.client import (
+    GenerateError,
+    RolloutClient,
+    RolloutError,
+    WeightPushResult,
+    WeightSyncError,
+    bucketize,
+)
+from grpo_rollout.protocol import HealthResponse, Prompt, PromptResult, Sampling, WeightStreamRequest
 
 from grpo_trainer import membership
 from grpo_trainer.batch import Rollouts
@@ -64,6 +78,8 @@ class Generator:
         self._repair_task: asyncio.Task | None = None
         self._push_lock = asyncio.Lock()
         self.version = 0
+        self._wanted: list[str] = list(endpoints)  # the servers membership says exist
+        self._group: tuple[int, list[str]] | None = None  # (epoch, servers) of the weight groups
         self._follow_task: concurrent.futures.Future | None = None
         if source is not None:
             follower = membership.Follower(source, list(endpoints))
@@ -104,19 +120,26 @@ class Generator:
     async def _generate(
         self, prompts: list[Prompt], sampling: Sampling, version: int, min_version: int
     ) -> Rollouts:
+        algo = self._algo
+        results = await self._results(prompts, algo.group_size, sampling, min_version, algo.routing_replay)
+        return Rollouts.from_results(results, algo.group_size, weight_version=version, routing=algo.routing_replay)
+
+    def rewards(self, prompts: list[Prompt], n: int, sampling: Sampling, *, min_version: int) -> list[list[float]]:
+        """The rewards of n completions per prompt, in prompt order, sampled with weights of at least
+        `min_version` (what held-out evaluation scores). Blocks, bounded like a step's generation."""
+        results = self._run(self._results(prompts, n, sampling, min_version, routing=False)).result()
+        return [[c.reward for c in r.completions] for r in results]
+
+    async def _results(
+        self, prompts: list[Prompt], n: int, sampling: Sampling, min_version: int, routing: bool
+    ) -> list[PromptResult]:
+        """n completions per prompt from the servers; a failed round is retried until the deadline."""
         deadline = time.monotonic() + GENERATE_DEADLINE_S
         while True:
             self._start_repair()
             try:
-                results = await self._client.generate(
-                    prompts,
-                    n=self._algo.group_size,
-                    sampling=sampling,
-                    min_weight_version=min_version,
-                    routing=self._algo.routing_replay,
-                )
-                return Rollouts.from_results(
-                    results, self._algo.group_size, weight_version=version, routing=self._algo.routing_replay
+                return await self._client.generate(
+                    prompts, n=n, sampling=sampling, min_weight_version=min_version, routing=routing
                 )
             except GenerateError as e:
                 if time.monotonic() > deadline:
@@ -160,6 +183,7 @@ class Generator:
 
     async def _update_members(self, wanted: list[str]) -> None:
         wanted = [e.rstrip("/") for e in wanted]
+        self._wanted = wanted
         current = self._client.endpoints
         gone = [e for e in current if e not in wanted]
         if gone:
@@ -222,6 +246,48 @@ class Generator:
         async with self._push_lock:  # a joining server is admitted between pushes, never during one
             result = await self._client.push_weights(buckets, version)
             self._latest, self.version = (buckets, version), version
+        return result
+
+    def stream_plan(self) -> dict:
+        """The servers the next streamed version goes to (members and ready joiners) and the
+        epoch of their groups: a new one whenever that set changed or the last stream failed."""
+        return self._run(self._stream_plan()).result(timeout=120)
+
+    async def _stream_plan(self) -> dict:
+        candidates = list(dict.fromkeys([*self._client.endpoints, *self._wanted]))
+        async with RolloutClient(candidates, self._token) as probe:
+            health = await probe.health()
+        servers = [
+            ep for ep in candidates if isinstance(health[ep], HealthResponse) and health[ep].state == "ready"
+        ]
+        if self._group is None or self._group[1] != servers:
+            self._group = (random.getrandbits(48), servers)
+        return {"epoch": self._group[0], "servers": servers}
+
+    def stream(
+        self, plan: dict, version: int, request: dict
+    ) -> "concurrent.futures.Future[WeightPushResult]":
+        """Tell every server of `plan` to receive `version` over the groups (`request`: the
+        WeightStreamRequest fields shared by all); the caller sends meanwhile, then waits on the
+        Future. Raises WeightSyncError (from the Future) when no server took it."""
+        servers = plan["servers"]
+        requests = {
+            ep: WeightStreamRequest(
+                version=version, epoch=plan["epoch"], servers=len(servers), server_rank=i, **request
+            )
+            for i, ep in enumerate(servers)
+        }
+        return self._run(self._stream(requests, version))
+
+    async def _stream(self, requests: dict[str, WeightStreamRequest], version: int) -> WeightPushResult:
+        async with self._push_lock:  # a joining server is admitted between pushes, never during one
+            result = await self._client.stream_weights(requests)
+            if result.failed:
+                self._group = None  # the groups of a failed stream are formed again
+            if not result.live:
+                raise WeightSyncError(version, result.failed or {"-": "no rollout server in the group"})
+            self.version = version
+            self._latest = None  # nothing kept: a joiner gets the next version through the groups
         return result
 
     def live_versions(self, wait_s: float = GENERATE_DEADLINE_S) -> dict[str, int]:

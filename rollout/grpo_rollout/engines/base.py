@@ -1,17 +1,27 @@
 """The engine interface and its registry, used by the rollout server to generate and to swap weights.
 
 An engine turns prompt texts into sampled token ids with exact per-token log-probs, and applies a
-new weight version given as safetensors buckets. The server calls it from one worker thread, so an
-engine never sees a generate and a weight load at the same time. Engines register by name with a
-"module:factory" path, so a heavy backend (vLLM) is imported only when a job chooses it.
+new weight version, either whole (`load_weights`, safetensors buckets from HTTP) or streamed bucket
+by bucket (`begin_update` / `load_bucket` / `finish_update`, the collective transport, see
+`grpo_rollout.weight_stream`). An engine without the streamed methods gets `StagedUpdate`, which
+assembles the version and calls `load_weights` at the end (the whole model in host memory once).
+The server calls it from one worker thread, so an engine never sees a generate and a weight
+load at the same time. Engines register by name with a "module:factory" path, so a heavy backend
+(vLLM) is imported only when a job chooses it.
 """
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from grpo_rollout.protocol import FinishReason, Routing, Sampling
+
+if TYPE_CHECKING:
+    import torch
+
+# One piece of a streamed bucket: (HF name, first element of the flattened tensor, 1-D values).
+BucketPiece = tuple[str, int, "torch.Tensor"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,76 @@ class Engine(Protocol):
 
         Must raise ValueError, before changing anything, for unknown names or mismatched shapes."""
         ...
+
+
+class StreamedUpdate(Protocol):
+    """The bucket-level weight update an engine may implement (the torch engine does; the vLLM
+    engine maps it onto vLLM's start/update/finish weight-update phases). The server calls, on
+    the engine thread, with no generate in between: `begin_update` once, `load_bucket` per
+    received bucket (in any order across senders), `finish_update` once, or `abort_update` when
+    the stream broke. Tied embeddings: `lm_head.weight` is not sent when it shares storage with
+    the input embedding; an engine whose model ties them must not expect it."""
+
+    def begin_update(self, tensors: Mapping[str, Sequence[int]]) -> None:
+        """Every tensor of the coming version with its full shape; ValueError, before anything
+        changes, for unknown names or mismatched shapes."""
+        ...
+
+    def load_bucket(self, pieces: Sequence[BucketPiece]) -> None:
+        """Apply element ranges of some tensors; each values tensor is only valid during the call."""
+        ...
+
+    def finish_update(self) -> int:
+        """Make the version whole (post-load processing); ValueError if some element never came.
+        Returns the tensors updated."""
+        ...
+
+    def abort_update(self) -> None:
+        """The stream broke: release what begin_update set up (the model may be half-updated)."""
+        ...
+
+
+class StagedUpdate:
+    """`StreamedUpdate` for an engine with `load_weights` only: the pieces are assembled into full
+    tensors on the host, handed over in one safetensors bucket at the end."""
+
+    def __init__(self, engine: "Engine") -> None:
+        self.engine = engine
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._tensors: dict[str, Any] = {}
+
+    def begin_update(self, tensors: Mapping[str, Sequence[int]]) -> None:
+        self._shapes = {k: tuple(v) for k, v in tensors.items()}
+        self._tensors = {}
+
+    def load_bucket(self, pieces: Sequence[BucketPiece]) -> None:
+        import torch
+
+        for name, start, values in pieces:
+            if name not in self._shapes:
+                raise ValueError(f"piece of {name!r}, which the update did not announce")
+            if name not in self._tensors:
+                self._tensors[name] = torch.empty(self._shapes[name], dtype=values.dtype)
+            self._tensors[name].view(-1)[start : start + values.numel()].copy_(values)
+
+    def finish_update(self) -> int:
+        from safetensors.torch import save
+
+        missing = sorted(set(self._shapes) - set(self._tensors))
+        if missing:
+            raise ValueError(f"{len(missing)} tensor(s) never arrived, e.g. {missing[:3]}")
+        tensors, self._tensors = self._tensors, {}
+        return self.engine.load_weights([save(tensors)])
+
+    def abort_update(self) -> None:
+        self._tensors = {}
+
+
+def streamed_update(engine: "Engine") -> StreamedUpdate:
+    """The engine itself when it streams updates, else a `StagedUpdate` over its `load_weights`."""
+    if all(hasattr(engine, m) for m in ("begin_update", "load_bucket", "finish_update", "abort_update")):
+        return engine  # type: ignore[return-value]
+    return StagedUpdate(engine)
 
 
 ENGINES: dict[str, str] = {

@@ -5,18 +5,21 @@ tests). HF `generate` is avoided on purpose: our loop owns temperature/top-p and
 log-prob of every sampled token under the sampling policy, which the trainer's importance
 correction relies on. With `routing=True` it also records the experts every MoE layer chose for
 every prompt and sampled token (`grpo_rollout.engines.routing`), for routing replay in the trainer.
-Weight updates copy HF-named tensors into the live model in place.
+Weight updates copy HF-named tensors into the live model in place: whole versions (`load_weights`)
+or streamed element ranges (`begin_update` / `load_bucket` / `finish_update`), so a streamed
+version needs no memory beyond the received bucket. A tied `lm_head.weight` shares storage with
+the input embedding: updating either updates both.
 """
 
 import contextlib
 import inspect
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from grpo_rollout.engines.base import EngineConfig, PromptSamples, Sample, Stopped
+from grpo_rollout.engines.base import BucketPiece, EngineConfig, PromptSamples, Sample, Stopped
 from grpo_rollout.engines.routing import RoutingRecorder, encode_routing
 from grpo_rollout.engines.sampling import sample_step
 from grpo_rollout.protocol import Sampling
@@ -55,6 +58,7 @@ class TorchEngine:
         self.pad_id = pad if pad is not None else (eos_ids[0] if eos_ids else 0)
         # HF names -> tensors sharing storage with the live model (tied names included).
         self._targets = self.model.state_dict()
+        self._updating: set[str] = set()  # names announced by begin_update
         # transformers >= 5.2x renamed `past_key_values` to `cache`; we own the cache object either way.
         self._cache_kw = (
             "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
@@ -196,6 +200,38 @@ class TorchEngine:
             )
         return samples
 
+    def _check(self, shapes: Mapping[str, Sequence[int]]) -> None:
+        """ValueError naming unknown names and shape mismatches (nothing changed yet)."""
+        unknown = sorted(set(shapes) - set(self._targets))
+        if unknown:
+            raise ValueError(f"{len(unknown)} unknown parameter name(s), e.g. {unknown[:3]}")
+        wrong = [
+            f"{k}: got {tuple(v)}, model has {tuple(self._targets[k].shape)}"
+            for k, v in shapes.items()
+            if tuple(v) != tuple(self._targets[k].shape)
+        ]
+        if wrong:
+            raise ValueError(f"{len(wrong)} shape mismatch(es): {'; '.join(wrong[:3])}")
+
+    def begin_update(self, tensors: Mapping[str, Sequence[int]]) -> None:
+        self._check(tensors)
+        self._updating = set(tensors)
+
+    def load_bucket(self, pieces: Sequence[BucketPiece]) -> None:
+        with torch.no_grad():
+            for name, start, values in pieces:
+                if name not in self._updating:
+                    raise ValueError(f"piece of {name!r}, which the update did not announce")
+                flat = self._targets[name].view(-1)  # parameters are contiguous: a view of the live weights
+                flat[start : start + values.numel()].copy_(values)
+
+    def finish_update(self) -> int:
+        updated, self._updating = len(self._updating), set()
+        return updated
+
+    def abort_update(self) -> None:
+        self._updating = set()
+
     def load_weights(self, buckets: Sequence[bytes]) -> int:
         """Validate every tensor of the version first, then copy them all: no half-applied version."""
         from safetensors.torch import load
@@ -203,16 +239,7 @@ class TorchEngine:
         incoming: dict[str, torch.Tensor] = {}
         for data in buckets:
             incoming.update(load(data))
-        unknown = sorted(set(incoming) - set(self._targets))
-        if unknown:
-            raise ValueError(f"{len(unknown)} unknown parameter name(s), e.g. {unknown[:3]}")
-        wrong = [
-            f"{k}: got {tuple(v.shape)}, model has {tuple(self._targets[k].shape)}"
-            for k, v in incoming.items()
-            if v.shape != self._targets[k].shape
-        ]
-        if wrong:
-            raise ValueError(f"{len(wrong)} shape mismatch(es): {'; '.join(wrong[:3])}")
+        self._check({k: v.shape for k, v in incoming.items()})
         with torch.no_grad():
             for name, tensor in incoming.items():
                 self._targets[name].copy_(tensor)

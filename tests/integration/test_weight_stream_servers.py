@@ -1,0 +1,144 @@
+"""The collective weight transport end to end: two trainer ranks stream to real rollout servers.
+
+Two sender threads play trainer ranks (each sends its half of every tensor, `owned_items` at
+world 2); the servers are real `python -m grpo_rollout serve` processes with the torch engine,
+told over HTTP (`/weights/stream`) to join the groups. Checked: the streamed weights are exactly
+those pushed over HTTP (same seed, same samples and log-probs), a version missing a piece never
+goes live, and a server that starts late joins the groups of the next version (a new epoch).
+"""
+
+import asyncio
+import random
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from grpo_rollout.client import RolloutClient, bucketize
+from grpo_rollout.protocol import Prompt, Sampling, WeightStreamRequest
+from grpo_rollout.testing import build_tiny_model, free_port, running_servers, start_server, wait_ready
+from grpo_trainer.weight_sync import StreamSender, owned_items, tied_aliases
+
+pytestmark = pytest.mark.slow
+TOKEN = "weight-stream-token"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("model"), arch="qwen2", tied=True)
+
+
+def trained(model_dir: Path) -> torch.nn.Module:
+    """The policy after some training: every weight moved."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return model
+
+
+def stream(senders, urls, version, epoch, model, *, skip: str | None = None):
+    """Stream `model` as `version` from both senders to `urls`; the servers' answers by URL."""
+    shapes = {k: list(v.shape) for k, v in model.state_dict().items() if k not in tied_aliases(model)}
+    store = dict(store_host="127.0.0.1", store_port=senders[0].store.port)
+    shared = dict(**store, backend="gloo", timeout_s=60, senders=2)
+    requests = {
+        url: WeightStreamRequest(
+            version=version, epoch=epoch, servers=len(urls), server_rank=i, tensors=shapes, **shared
+        )
+        for i, url in enumerate(urls)
+    }
+    errors = []
+
+    def send(rank: int) -> None:
+        try:
+            items = (it for it in owned_items(model, rank, 2, 1) if it[0] != skip)
+            senders[rank].send(
+                items,
+                epoch=epoch,
+                servers=len(urls),
+                backend="gloo",
+                dtype=torch.float32,
+                bucket_bytes=64 << 10,
+                device=torch.device("cpu"),
+            )
+        except BaseException as e:
+            errors.append(e)
+
+    async def tell():
+        async with RolloutClient(urls, TOKEN) as client:
+            return await client.stream_weights(requests)
+
+    threads = [threading.Thread(target=send, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    result = asyncio.run(tell())
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return result
+
+
+def sample(url: str, seed: int = 5):
+    async def go():
+        async with RolloutClient([url], TOKEN) as client:
+            out = await client.generate(
+                [Prompt(id="p", text="1+2=")], n=4, sampling=Sampling(max_new_tokens=8, seed=seed)
+            )
+            return [(c.token_ids, c.logprobs) for c in out[0].completions]
+
+    return asyncio.run(go())
+
+
+def live(url: str) -> int:
+    async def go():
+        async with RolloutClient([url], TOKEN) as client:
+            return (await client.health())[url].weight_version
+
+    return asyncio.run(go())
+
+
+def test_streamed_weights_are_exact_go_live_only_whole_and_late_servers_join_the_next_epoch(
+    model_dir, tmp_path
+):
+    model = trained(model_dir)
+    port = free_port()
+    senders = [StreamSender("127.0.0.1", port, 0, timeout_s=60)]
+    senders.append(StreamSender("127.0.0.1", port, 1, timeout_s=60))
+    with running_servers(model_dir, tmp_path, TOKEN, count=2) as (urls, _):
+        before = sample(urls[0])
+        result = stream(senders, urls, 1, random.getrandbits(40), model)
+        assert result.live == {u: 1 for u in urls} and not result.failed
+        streamed = sample(urls[0])
+        assert streamed != before  # the new weights are in use
+
+        async def push_http():  # the same weights over HTTP to the other server
+            async with RolloutClient([urls[1]], TOKEN) as client:
+                tied = tied_aliases(model)  # sent once, as the embedding
+                state = {k: v for k, v in model.state_dict().items() if k not in tied}
+                return await client.push_weights(bucketize(state), 2)
+
+        asyncio.run(push_http())
+        assert sample(urls[1]) == streamed  # bitwise the same weights: the same samples and log-probs
+
+        epoch = random.getrandbits(40)
+        result = stream(senders, urls, 3, epoch, model, skip="model.norm.weight")
+        assert result.live == {} and all("incomplete" in why for why in result.failed.values())
+        assert [live(u) for u in urls] == [1, 2]  # version 3 never went live
+
+        late_port = free_port()
+        late_url = f"http://127.0.0.1:{late_port}"
+        late = start_server(tmp_path / "servers.json", late_port, TOKEN, drain_seconds=3.0)
+        try:
+            wait_ready(late_url, late)
+            assert live(late_url) == 0
+            everyone = [*urls, late_url]
+            result = stream(senders, everyone, 4, random.getrandbits(40), model)  # groups formed again
+            assert result.live == {u: 4 for u in everyone}
+            assert sample(late_url) == streamed
+        finally:
+            late.kill()
+            late.wait(timeout=30)

@@ -1,0 +1,139 @@
+"""The collective weight transport's wire format over real gloo groups, in one process.
+
+Two sender threads (trainer ranks) and two receiver threads (rollout servers) form the groups
+through a real TCPStore, exactly as `grpo_trainer.weight_sync` and the rollout service do: each
+sender has its own group with both receivers. What arrives is hashed against what was sent.
+"""
+
+import hashlib
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+from grpo_rollout import weight_stream
+from grpo_rollout.testing import free_port
+from grpo_rollout.weights import BadBucket, Coverage
+from grpo_trainer.weight_sync import share
+
+SENDERS, SERVERS = 2, 2
+
+
+def digest(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    return {
+        k: hashlib.sha256(v.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+        for k, v in tensors.items()
+    }
+
+
+def model(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "embed.weight": torch.randn(97, 33, generator=g),  # odd sizes: pieces split mid-row
+        "layer.0.q.weight": torch.randn(64, 64, generator=g),
+        "layer.0.norm.weight": torch.randn(64, generator=g),
+        "experts.gate_up_proj": torch.randn(4, 16, 64, generator=g),
+        "empty.bias": torch.randn(0, generator=g),
+    }
+
+
+def stream(state: dict[str, torch.Tensor], dtype: torch.dtype, bucket_bytes: int):
+    """Send `state` (each tensor split between the senders) to the receivers; returns what each
+    receiver assembled and each sender's stats."""
+    port = free_port()
+    master = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    received = [{k: torch.empty(v.shape, dtype=dtype) for k, v in state.items()} for _ in range(SERVERS)]
+    coverage = [Coverage({k: v.shape for k, v in state.items()}) for _ in range(SERVERS)]
+    stats: dict[int, tuple[int, int]] = {}
+    errors: list[BaseException] = []
+
+    def sender(rank: int) -> None:
+        try:
+            store = dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/7/{rank}", master)
+            group = weight_stream.make_group(store, 0, 1 + SERVERS, "gloo", 30)
+            s = weight_stream.BucketSender(group, dtype, bucket_bytes, torch.device("cpu"))
+            items = []
+            for name, t in state.items():
+                lo, hi = share(t.numel(), rank, SENDERS)
+                if hi > lo:
+                    items.append((name, lo, t.reshape(-1)[lo:hi]))
+            s.send(iter(items))
+            stats[rank] = (s.buckets, s.peak_bytes)
+        except BaseException as e:
+            import traceback
+
+            traceback.print_exc()
+            errors.append(e)
+
+    def receiver(i: int) -> None:
+        try:
+            link = weight_stream.ReceiverLink()
+            groups = link.groups_for(
+                epoch=7,
+                host="127.0.0.1",
+                port=port,
+                backend="gloo",
+                senders=SENDERS,
+                servers=SERVERS,
+                rank=i,
+                timeout_s=30,
+            )
+
+            def apply(pieces, payload):
+                for p in pieces:
+                    coverage[i].add(p.name, p.start, p.count)
+                    received[i][p.name].view(-1)[p.start : p.start + p.count].copy_(
+                        weight_stream.piece_values(payload, p)
+                    )
+
+            weight_stream.receive_all(groups, torch.device("cpu"), apply)
+        except BaseException as e:
+            import traceback
+
+            traceback.print_exc()
+            errors.append(e)
+
+    threads = [threading.Thread(target=sender, args=(r,)) for r in range(SENDERS)]
+    threads += [threading.Thread(target=receiver, args=(i,)) for i in range(SERVERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return received, coverage, stats
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_what_arrives_is_bitwise_what_the_trainer_holds_in_the_rollout_dtype(dtype):
+    state = model()
+    received, coverage, stats = stream(state, dtype, bucket_bytes=4096)
+    expected = digest({k: v.to(dtype) for k, v in state.items()})
+    for i in range(SERVERS):
+        assert coverage[i].missing() == []
+        assert digest(received[i]) == expected
+    assert all(buckets > 2 for buckets, _ in stats.values())  # really bucketed
+    assert all(peak <= 2 * 4096 + 4096 for _, peak in stats.values())  # two buckets + headers/manifests
+
+
+def test_coverage_names_gaps_overlaps_and_strangers():
+    c = Coverage({"a": [2, 3], "b": [4]})
+    c.add("a", 0, 4)
+    c.add("a", 4, 2)
+    c.add("b", 0, 2)
+    assert c.missing() == ["b"]  # half of b never came
+    c.add("b", 1, 3)
+    assert c.missing() == ["b"]  # overlap: element 1 twice, still 4 elements short of exact
+    with pytest.raises(BadBucket, match="did not announce"):
+        c.add("lm_head.weight", 0, 1)
+    with pytest.raises(BadBucket, match="outside"):
+        c.add("a", 5, 2)
+
+
+def test_share_splits_every_element_exactly_once():
+    for numel in (0, 1, 7, 64, 97 * 33):
+        for count in (1, 2, 3, 8):
+            parts = [share(numel, i, count) for i in range(count)]
+            assert sum(hi - lo for lo, hi in parts) == numel
+            assert all(
+                parts[i][1] <= parts[i + 1][0] or parts[i + 1][0] == parts[i + 1][1] for i in range(count - 1)
+            )

@@ -1,0 +1,181 @@
+"""Streaming weight sync, the trainer's side: every rank sends what it owns, bucket by bucket.
+
+Called by `grpo_trainer.loop.push_weights` when the transport is `collective`
+(spec.rollout.weightSync). Nothing is gathered: a tensor's elements are sent by the ranks that
+hold them, each element by exactly one rank:
+- an FSDP2 DTensor sharded in rows (Shard(0)): each rank sends its own rows;
+- a routed-experts tensor split by EP: the rank's block of experts, at its EP rank's offset in
+  the full (E, ...) tensor (its FSDP rows within that block when experts are sharded further);
+- a tensor replicated over R ranks (plain dense weights, experts over their expert-DP group):
+  each of the R ranks sends one R-th of its elements.
+A tied `lm_head.weight` (the same parameter as the input embedding) is sent once, under the
+embedding's name. The bytes travel through `grpo_rollout.weight_stream` (one group per rank, the
+servers in every group) and the rollout servers reassemble HF-named tensors; rank 0 tells them,
+over HTTP, where to connect and which tensors to expect (`Generator.stream`).
+"""
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from grpo_operator.api.contract import RunContract
+from grpo_rollout import weight_stream
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from grpo_trainer import moe
+
+Item = tuple[str, int, torch.Tensor]  # (HF name, first element in the flattened full tensor, 1-D values)
+
+
+def tied_aliases(model: nn.Module) -> set[str]:
+    """Parameter names that repeat an earlier name's parameter (a tied `lm_head.weight`)."""
+    seen: set[int] = set()
+    aliases = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            aliases.add(name)
+        seen.add(id(param))
+    return aliases
+
+
+def expert_groups(model: nn.Module) -> dict[str, dist.ProcessGroup]:
+    """The EP group of each routed-experts tensor split over more than one rank."""
+    out = {}
+    for name, layer in model.named_modules():
+        group = layer.experts.group if isinstance(layer, moe.MoELayer) else None
+        if group is not None and dist.get_world_size(group) > 1:
+            out[f"{name}.experts.gate_up_proj"] = out[f"{name}.experts.down_proj"] = group
+    return out
+
+
+def full_shapes(model: nn.Module) -> dict[str, list[int]]:
+    """Every tensor the servers get, with its full (HF) shape; no collective, no copy."""
+    experts = expert_groups(model)
+    shapes, aliases = {}, tied_aliases(model)
+    for name, t in model.state_dict().items():
+        if name in aliases:
+            continue
+        shape = list(t.shape)  # a DTensor's shape is its global one
+        if name in experts:
+            shape[0] *= dist.get_world_size(experts[name])
+        shapes[name] = shape
+    return shapes
+
+
+def share(numel: int, index: int, count: int) -> tuple[int, int]:
+    """[lo, hi) of the `index`-th of `count` near-equal parts of `numel` elements."""
+    per = -(-numel // count) if count else numel
+    lo = min(index * per, numel)
+    return lo, min(lo + per, numel)
+
+
+def _local_part(t: torch.Tensor, rank: int, world: int) -> tuple[torch.Tensor, int, int, int]:
+    """(values this rank holds, their first element in `t`'s global flattening, index among the
+    ranks holding the same values, how many such ranks)."""
+    if not isinstance(t, DTensor):
+        return t, 0, rank, world
+    mesh, placements = t.device_mesh, t.placements
+    if mesh.ndim != 1:
+        raise ValueError(f"weight sync: {mesh.ndim}-D meshes are not supported")
+    if isinstance(placements[0], Replicate):
+        return t.to_local(), 0, mesh.get_local_rank(), mesh.size()
+    if not (isinstance(placements[0], Shard) and placements[0].dim == 0):
+        raise ValueError(f"weight sync: placement {placements} is not supported (Shard(0) or Replicate)")
+    _, offset = compute_local_shape_and_global_offset(t.shape, mesh, placements)
+    return t.to_local(), offset[0] * math.prod(t.shape[1:]), 0, 1
+
+
+def owned_items(model: nn.Module, rank: int, world: int, ep_size: int) -> Iterator[Item]:
+    """This rank's share of every tensor (see the module doc): views, never copies or gathers."""
+    experts = expert_groups(model)
+    aliases = tied_aliases(model)
+    for name, t in model.state_dict().items():
+        if name in aliases:
+            continue
+        group = experts.get(name)
+        if group is None:
+            values, start, index, count = _local_part(t, rank, world)
+        else:  # experts: the EP block at its offset, then as a DTensor (efsdp) or replicated over expert-DP
+            values, start, index, count = _local_part(t, rank // ep_size, world // ep_size)
+            start += dist.get_rank(group) * math.prod(t.shape)
+        flat = values.detach().reshape(-1)
+        lo, hi = share(flat.numel(), index, count)
+        if hi > lo:
+            yield name, start + lo, flat[lo:hi]
+
+
+@dataclass
+class SendStats:
+    buckets: int
+    sent_bytes: int
+    peak_bytes: int  # the most this rank's sender held at once (buffers), see BucketSender
+
+
+class StreamSender:
+    """One trainer rank's end of the weight groups: the store (rank 0 hosts it) and the rank's
+    group with the servers of the current epoch, formed again when the epoch changes."""
+
+    def __init__(self, host: str, port: int, rank: int, *, timeout_s: float = 300.0) -> None:
+        import datetime
+
+        self.rank, self.timeout_s = rank, timeout_s
+        self.store = dist.TCPStore(
+            host,
+            port,
+            is_master=rank == 0,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+        self._key: tuple | None = None
+        self._group: dist.ProcessGroup | None = None
+
+    def group(self, epoch: int, servers: int, backend: str) -> dist.ProcessGroup:
+        """This rank's group of `epoch` (rank 0 in it, the servers 1..); blocks until they join."""
+        key = (epoch, servers, backend)
+        if key != self._key or self._group is None:
+            self._group = None
+            prefixed = dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/{epoch}/{self.rank}", self.store)
+            self._group = weight_stream.make_group(prefixed, 0, 1 + servers, backend, self.timeout_s)
+            self._key = key
+        return self._group
+
+    def send(
+        self,
+        items: Iterator[Item],
+        *,
+        epoch: int,
+        servers: int,
+        backend: str,
+        dtype: torch.dtype,
+        bucket_bytes: int,
+        device: torch.device,
+    ) -> SendStats:
+        try:
+            sender = weight_stream.BucketSender(
+                self.group(epoch, servers, backend), dtype, bucket_bytes, device
+            )
+            sender.send(items)
+        except Exception:
+            self._key, self._group = None, None  # a broken group is formed again next time
+            raise
+        sender.close()
+        return SendStats(sender.buckets, sender.sent_bytes, sender.peak_bytes)
+
+
+def transport(contract: RunContract) -> str:
+    """`collective` or `http` (spec.rollout.weightSync, see `RolloutSpec.streams_weights`). A
+    contract without a weight-sync port (rendered for tests without one) takes HTTP under auto."""
+    rollout, port = contract.spec.rollout, contract.trainer.weight_sync_port
+    if not rollout.streams_weights:
+        return "http"
+    if port is None:
+        if str(rollout.weight_sync.transport) == "collective":
+            raise ValueError(
+                "spec.rollout.weightSync.transport collective: the contract has no weightSyncPort"
+            )
+        return "http"
+    return "collective"
