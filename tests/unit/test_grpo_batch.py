@@ -4,7 +4,17 @@ import pytest
 import torch
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_rollout.protocol import Completion, PromptResult
-from grpo_trainer.batch import Rollouts, collate, micro_batches, score, shard
+from grpo_trainer.batch import (
+    Rollouts,
+    by_token_budget,
+    collate,
+    effective_prefix,
+    micro_batches,
+    mini_batches,
+    rank_plan,
+    score,
+    shard,
+)
 
 
 def completion(tokens: list[int], reward: float) -> Completion:
@@ -80,7 +90,7 @@ def test_collate_aligns_mask_and_logprobs_with_completion_tokens() -> None:
 def test_micro_batches_pad_with_masked_dummies_to_the_same_count() -> None:
     r = rollouts()
     adv = torch.zeros(4)
-    batches = micro_batches(r, [3], adv, size=1, count=3, pad_id=0)
+    batches = micro_batches(r, [[3], [], []], adv, pad_id=0)
     assert len(batches) == 3
     assert batches[0].mask.sum() == 1
     assert all(b.mask.sum() == 0 and b.input_ids.shape == (1, 2) for b in batches[1:])
@@ -107,3 +117,43 @@ def test_rollouts_travel_as_safetensors_bytes_exactly(with_routing: bool) -> Non
         )
     else:
         assert back.routing is None
+
+
+def test_mini_batches_are_contiguous_near_equal_slices() -> None:
+    assert mini_batches(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert mini_batches([4, 5], 4) == [[4], [5]]  # never an empty update
+
+
+def test_token_budget_groups_similar_lengths_under_the_budget() -> None:
+    lengths = [3, 9, 4, 20, 5, 3]
+    batches = by_token_budget(list(range(6)), lengths, budget=10)
+    assert batches == [[3], [1], [4, 2], [0, 5]]  # 20 alone, over budget; 5 and 4 padded to 2 x 5
+    assert all(len(b) * max(lengths[i] for i in b) <= 10 for b in batches if len(b) > 1)
+    assert sorted(i for b in batches for i in b) == list(range(6))
+
+
+@pytest.mark.parametrize("max_tokens", [None, 5])
+def test_rank_plan_gives_every_rank_the_same_count(max_tokens: int | None) -> None:
+    r = rollouts()  # sequence lengths 3, 5, 3, 2
+    plans = [rank_plan(r, [0, 1, 2, 3], rank, 3, size=1, max_tokens=max_tokens) for rank in range(3)]
+    assert len({len(p) for p in plans}) == 1
+    assert sorted(i for p in plans for b in p for i in b) == [0, 1, 2, 3]
+    assert plans[2] == [[2], []]  # rank 2 holds one sequence: one empty micro-batch keeps it in step
+
+
+def test_effective_prefix_cuts_after_the_needed_groups_with_a_signal() -> None:
+    r = Rollouts.concat([rollouts(), rollouts()])  # groups: signal, saturated, signal, saturated
+    algo = AlgorithmSpec(groupSize=2)
+    cut, full = effective_prefix(r, 2, algo)
+    assert full and len(cut) == 3 * 2  # the saturated group between the two stays (score drops it)
+    assert cut.prompts_drawn == 4  # the dropped last group was drawn all the same
+    assert len(score(cut, algo)[1]) == 2 * 2
+    _, short = effective_prefix(r, 3, algo)
+    assert not short
+
+
+def test_drawn_prompts_travel_with_the_rollouts() -> None:
+    r = Rollouts.concat([rollouts(), rollouts()]).first_groups(1)
+    back = Rollouts.from_bytes(r.to_bytes())
+    assert back.prompts_drawn == 4 and len(back) == 2
+    assert Rollouts.from_bytes(rollouts().to_bytes()).prompts_drawn == 2

@@ -42,9 +42,7 @@ def batch(model_dir):
         results.append(PromptResult.model_validate_json(wire.model_dump_json()))
     rollouts = Rollouts.from_results(results, GROUP, weight_version=0, routing=True)
     everything = list(range(len(rollouts)))
-    (mb,) = micro_batches(
-        rollouts, everything, torch.zeros(len(rollouts)), size=len(rollouts), count=1, pad_id=0
-    )
+    (mb,) = micro_batches(rollouts, [everything], torch.zeros(len(rollouts)), pad_id=0)
     return rollouts, mb
 
 

@@ -30,6 +30,7 @@ class Rollouts:
     rewards: list[float]  # [S], weighted sum of the reward functions
     weight_version: int  # oldest weight version any of these were sampled with
     routing: list[torch.Tensor] | None = None  # [S][prompt + completion - 1, MoE layers, k] expert ids
+    drawn: int | None = None  # prompts taken from the data for this step (dynamic sampling); None: S / G
 
     @classmethod
     def from_results(
@@ -54,6 +55,41 @@ class Rollouts:
     def __len__(self) -> int:
         return len(self.rewards)
 
+    @property
+    def prompts_drawn(self) -> int:
+        """Prompts this step consumed from the data: what the data position advances by."""
+        return len(self) // self.group_size if self.drawn is None else self.drawn
+
+    def first_groups(self, count: int) -> "Rollouts":
+        """The first `count` groups (prompts), `drawn` kept."""
+        s = slice(0, count * self.group_size)
+        routing = None if self.routing is None else self.routing[s]
+        return Rollouts(
+            self.group_size,
+            self.prompt_tokens[s],
+            self.completion_tokens[s],
+            self.rollout_logprobs[s],
+            self.rewards[s],
+            self.weight_version,
+            routing,
+            self.prompts_drawn,  # the dropped groups were drawn all the same
+        )
+
+    @classmethod
+    def concat(cls, parts: "list[Rollouts]") -> "Rollouts":
+        """Several draws as one step: groups in order, the oldest weight version, draws summed."""
+        out = cls(parts[0].group_size, [], [], [], [], min(p.weight_version for p in parts))
+        out.routing = None if parts[0].routing is None else []
+        out.drawn = sum(p.prompts_drawn for p in parts)
+        for p in parts:
+            out.prompt_tokens += p.prompt_tokens
+            out.completion_tokens += p.completion_tokens
+            out.rollout_logprobs += p.rollout_logprobs
+            out.rewards += p.rewards
+            if out.routing is not None:
+                out.routing += p.routing or []
+        return out
+
     def to_bytes(self) -> bytes:
         """The rollouts as safetensors bytes (what rank 0 broadcasts): tensors and a JSON header,
         nothing a reader must unpickle."""
@@ -67,7 +103,7 @@ class Rollouts:
         }
         for i, r in enumerate(self.routing or []):
             tensors[f"routing.{i}"] = r.contiguous()
-        header = {"group_size": self.group_size, "weight_version": self.weight_version}
+        header = {"group_size": self.group_size, "weight_version": self.weight_version, "drawn": self.drawn}
         header["routing"] = self.routing is not None
         return safetensors.torch.save(tensors, metadata={"rollouts": json.dumps(header)})
 
@@ -86,6 +122,7 @@ class Rollouts:
             rewards=t["rewards"].tolist(),
             weight_version=header["weight_version"],
             routing=[t[f"routing.{i}"] for i in range(n)] if header["routing"] else None,
+            drawn=header.get("drawn"),
         )
 
     def completion_tokens_total(self) -> int:
@@ -117,8 +154,8 @@ def decode_routing(prompt_id: str, routing: Routing | None) -> torch.Tensor:
     return torch.frombuffer(bytearray(routing.raw()), dtype=dtype).view(routing.shape)
 
 
-def score(rollouts: Rollouts, algo: AlgorithmSpec) -> tuple[torch.Tensor, list[int]]:
-    """Advantages [S] and the indices of the sequences to train on (zero-variance groups dropped)."""
+def shaped_rewards(rollouts: Rollouts, algo: AlgorithmSpec) -> torch.Tensor:
+    """The rewards advantages are computed from (overlong penalty applied): [P, G]."""
     rewards = torch.tensor(rollouts.rewards, dtype=torch.float64).view(-1, rollouts.group_size)  # [P, G]
     if algo.overlong_penalty is not None:
         lengths = torch.tensor([len(c) for c in rollouts.completion_tokens]).view_as(rewards)
@@ -129,6 +166,22 @@ def score(rollouts: Rollouts, algo: AlgorithmSpec) -> tuple[torch.Tensor, list[i
             buffer_tokens=algo.overlong_penalty.buffer_tokens,
             penalty=algo.overlong_penalty.penalty,
         )
+    return rewards
+
+
+def effective_prefix(rollouts: Rollouts, need: int, algo: AlgorithmSpec) -> tuple[Rollouts, bool]:
+    """Dynamic sampling's cut: the groups up to and including the `need`-th with unequal rewards
+    (the rest are dropped, as DAPO does), and whether there were that many. Zero-variance groups
+    before the cut stay in (they were drawn; `score` filters them), so exactly `need` groups train."""
+    effective = zero_variance_mask(shaped_rewards(rollouts, algo)).nonzero().flatten().tolist()
+    if len(effective) < need:
+        return rollouts, False
+    return rollouts.first_groups(effective[need - 1] + 1), True
+
+
+def score(rollouts: Rollouts, algo: AlgorithmSpec) -> tuple[torch.Tensor, list[int]]:
+    """Advantages [S] and the indices of the sequences to train on (zero-variance groups dropped)."""
+    rewards = shaped_rewards(rollouts, algo)  # [P, G]
     adv = ADVANTAGES[str(algo.advantage_normalization)](rewards)  # [P, G]
     keep = torch.ones(rewards.shape[0], dtype=torch.bool)
     if algo.filter_zero_variance_groups:
@@ -142,6 +195,54 @@ def shard(indices: list[int], rank: int, world: int) -> list[int]:
     return indices[rank::world]
 
 
+def mini_batches(indices: list[int], count: int) -> list[list[int]]:
+    """`count` contiguous slices of near-equal size (fewer when there are fewer indices): the
+    sequences of each optimizer update. Every rank cuts the same global list the same way."""
+    count = max(1, min(count, len(indices)))
+    size, extra = divmod(len(indices), count)
+    out, lo = [], 0
+    for k in range(count):
+        hi = lo + size + (k < extra)
+        out.append(indices[lo:hi])
+        lo = hi
+    return out
+
+
+def by_token_budget(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """`indices` longest first, greedily grouped while rows x longest row <= `budget` padded tokens
+    (a sequence longer than the budget goes alone): similar lengths share a micro-batch, so
+    long-tailed completions waste little padding."""
+    order = sorted(indices, key=lambda i: -lengths[i])
+    out: list[list[int]] = []
+    for i in order:
+        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= budget:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def rank_plan(
+    rollouts: Rollouts, indices: list[int], rank: int, world: int, *, size: int, max_tokens: int | None
+) -> list[list[int]]:
+    """This rank's micro-batches (sequence indices) of one mini-batch: its `shard`, cut into `size`
+    sequences or, with `max_tokens`, by token budget; padded with empty ones to the count of the
+    rank with the most, so every rank runs as many micro-steps (EP all-to-alls and FSDP
+    collectives wait for every rank). Each rank computes every rank's cut: no communication."""
+    lengths = [
+        len(p) + len(c) for p, c in zip(rollouts.prompt_tokens, rollouts.completion_tokens, strict=True)
+    ]
+    plans = []
+    for r in range(world):
+        mine = shard(indices, r, world)
+        if max_tokens is None:
+            plans.append([mine[k : k + size] for k in range(0, len(mine), size)])
+        else:
+            plans.append(by_token_budget(mine, lengths, max_tokens))
+    count = max(1, max(len(p) for p in plans))
+    return plans[rank] + [[] for _ in range(count - len(plans[rank]))]
+
+
 @dataclass
 class MicroBatch:
     input_ids: torch.Tensor  # [b, L] prompt+completion, right-padded
@@ -149,12 +250,13 @@ class MicroBatch:
     rollout_logp: torch.Tensor  # [b, L-1] sampling log-probs at those positions, 0 elsewhere
     advantages: torch.Tensor  # [b]
     routing: list[torch.Tensor] | None = None  # per MoE layer [b * L, k] experts to replay
+    old_logp: torch.Tensor | None = None  # [b, L-1] under π_old (several updates per step); None: ratio 1
 
     def to(self, device: torch.device) -> "MicroBatch":
         routing = None if self.routing is None else [t.to(device) for t in self.routing]
-        return MicroBatch(
-            *(t.to(device) for t in (self.input_ids, self.mask, self.rollout_logp, self.advantages)), routing
-        )
+        old = None if self.old_logp is None else self.old_logp.to(device)
+        tensors = (t.to(device) for t in (self.input_ids, self.mask, self.rollout_logp, self.advantages))
+        return MicroBatch(*tensors, routing, old)
 
 
 def replay_routing(routes: list[torch.Tensor], width: int) -> list[torch.Tensor]:
@@ -191,7 +293,7 @@ def collate(rollouts: Rollouts, indices: list[int], advantages: torch.Tensor, pa
 
 
 def micro_batches(
-    rollouts: Rollouts, mine: list[int], advantages: torch.Tensor, *, size: int, count: int, pad_id: int
+    rollouts: Rollouts, plan: list[list[int]], advantages: torch.Tensor, *, pad_id: int
 ) -> list[MicroBatch]:
-    """Exactly `count` micro-batches of at most `size` sequences (the same count on every rank)."""
-    return [collate(rollouts, mine[k * size : (k + 1) * size], advantages, pad_id) for k in range(count)]
+    """One padded micro-batch per entry of `plan` (see `rank_plan`); an empty entry is a dummy row."""
+    return [collate(rollouts, indices, advantages, pad_id) for indices in plan]

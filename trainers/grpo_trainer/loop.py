@@ -5,16 +5,17 @@ launcher `grpo_trainer.launcher`). Per step, in this order:
   1. rollouts  rank 0 takes the step's prompts from the rollout servers and broadcasts them;
                with maxStaleness = k > 0 the next k steps are already being generated
                while this one trains
+               (dynamicSampling: further draws until promptsPerStep groups carry a signal)
   2. scoring   rewards → advantages; zero-variance groups dropped (every rank, same result)
-  3. micro-steps  each rank forwards/backwards its share, loss normalised by the step's totals
-  4. update    gradient sync (dense over the world, experts over expert-DP), clip, AdamW step
-  5. weights   rank 0's EP group gathers the full state dict, rank 0 pushes version v+1
-  6. log / checkpoint
+  3. updates   epochsPerStep x miniBatchesPerStep optimizer updates (docs/objective.md), each:
+     micro-steps  each rank forwards/backwards its share, loss normalised by the mini-batch's totals
+     update    gradient sync (dense over the world, experts over expert-DP), clip, AdamW step
+  4. weights   rank 0's EP group gathers the full state dict, rank 0 pushes version v+1
+  5. log / checkpoint
 """
 
 import contextlib
 import logging
-import math
 import time
 import types
 from collections import deque
@@ -31,7 +32,15 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from grpo_trainer import checkpoint, memory, moe
-from grpo_trainer.batch import Rollouts, micro_batches, score, shard
+from grpo_trainer.batch import (
+    MicroBatch,
+    Rollouts,
+    effective_prefix,
+    micro_batches,
+    mini_batches,
+    rank_plan,
+    score,
+)
 from grpo_trainer.config import MAX_GRAD_NORM, RankInfo, job_token
 from grpo_trainer.data import PromptOrder, load_rows
 from grpo_trainer.generation import Generator
@@ -231,7 +240,9 @@ def forward_logp(
         return model(ids)
 
 
-def micro_step(run: Run, mb, totals: Totals, *, entropy: bool) -> tuple[torch.Tensor, dict[str, float]]:
+def micro_step(
+    run: Run, mb: MicroBatch, totals: Totals, *, entropy: bool
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Forward (policy, reference), loss and backward of one micro-batch; returns (loss, metrics)."""
     algo = run.contract.spec.algorithm
     with autocast(run):
@@ -245,7 +256,7 @@ def micro_step(run: Run, mb, totals: Totals, *, entropy: bool) -> tuple[torch.Te
     loss, metrics = grpo_loss(
         run.loss_cfg,
         logp=logp,
-        old_logp=logp.detach(),  # one update per batch: π_old is the policy before this step
+        old_logp=logp.detach() if mb.old_logp is None else mb.old_logp,  # one update: π_old is π itself
         advantages=mb.advantages,
         mask=mb.mask,
         totals=totals,
@@ -257,22 +268,63 @@ def micro_step(run: Run, mb, totals: Totals, *, entropy: bool) -> tuple[torch.Te
     return loss, metrics
 
 
+def old_logprobs(run: Run, batches: list[MicroBatch]) -> None:
+    """π_old's log-probs of every micro-batch, once, without gradient (the policy at the step's
+    start): the denominator of every later update's ratio. Stored on each micro-batch."""
+    algo = run.contract.spec.algorithm
+    for mb in batches:
+        dev = mb.to(run.device)
+        with torch.no_grad(), moe.replaying(run.model, dev.routing), autocast(run):
+            mb.old_logp = forward_logp(run.model, dev.input_ids, algo.temperature)[0].float()
+
+
 def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
-    """Micro-batched loss/backward over this rank's share, gradient sync, clip, optimizer step."""
+    """The step's optimizer updates: epochsPerStep passes over miniBatchesPerStep mini-batches.
+
+    Each mini-batch is normalised by its own totals (over every rank) and every rank makes the
+    same number of updates. With more than one update, π_old's log-probs come from one no-grad
+    forward before the first (docs/objective.md); with one, π_old is the policy itself."""
     algo, info = run.contract.spec.algorithm, run.info
     advantages, kept = score(rollouts, algo)
+    drawn = (
+        {"extra_prompts": float(rollouts.prompts_drawn - algo.prompts_per_step)}
+        if algo.dynamic_sampling
+        else {}
+    )
     if not kept:  # every group had equal rewards: nothing to learn, keep Adam's moments untouched
-        return {"kept": 0.0}
-    totals = Totals(
-        tokens=float(sum(len(rollouts.completion_tokens[i]) for i in kept)),
-        sequences=float(len(kept)),
-        norm_len=float(algo.max_new_tokens),
-    )
-    mine = shard(kept, info.rank, info.world_size)
-    count = math.ceil(math.ceil(len(kept) / info.world_size) / algo.micro_batch_size)
-    batches = micro_batches(
-        rollouts, mine, advantages, size=algo.micro_batch_size, count=count, pad_id=run.pad_id
-    )
+        return {"kept": 0.0, **drawn}
+    plans = []  # per mini-batch: (its totals, this rank's micro-batches)
+    for part in mini_batches(kept, algo.mini_batches_per_step):
+        totals = Totals(
+            tokens=float(sum(len(rollouts.completion_tokens[i]) for i in part)),
+            sequences=float(len(part)),
+            norm_len=float(algo.max_new_tokens),
+        )
+        plan = rank_plan(
+            rollouts,
+            part,
+            info.rank,
+            info.world_size,
+            size=algo.micro_batch_size,
+            max_tokens=algo.max_tokens_per_micro_batch,
+        )
+        plans.append((totals, micro_batches(rollouts, plan, advantages, pad_id=run.pad_id)))
+    updates = [plan for _ in range(algo.epochs_per_step) for plan in plans]
+    if len(updates) > 1:
+        old_logprobs(run, [mb for _, batches in plans for mb in batches])
+    results = [update(run, totals, batches) for totals, batches in updates]
+    seen = [m for _, metrics, _ in results for m in metrics]
+    keys = {k for m in seen for k in m}
+    metrics = {k: sum(m[k] for m in seen if k in m) / sum(k in m for m in seen) for k in keys}  # this rank's
+    loss = sum(float(loss) for loss, _, _ in results) / len(results)
+    grad_norm = sum(norm for _, _, norm in results) / len(results)
+    return {"loss": loss, "grad_norm": grad_norm, "kept": len(kept) / len(rollouts), **metrics, **drawn}
+
+
+def update(run: Run, totals: Totals, batches: list[MicroBatch]) -> tuple[torch.Tensor, list[dict], float]:
+    """One optimizer update: micro-batched loss/backward over this rank's share of a mini-batch,
+    gradient sync, clip, AdamW step. Returns (loss over all ranks, this rank's metrics per
+    non-empty micro-batch, gradient norm before clipping)."""
     run.optimizer.zero_grad(set_to_none=True)
     loss_sum, seen = torch.zeros((), device=run.device), []
     for mb in batches:
@@ -284,35 +336,54 @@ def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
         loss_sum += loss.detach()
         if mb.mask.any():
             seen.append(mb_metrics)
-    keys = {k for m in seen for k in m}
-    metrics = {k: sum(m[k] for m in seen if k in m) / sum(k in m for m in seen) for k in keys}  # this rank's
     sync_gradients(run.model, run.groups)
     grad_norm = clip_gradients(run.model, run.groups, MAX_GRAD_NORM)
     run.optimizer.step()
     dist.all_reduce(loss_sum)
-    return {"loss": float(loss_sum), "grad_norm": grad_norm, "kept": len(kept) / len(rollouts), **metrics}
+    return loss_sum, seen, grad_norm
 
 
 def next_rollouts(run: Run, pending: deque[Prefetch]) -> Rollouts:
-    """Rank 0: this step's rollouts, keeping the next `maxStaleness` steps in flight.
+    """Rank 0: this step's rollouts, keeping the next `maxStaleness` draws in flight.
 
-    `pending` holds the futures of the steps after this one, in order. Step s + j is submitted
-    while the servers hold version v (= this step's), and is trained at v + j: j <= maxStaleness
-    is exactly the bound, so a deeper queue overlaps more without ever exceeding it.
+    The data is drawn in batches of promptsPerStep prompts, in position order; `pending` holds
+    the futures of the draws after the ones taken so far. A draw j places ahead is submitted
+    while the servers hold version v (= this step's) and trained at v + j at the latest (every
+    step takes at least one draw): j <= maxStaleness is exactly the bound. With dynamicSampling a
+    step takes further draws until promptsPerStep of its groups have unequal rewards (at most
+    maxDynamicSamplingDraws more); `Rollouts.drawn` says how many prompts it consumed.
     """
-    algo, state, gen = run.contract.spec.algorithm, run.state, run.generator
-    assert gen is not None
+    algo, state = run.contract.spec.algorithm, run.state
     n, lag = algo.prompts_per_step, algo.max_staleness
-    if not pending:
-        rows = run.order.take(state.position, n)
-        pending.append(gen.submit(rows, step=state.step, min_version=state.version - lag))
-    rollouts = pending.popleft().result()
+    limit = 1 + (algo.max_dynamic_sampling_draws if algo.dynamic_sampling else 0)
+    taken: list[Rollouts] = []
+    while True:
+        if not pending:
+            pending.append(submit_draw(run, state.position + len(taken) * n, ahead=0))
+        taken.append(pending.popleft().result())
+        if not algo.dynamic_sampling:
+            rollouts = taken[0]
+            break
+        rollouts, full = effective_prefix(Rollouts.concat(taken), n, algo)
+        if full or len(taken) == limit:
+            break
+    consumed = state.position + len(taken) * n
     for j in range(len(pending) + 1, lag + 1):
         if state.step + j >= algo.max_steps:
             break
-        rows = run.order.take(state.position + j * n, n)
-        pending.append(gen.submit(rows, step=state.step + j, min_version=state.version + j - lag))
+        pending.append(submit_draw(run, consumed + (j - 1) * n, ahead=j))
     return rollouts
+
+
+def submit_draw(run: Run, position: int, *, ahead: int) -> Prefetch:
+    """Start generating the promptsPerStep prompts from `position`, to be trained at most `ahead`
+    steps from now (servers older than the staleness bound refuse). Its sampling seed is its
+    draw number, the same after a resume (draws start at multiples of promptsPerStep)."""
+    algo, state, gen = run.contract.spec.algorithm, run.state, run.generator
+    assert gen is not None
+    n = algo.prompts_per_step
+    rows = run.order.take(position, n)
+    return gen.submit(rows, step=position // n, min_version=state.version + ahead - algo.max_staleness)
 
 
 def train(contract: RunContract, info: RankInfo) -> bool:
@@ -370,7 +441,7 @@ def loop(run: Run) -> bool:
         run.state = checkpoint.TrainState(
             step=run.state.step + 1,
             version=run.state.version + 1,
-            position=run.state.position + algo.prompts_per_step,
+            position=run.state.position + rollouts.prompts_drawn,
         )
         t_train = time.time()
         push_weights(run, run.state.version)

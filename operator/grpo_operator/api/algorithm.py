@@ -82,6 +82,44 @@ class AlgorithmSpec(ApiModel):
         description="microBatchSize: optional, default 8, [1, 65536]. Sequences per forward/backward per "
         "rank.",
     )
+    max_tokens_per_micro_batch: int | None = Field(
+        default=None,
+        ge=1,
+        le=16_777_216,
+        description="maxTokensPerMicroBatch: optional, [1, 16777216]. Forms micro-batches by token count "
+        "instead of microBatchSize: sequences sorted by length, each micro-batch as many as fit in this "
+        "many padded tokens (rows x longest row; a longer sequence goes alone). Long-tailed completion "
+        "lengths then waste little padding; the loss is the same.",
+    )
+    mini_batches_per_step: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="miniBatchesPerStep: optional, default 1, [1, 1024]. Optimizer updates per pass over "
+        "a step's rollouts: the batch is split into this many mini-batches (PPO-style). Above 1 the "
+        "policy ratio to π_old (the policy at the step's start) moves, so clipLow/clipHigh and GSPO act.",
+    )
+    epochs_per_step: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="epochsPerStep: optional, default 1, [1, 64]. Passes over a step's rollouts; each "
+        "pass makes miniBatchesPerStep optimizer updates.",
+    )
+    dynamic_sampling: bool = Field(
+        default=False,
+        description="dynamicSampling: optional, default false. DAPO's dynamic sampling: a step keeps "
+        "drawing batches of promptsPerStep prompts until it has promptsPerStep groups with unequal "
+        "rewards (trained), instead of shrinking when groups saturate; groups beyond that are dropped.",
+    )
+    max_dynamic_sampling_draws: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="maxDynamicSamplingDraws: optional, default 4, [1, 64]. With dynamicSampling, at most "
+        "this many extra batches of promptsPerStep prompts per step; a step still short trains on what "
+        "it has.",
+    )
     max_steps: int = Field(
         default=1000,
         ge=1,
