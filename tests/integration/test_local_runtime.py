@@ -141,10 +141,12 @@ def test_runs_to_completion_with_summary_plot_and_no_leftovers(tmp_path: Path, t
     assert run.finish() == 0, run.output()
     summary = run.summary()
     assert set(summary) == {
-        "steps", "reward_first", "reward_last", "samples_per_s", "wall_s", "restarts", "resumed_from_step"
+        "steps", "reward_first", "reward_last", "samples_per_s", "clip_fraction_mean", "wall_s", "restarts",
+        "resumed_from_step",
     }  # fmt: skip
     assert summary["steps"] == 4 and summary["restarts"] == 0 and summary["resumed_from_step"] is None
     assert 0.0 <= summary["reward_first"] <= 1.0 and 0.0 <= summary["reward_last"] <= 1.0
+    assert summary["clip_fraction_mean"] in (0.0, None)  # one update per step: the ratio stays 1
     steps = run.steps()
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
     # 10% of 4 steps rounds up to one step at each end; samples/s leaves step 1 (start-up) out

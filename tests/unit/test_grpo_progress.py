@@ -116,3 +116,14 @@ def test_a_cluster_without_credentials_never_stops_the_reports(
     reporter.report(REPORT)
     reporter.close()
     assert StepReport.model_validate_json((tmp_path / "p.jsonl").read_text()) == REPORT
+
+
+def test_summary_means_the_clip_fraction_of_the_steps_that_trained() -> None:
+    from grpo_operator.local.progress import summarize
+
+    clipped = [
+        REPORT.model_copy(update={"step": s, "metrics": {"clip_frac": c}}) for s, c in ((1, 0.1), (2, 0.3))
+    ]
+    idle = REPORT.model_copy(update={"step": 3, "metrics": {"kept": 0.0}})  # every group saturated
+    assert summarize([*clipped, idle], wall_s=1.0, restarts=0)["clip_fraction_mean"] == pytest.approx(0.2)
+    assert summarize([idle], wall_s=1.0, restarts=0)["clip_fraction_mean"] is None

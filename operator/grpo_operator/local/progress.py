@@ -74,6 +74,10 @@ def summarize(records: list[StepReport], *, wall_s: float, restarts: int) -> dic
         "reward_first": first,
         "reward_last": last,
         "samples_per_s": samples_per_s,
+        # share of completion tokens whose policy ratio was clipped, over the steps that trained
+        "clip_fraction_mean": _mean(
+            [r.metrics["clip_frac"] for r in records if r.metrics.get("clip_frac") is not None]
+        ),
         "wall_s": round(wall_s, 3),
         "restarts": restarts,
         # the checkpoint step the last attempt started from (a gang restart, or a rerun); None: fresh
