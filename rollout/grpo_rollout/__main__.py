@@ -19,8 +19,10 @@ from urllib.parse import urlparse
 
 from grpo_operator import storage
 from grpo_operator.api.contract import ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN, RunContract
+from grpo_operator.api.spec import GRPOJobSpec
 
 from grpo_rollout.engines.base import EngineConfig
+from grpo_rollout.engines.vllm_engine import VllmEngineConfig, VllmOptions
 from grpo_rollout.server import serve
 from grpo_rollout.service import RolloutService, ServiceConfig
 
@@ -52,6 +54,20 @@ def listen_host(endpoint: str | None) -> str:
         return "0.0.0.0"
 
 
+def vllm_options(spec: GRPOJobSpec) -> VllmOptions:
+    """spec.rollout.vllm (and routing replay, which vLLM must capture from the start)."""
+    v = spec.rollout.vllm
+    return VllmOptions(
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        max_model_len=v.max_model_len,
+        data_parallel_size=v.data_parallel_size,
+        expert_parallel=v.expert_parallel_size > 1,
+        enforce_eager=v.enforce_eager,
+        sleep_for_updates=v.sleep_for_updates,
+        routed_experts=spec.algorithm.routing_replay,
+    )
+
+
 def service_config(contract: RunContract, args: argparse.Namespace) -> tuple[ServiceConfig, int]:
     spec = contract.spec
     try:  # an s3:// model is fetched once per pod into the node-local cache (spec.storage.cacheDir)
@@ -63,13 +79,18 @@ def service_config(contract: RunContract, args: argparse.Namespace) -> tuple[Ser
     endpoints = contract.rollout.endpoints
     endpoint_port = urlparse(endpoints[args.pod_index]).port if args.pod_index < len(endpoints) else None
     port = args.port or endpoint_port or contract.rollout.port
-    engine = EngineConfig(
+    common = dict(
         model_path=model_path,
         dtype=args.dtype or str(spec.model.dtype),
         device=args.device,
         max_batch_size=spec.rollout.max_batch_size,
         tensor_parallel_size=spec.rollout.tensor_parallel_size,
         seed=spec.algorithm.seed + args.pod_index,
+    )
+    engine = (
+        VllmEngineConfig(**common, vllm=vllm_options(spec))  # type: ignore[arg-type]
+        if str(spec.rollout.engine) == "vllm"
+        else EngineConfig(**common)  # type: ignore[arg-type]
     )
     config = ServiceConfig(
         server_id=f"{contract.job_name}-rollout-{args.pod_index}",

@@ -1,18 +1,41 @@
-"""The vLLM engine (GPU): vLLM's offline `LLM` for sampling, its worker extension for weight updates.
+"""The vLLM engine (GPU): vLLM's `AsyncLLM` on its own event-loop thread, weights through vLLM's
+own update path.
 
-Chosen by `rollout.engine: vllm` (the default on GPU fleets); imported only then, because vLLM is a
-CUDA-only optional dependency (`grpo-operator[gpu]`). Log-probs come from vLLM with
-`logprobs_mode="processed_logprobs"`, i.e. after temperature and top-p, which is exactly the
-protocol's "log-prob under the sampling policy" that the torch engine computes by hand.
+Chosen by `rollout.engine: vllm` (the default on GPU fleets); vLLM is imported only then, because it
+is a CUDA-only optional dependency (`grpo-operator[gpu]`); everything above `VllmEngine` is plain
+Python the CPU tests exercise. Why each part is the way it is:
+- Continuous batching: every `generate` call (the server runs several at once for this engine,
+  `concurrent_generates`) submits one vLLM request per prompt, with `n = group size`, to one
+  `AsyncLLM`, so prompts of concurrent HTTP requests decode in the same batches.
+- Log-probs: `logprobs_mode="processed_logprobs"` gives the log-prob of each sampled token after
+  temperature and top-p, i.e. the protocol's "log-prob under the sampling policy" that the torch
+  engine computes by hand.
+- Weights: vLLM's layerwise reload (`start_reload` / the model's `load_weights` / `finish_reload`,
+  run by `grpo_rollout.engines.vllm_worker` in every worker through `collective_rpc`) so
+  `process_weights_after_loading` runs (quantized and repacked MoE kernels, MLA), one bucket at a
+  time. Pushed names are transformers' in-memory names, mapped to checkpoint names first
+  (`hf_names`); a tied `lm_head.weight` is dropped (vLLM loads the embedding once).
+- Routing replay: vLLM's routed-experts capture (`enable_return_routed_experts`), rows of the MoE
+  layers kept, sent in the torch engine's wire form.
 """
 
+import asyncio
+import json
 import logging
-from collections.abc import Callable, Sequence
+import math
+import threading
+import uuid
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from grpo_rollout.engines.base import EngineConfig, PromptSamples, Sample
 from grpo_rollout.engines.hf_names import CheckpointNames
-from grpo_rollout.protocol import Sampling
+from grpo_rollout.protocol import Routing, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -20,44 +43,238 @@ MISSING = (
     "rollout engine 'vllm' needs the vllm package, which is CUDA-only: install grpo-operator[gpu] in a GPU "
     "image, or set spec.rollout.engine: torch to generate on CPU"
 )
+WORKER_EXTENSION = "grpo_rollout.engines.vllm_worker.WeightLoader"
+TIED_HEAD = "lm_head.weight"
+STOP_POLL_S = 0.1  # how often a waiting generate asks whether the server is handing work back
+# A streamed bucket's piece, as the server hands it to `load_bucket` (`engines.base`'s BucketPiece):
+# (HF name, first element of the flattened tensor, 1-D values).
+Piece = tuple[str, int, Any]
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    """The knobs of `spec.rollout.vllm` (and routing replay), as the engine needs them."""
+
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    data_parallel_size: int = 1
+    expert_parallel: bool = False
+    enforce_eager: bool = False
+    sleep_for_updates: bool = False
+    routed_experts: bool = False  # algorithm.routingReplay: capture the experts every token used
+
+
+@dataclass(frozen=True)
+class VllmEngineConfig(EngineConfig):
+    vllm: VllmOptions = field(default_factory=VllmOptions)
+
+
+def engine_args(config: EngineConfig) -> dict[str, Any]:
+    """Keyword arguments of vLLM's `AsyncEngineArgs` for this config."""
+    opts = config.vllm if isinstance(config, VllmEngineConfig) else VllmOptions()
+    args: dict[str, Any] = {
+        "model": config.model_path,
+        "dtype": config.dtype,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "data_parallel_size": opts.data_parallel_size,
+        "enable_expert_parallel": opts.expert_parallel,
+        "gpu_memory_utilization": opts.gpu_memory_utilization,
+        "enforce_eager": opts.enforce_eager,
+        "seed": config.seed,
+        "max_num_seqs": config.max_batch_size,
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": WORKER_EXTENSION,
+        "enable_sleep_mode": opts.sleep_for_updates,
+        "disable_log_stats": True,
+    }
+    if opts.max_model_len is not None:
+        args["max_model_len"] = opts.max_model_len
+    if opts.routed_experts:  # vLLM's capture needs prefix caching (its default) and no pipeline stages
+        args |= {"enable_return_routed_experts": True, "enable_prefix_caching": True}
+    return args
+
+
+def sampling_kwargs(n: int, sampling: Sampling) -> dict[str, Any]:
+    """`SamplingParams` keywords for one prompt's group: one request, n samples. With a seed, vLLM
+    gives sample j the seed `seed + j`, so the n samples differ yet repeat exactly."""
+    out: dict[str, Any] = {
+        "n": n,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_tokens": sampling.max_new_tokens,
+        "logprobs": 0,  # the sampled token's own log-prob only
+    }
+    if sampling.seed is not None:
+        out["seed"] = sampling.seed
+    return out
+
+
+def moe_layer_ids(config: Mapping[str, Any]) -> list[int]:
+    """Indices of the decoder layers that route to experts, from an HF config.json, in order: the
+    trainer replays routing per MoE block in module order (`grpo_trainer.moe.moe_layers`)."""
+    layers = int(config["num_hidden_layers"])
+    if "first_k_dense_replace" in config:  # DeepSeek-V2/V3: dense first layers, then every freq-th
+        first, freq = int(config["first_k_dense_replace"]), int(config.get("moe_layer_freq") or 1)
+        return [i for i in range(layers) if i >= first and i % freq == 0]
+    if "decoder_sparse_step" in config:  # Qwen2-MoE / Qwen3-MoE
+        step = int(config.get("decoder_sparse_step") or 1)
+        dense = set(config.get("mlp_only_layers") or [])
+        return [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
+    return list(range(layers))  # Mixtral and the like: every layer
+
+
+def encode_routed_experts(
+    experts: np.ndarray, layers: Sequence[int], tokens: int, num_experts: int
+) -> Routing:
+    """vLLM's [rows, all layers, k] uint8/uint16 capture → the wire form of `tokens` rows (prompt plus
+    completion minus the last token) of the MoE layers."""
+    if experts.ndim != 3 or experts.shape[0] < tokens:
+        raise RuntimeError(
+            f"routed experts of shape {experts.shape} cover fewer than the {tokens} routed tokens"
+        )
+    kept = np.ascontiguousarray(experts[:tokens, list(layers), :])
+    dtype = "uint8" if num_experts <= 256 else "int16"
+    array = kept.astype("u1" if dtype == "uint8" else "<i2", copy=False)
+    return Routing.from_bytes(
+        array.tobytes(), (int(array.shape[0]), int(array.shape[1]), int(array.shape[2])), dtype
+    )
+
+
+def to_sample(completion: Any, prompt_len: int, routing: "RoutingLayout | None") -> Sample:
+    """One vLLM `CompletionOutput` → a Sample: the sampled tokens' log-probs, read from each step's
+    dict (with `logprobs=0` it holds the sampled token, plus nothing else)."""
+    token_ids = list(completion.token_ids)
+    steps = completion.logprobs or []
+    if len(steps) != len(token_ids):
+        raise RuntimeError(f"vLLM returned {len(steps)} log-prob steps for {len(token_ids)} tokens")
+    logprobs = [float(step[t].logprob) for step, t in zip(steps, token_ids, strict=True)]
+    routed = None
+    if routing is not None:
+        if completion.routed_experts is None:
+            raise RuntimeError("vLLM returned no routed experts although the engine captures them")
+        tokens = prompt_len + len(token_ids) - 1
+        routed = encode_routed_experts(
+            np.asarray(completion.routed_experts), routing.layers, tokens, routing.num_experts
+        )
+    return Sample(
+        token_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason="stop" if completion.finish_reason == "stop" else "length",
+        text=completion.text,
+        routing=routed,
+    )
+
+
+@dataclass(frozen=True)
+class RoutingLayout:
+    layers: list[int]
+    num_experts: int
+
+    @classmethod
+    def of(cls, model_dir: str) -> "RoutingLayout":
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        config = config.get("text_config", config)
+        experts = (
+            config.get("num_experts") or config.get("n_routed_experts") or config.get("num_local_experts")
+        )
+        if not experts:
+            raise ValueError(f"routing replay needs an MoE model; {model_dir} has no experts in config.json")
+        return cls(moe_layer_ids(config), int(experts))
+
+
+class Assembler:
+    """Streamed pieces → whole tensors: vLLM's loaders take whole checkpoint tensors, while a streamed
+    bucket may hold a slice of one. A tensor leaves as soon as its last element arrived, so only
+    tensors split across buckets wait here (on the host)."""
+
+    def __init__(self, shapes: Mapping[str, Sequence[int]]) -> None:
+        self.shapes = {k: tuple(v) for k, v in shapes.items()}
+        self._partial: dict[str, tuple[Any, int]] = {}  # name -> (flat buffer, elements received)
+        self.done: set[str] = set()
+
+    def add(self, pieces: Sequence[Piece]) -> dict[str, Any]:
+        """The tensors these pieces completed, full-shaped, on the host (copies: pieces die after)."""
+        import torch
+
+        out = {}
+        for name, start, values in pieces:
+            if name not in self.shapes or name in self.done:
+                raise ValueError(f"piece of {name!r}, which the update did not announce or already completed")
+            numel = math.prod(self.shapes[name])
+            if start < 0 or start + values.numel() > numel:
+                raise ValueError(f"piece [{start}, {start + values.numel()}) outside {name!r} of {numel}")
+            if start == 0 and values.numel() == numel:
+                out[name] = values.detach().to("cpu", copy=True).view(self.shapes[name])
+                self.done.add(name)
+                continue
+            buf, got = self._partial.get(name, (None, 0))
+            if buf is None:
+                buf = torch.empty(numel, dtype=values.dtype)
+            buf[start : start + values.numel()].copy_(values)
+            got += values.numel()
+            if got == numel:
+                del self._partial[name]
+                out[name] = buf.view(self.shapes[name])
+                self.done.add(name)
+            else:
+                self._partial[name] = (buf, got)
+        return out
+
+    def missing(self) -> list[str]:
+        return sorted(set(self.shapes) - self.done)
+
+
+def checkpoint_named(names: CheckpointNames, tensors: dict[str, Any]) -> dict[str, Any]:
+    """Checkpoint names for vLLM's loaders; ValueError for unknown names or shapes. A tied model's
+    checkpoint has no `lm_head.weight` (vLLM loads the embedding once), so a pushed one is dropped."""
+    if TIED_HEAD not in names.shapes:
+        tensors = {k: v for k, v in tensors.items() if k != TIED_HEAD}
+    return names.to_checkpoint(tensors) if tensors else {}
+
+
+class LoopThread:
+    """An asyncio loop on a daemon thread: `AsyncLLM` lives there, the engine's callers are plain
+    threads (the server's generate pool and engine thread)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="vllm-loop", daemon=True)
+        self.thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return self.submit(coro).result()
 
 
 class VllmEngine:
     name = "vllm"
+    concurrent_generates = 64  # generate calls the server may run at once: vLLM batches them together
 
     def __init__(self, config: EngineConfig):
         try:
             import vllm
+            from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as e:
             raise RuntimeError(f"{MISSING} ({e})") from e
         self._vllm = vllm
-        self.max_batch_size = config.max_batch_size
+        self.opts = config.vllm if isinstance(config, VllmEngineConfig) else VllmOptions()
         self.names = CheckpointNames(config.model_path)
-        self.llm = vllm.LLM(
-            model=config.model_path,
-            dtype=config.dtype,
-            tensor_parallel_size=config.tensor_parallel_size,
-            seed=config.seed,
-            max_num_seqs=config.max_batch_size,
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls="grpo_rollout.engines.vllm_worker.WeightLoader",
-        )
-        self.tokenizer = self.llm.get_tokenizer()
-        log.info("vllm engine: %s (tp=%d, %s)", config.model_path, config.tensor_parallel_size, config.dtype)
+        self.routing = RoutingLayout.of(config.model_path) if self.opts.routed_experts else None
+        self.device = "cuda"  # where a streamed bucket is received before it goes to the workers
+        self.loop = LoopThread()
 
-    def _params(self, n: int, sampling: Sampling) -> list[Any]:
-        """One SamplingParams per submitted prompt copy; a seeded request gets one seed per sample so
-        the n samples differ yet repeat exactly."""
-        common = dict(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=sampling.max_new_tokens,
-            logprobs=0,
-        )
-        make = self._vllm.SamplingParams
-        if sampling.seed is None:
-            return [make(n=n, **common)]
-        return [make(n=1, seed=sampling.seed + j, **common) for j in range(n)]
+        async def build() -> Any:  # inside the loop, so AsyncLLM starts its output handler there
+            return AsyncLLM.from_engine_args(vllm.AsyncEngineArgs(**engine_args(config)))
+
+        self.llm = self.loop.run(build())
+        self.tokenizer = self.llm.get_tokenizer()
+        self._assembler: Assembler | None = None
+        self._tokenize = threading.Lock()  # generate runs on many threads; a Rust tokenizer is not re-entrant
+        log.info("vllm engine: %s (%s)", config.model_path, engine_args(config))
+
+    # -- generation ------------------------------------------------------------------------------
 
     def generate(
         self,
@@ -68,44 +285,110 @@ class VllmEngine:
         *,
         routing: bool = False,
     ) -> list[PromptSamples | None]:
-        if routing:  # vLLM >= 0.21 can (enable_return_routed_experts); not wired here yet
-            raise ValueError("the vllm engine does not return routed experts yet: use rollout.engine torch")
-        encoded = [self.tokenizer(p)["input_ids"] for p in prompts]
+        if routing and self.routing is None:
+            raise ValueError(
+                "this vllm server was started without routed-experts capture (routingReplay off)"
+            )
+        with self._tokenize:
+            encoded = [list(self.tokenizer(p)["input_ids"]) for p in prompts]
         if any(not ids for ids in encoded):
             raise ValueError("a prompt tokenizes to no tokens; give at least one character")
-        params = self._params(n, sampling)
-        copies = len(params)  # submissions per prompt
-        per_chunk = max(1, self.max_batch_size // n)
+        params = self._vllm.SamplingParams(**sampling_kwargs(n, sampling), output_kind=self._final_only())
+        pending = {self.loop.submit(self._request(ids, params)): i for i, ids in enumerate(encoded)}
         out: list[PromptSamples | None] = [None] * len(prompts)
-        for start in range(0, len(prompts), per_chunk):
-            if should_stop():
-                break  # the rest is handed back
-            chunk = encoded[start : start + per_chunk]
-            requests = [{"prompt_token_ids": ids} for ids in chunk for _ in range(copies)]
-            results = self.llm.generate(requests, params * len(chunk), use_tqdm=False)
-            for i, ids in enumerate(chunk):
-                outputs = [c for r in results[i * copies : (i + 1) * copies] for c in r.outputs]
-                out[start + i] = PromptSamples(
-                    prompt_token_ids=list(ids), samples=[self._sample(c) for c in outputs]
+        layout = self.routing if routing else None
+        while pending:
+            done, _ = futures.wait(pending, timeout=STOP_POLL_S, return_when=futures.FIRST_COMPLETED)
+            for f in done:
+                i = pending.pop(f)
+                completions = sorted(f.result().outputs, key=lambda c: c.index)
+                out[i] = PromptSamples(
+                    prompt_token_ids=encoded[i],
+                    samples=[to_sample(c, len(encoded[i]), layout) for c in completions],
                 )
+            if pending and should_stop():
+                for f in pending:
+                    f.cancel()  # cancels the request's task: AsyncLLM aborts it in the engine
+                break  # the rest is handed back
         return out
 
-    @staticmethod
-    def _sample(c: Any) -> Sample:
-        token_ids = list(c.token_ids)
-        logprobs = [float(step[t].logprob) for step, t in zip(c.logprobs, token_ids, strict=True)]
-        return Sample(
-            token_ids=token_ids,
-            logprobs=logprobs,
-            finish_reason="stop" if c.finish_reason == "stop" else "length",
-            text=c.text,
-        )
+    def _final_only(self) -> Any:
+        from vllm.sampling_params import RequestOutputKind
+
+        return RequestOutputKind.FINAL_ONLY
+
+    async def _request(self, prompt_ids: list[int], params: Any) -> Any:
+        final = None
+        async for output in self.llm.generate({"prompt_token_ids": prompt_ids}, params, uuid.uuid4().hex):
+            final = output
+        return final
+
+    # -- weights ---------------------------------------------------------------------------------
+
+    def _checkpoint_named(self, tensors: dict[str, Any]) -> dict[str, Any]:
+        return checkpoint_named(self.names, tensors)
+
+    def _rpc(self, method: str, *args: Any) -> list[Any]:
+        return self.loop.run(self.llm.collective_rpc(method, args=args))
 
     def load_weights(self, buckets: Sequence[bytes]) -> int:
-        """Rename and check every bucket first (ValueError before vLLM is touched), then load everywhere."""
+        """A whole version over HTTP: every bucket renamed and checked first (ValueError before vLLM
+        is touched), then streamed into the workers bucket by bucket."""
         from safetensors.torch import load, save
 
-        payloads = [save(self.names.to_checkpoint(load(data))) for data in buckets]
-        counts = self.llm.collective_rpc("grpo_load_weights", args=(payloads,))
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        payloads = [save(self._checkpoint_named(load(data))) for data in buckets]
+        self._begin()
+        try:
+            for payload in payloads:
+                self._rpc("grpo_load_bucket", payload)
+        except BaseException:
+            self.abort_update()
+            raise
+        return self._finish()
+
+    def begin_update(self, tensors: Mapping[str, Sequence[int]]) -> None:
+        """Check the coming version's names and shapes (meta tensors, nothing allocated), then open
+        vLLM's reload in every worker."""
+        import torch
+
+        self._checkpoint_named({k: torch.empty(tuple(v), device="meta") for k, v in tensors.items()})
+        self._assembler = Assembler(tensors)
+        self._begin()
+
+    def load_bucket(self, pieces: Sequence[Piece]) -> None:
+        from safetensors.torch import save
+
+        if self._assembler is None:
+            raise ValueError("load_bucket without begin_update")
+        whole = self._checkpoint_named(self._assembler.add(pieces))
+        if whole:
+            self._rpc("grpo_load_bucket", save(whole))
+
+    def finish_update(self) -> int:
+        if self._assembler is None:
+            raise ValueError("finish_update without begin_update")
+        missing = self._assembler.missing()
+        if missing:
+            raise ValueError(f"{len(missing)} tensor(s) never arrived, e.g. {missing[:3]}")
+        self._assembler = None
+        return self._finish()
+
+    def abort_update(self) -> None:
+        """Close the reload (layers that got nothing keep their old tensors) and wake up."""
+        self._assembler = None
+        self._rpc("grpo_finish_update")
+        if self.opts.sleep_for_updates:
+            self.loop.run(self.llm.wake_up(["kv_cache"]))
+
+    def _begin(self) -> None:
+        if self.opts.sleep_for_updates:  # level 2: the KV cache goes, parameters are rewritten anyway
+            self.loop.run(self.llm.sleep(level=2, mode="wait"))
+            self.loop.run(self.llm.wake_up(["weights"]))
+        self._rpc("grpo_begin_update")
+
+    def _finish(self) -> int:
+        counts = self._rpc("grpo_finish_update")
+        if self.opts.sleep_for_updates:
+            self.loop.run(self.llm.wake_up(["kv_cache"]))
+        self.loop.run(self.llm.reset_prefix_cache())  # cached KV blocks were computed with the old weights
         return int(counts[0])

@@ -1,0 +1,202 @@
+"""Pass/fail GPU check of the vLLM rollout engine on ONE H100/H200 (a few minutes; never in CI).
+
+Run from the repository root in the rollout image (vLLM pins its own torch, so not the trainer's):
+`python benchmarks/gpu/rollout_vllm_gpu.py --json $OUT/rollout_vllm.json`; exit status 0 when every
+check passed, 1 otherwise. No download: it builds a small random Qwen3-MoE (8 experts, top-2,
+tied embeddings, head_dim 64 so every attention backend takes it) with the character tokenizer.
+
+Checks (each a row):
+1. start: `VllmEngine` (AsyncLLM, routed-experts capture on, eager) comes up.
+2. batching: two `generate` calls from two threads at once, 4 prompts x n = 4 each: every prompt
+   gets 4 samples, one log-prob per token, finite and <= 0.
+3. logprobs: at temperature 1, top_p 1, vLLM's sampled-token log-probs equal log_softmax of the HF
+   model's logits at those tokens (bf16: mean |diff| <= 0.02, max <= 0.25).
+4. routing: each sample's routing is [prompt + completion - 1, MoE layers, k], expert ids < 8.
+5. streamed update: a second model's weights (transformers' fused names, no `lm_head.weight`: it
+   is tied) through `begin_update` / `load_bucket` (one tensor split over two buckets) /
+   `finish_update`; then the log-probs match the second model (post-load processing ran).
+6. HTTP update: the first model back through `load_weights` (safetensors buckets); log-probs match
+   the first model again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+for sub in ("rollout", "operator"):
+    sys.path.insert(0, str(ROOT / sub))
+
+MEAN_TOL, MAX_TOL = 0.02, 0.25
+
+
+def build_model(directory: Path, seed: int) -> Path:
+    import torch
+    from grpo_rollout.testing import build_char_tokenizer
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    tokenizer = build_char_tokenizer()
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=512,
+        intermediate_size=1024,
+        moe_intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=1024,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+        torch_dtype="bfloat16",
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def hf_logprobs(model_dir: Path, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
+    """log_softmax of the HF model's logits at the sampled tokens (temperature 1, top_p 1)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.bfloat16).cuda().eval()
+    ids = torch.tensor([prompt_ids + token_ids], device="cuda")
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp.gather(1, torch.tensor(token_ids, device="cuda")[:, None])[:, 0].tolist()
+
+
+def compare(engine, model_dir: Path, prompts: list[str]) -> dict:
+    """vLLM's log-probs of its own samples vs the HF model's, over every sampled token."""
+    from grpo_rollout.protocol import Sampling
+
+    out = engine.generate(prompts, 2, Sampling(temperature=1.0, top_p=1.0, max_new_tokens=16), lambda: False)
+    diffs = []
+    for ps in out:
+        for s in ps.samples:
+            ref = hf_logprobs(model_dir, ps.prompt_token_ids, s.token_ids)
+            diffs += [abs(a - b) for a, b in zip(s.logprobs, ref, strict=True)]
+    mean, worst = sum(diffs) / len(diffs), max(diffs)
+    return {
+        "tokens": len(diffs),
+        "mean_abs": mean,
+        "max_abs": worst,
+        "ok": mean <= MEAN_TOL and worst <= MAX_TOL,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    rows: list[dict] = []
+
+    def check(name: str, passed: bool, **info) -> None:
+        rows.append({"check": name, "result": "pass" if passed else "FAIL", **info})
+        print(rows[-1], flush=True)
+
+    work = Path(tempfile.mkdtemp(prefix="vllm-check-"))
+    engine = None
+    try:
+        import torch
+        from grpo_rollout.engines.base import create_engine
+        from grpo_rollout.engines.vllm_engine import VllmEngineConfig, VllmOptions
+        from grpo_rollout.protocol import Sampling
+        from safetensors.torch import load_file, save
+        from transformers import AutoModelForCausalLM
+
+        first, second = build_model(work / "a", seed=0), build_model(work / "b", seed=1)
+        t0 = time.monotonic()
+        opts = VllmOptions(
+            gpu_memory_utilization=0.5, max_model_len=512, enforce_eager=True, routed_experts=True
+        )
+        engine = create_engine("vllm", VllmEngineConfig(model_path=str(first), dtype="bfloat16", vllm=opts))
+        check("start", True, seconds=round(time.monotonic() - t0, 1))
+
+        prompts = [f"{i} + {i} = " for i in range(8)]
+        sampling = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=24, seed=7)
+        results: dict[int, list] = {}
+
+        def call(k: int) -> None:
+            results[k] = engine.generate(prompts[4 * k : 4 * k + 4], 4, sampling, lambda: False, routing=True)
+
+        threads = [threading.Thread(target=call, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        samples = [s for k in results for ps in results[k] for s in ps.samples]
+        shaped = all(len(ps.samples) == 4 for k in results for ps in results[k]) and len(samples) == 32
+        finite = all(
+            len(s.logprobs) == len(s.token_ids) and all(math.isfinite(x) and x <= 1e-4 for x in s.logprobs)
+            for s in samples
+        )
+        check("batching", shaped and finite, samples=len(samples))
+
+        routed = []
+        for k in results:
+            for ps in results[k]:
+                for s in ps.samples:
+                    r = s.routing
+                    ok = r is not None and r.shape == (len(ps.prompt_token_ids) + len(s.token_ids) - 1, 2, 2)
+                    routed.append(ok and max(r.raw()) < 8)
+        check("routing", all(routed), sequences=len(routed))
+
+        row = compare(engine, first, prompts[:2])
+        check("logprobs", row.pop("ok"), **row)
+
+        state = AutoModelForCausalLM.from_pretrained(second, torch_dtype=torch.bfloat16).state_dict()
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}  # tied: the trainer omits it
+        engine.begin_update({k: tuple(v.shape) for k, v in state.items()})
+        names = sorted(state)
+        split = names[0]
+        flat = state[split].reshape(-1)
+        half = flat.numel() // 2
+        engine.load_bucket(
+            [(split, 0, flat[:half].cuda())] + [(n, 0, state[n].reshape(-1).cuda()) for n in names[1::2]]
+        )
+        engine.load_bucket(
+            [(split, half, flat[half:].cuda())] + [(n, 0, state[n].reshape(-1).cuda()) for n in names[2::2]]
+        )
+        updated = engine.finish_update()
+        row = compare(engine, second, prompts[:2])
+        check("streamed_update", row.pop("ok") and updated > 0, tensors=updated, **row)
+
+        back = load_file(str(first / "model.safetensors"))
+        keys = sorted(back)
+        buckets = [save({k: back[k] for k in keys[i::3]}) for i in range(3)]
+        updated = engine.load_weights(buckets)
+        row = compare(engine, first, prompts[:2])
+        check("http_update", row.pop("ok") and updated > 0, tensors=updated, **row)
+    except Exception:
+        check("run", False, error=traceback.format_exc()[-2000:])
+    finally:
+        if engine is not None:
+            engine.llm.shutdown()
+    failed = [r for r in rows if r["result"] == "FAIL"]
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "passed": not failed}, indent=2))
+    print("PASS" if not failed else f"FAIL: {[r['check'] for r in failed]}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
