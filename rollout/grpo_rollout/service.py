@@ -2,7 +2,9 @@
 
 `grpo_rollout.server` wraps a `RolloutService` in aiohttp handlers. The engine runs on one worker
 thread (generations and weight swaps are serialized there, so every response is sampled with exactly
-one weight version) and rewards on another (scoring one request overlaps generating the next).
+one weight version) and rewards on another (scoring one request overlaps generating the next). An
+engine that batches concurrent requests itself (vLLM, `concurrent_generates` > 1) gets that many
+generate threads instead; a `Gate` then lets generations overlap and keeps weight swaps alone.
 Weight versions arrive over HTTP (`add_weights`, staged whole) or streamed over the trainer's
 collective groups (`stream_weights`, applied bucket by bucket on the engine thread, live only when
 every element arrived; a stream that breaks half-way leaves the server refusing work until the
@@ -23,6 +25,7 @@ from grpo_operator.api.spec import RewardSpec
 
 from grpo_rollout import weight_stream
 from grpo_rollout.engines.base import Engine, EngineConfig, PromptSamples, create_engine, streamed_update
+from grpo_rollout.gate import Gate
 from grpo_rollout.metrics import RolloutMetrics
 from grpo_rollout.protocol import (
     Completion,
@@ -71,6 +74,8 @@ class RolloutService:
         self._engine_pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
         self._reward_pool = ThreadPoolExecutor(1, thread_name_prefix="rewards")
         self._weights_lock = asyncio.Lock()
+        self._generate_pool = self._engine_pool  # widened in start() for an engine that batches
+        self._gate = Gate()  # many generations or one weight swap
         self.link = weight_stream.ReceiverLink()
         self.torn = False  # a streamed version broke half-way: weights are mixed until the next one
 
@@ -86,6 +91,9 @@ class RolloutService:
         engine = await loop.run_in_executor(
             self._engine_pool, create_engine, self.config.engine, self.config.engine_config
         )
+        concurrent = int(getattr(engine, "concurrent_generates", 1))
+        if concurrent > 1:
+            self._generate_pool = ThreadPoolExecutor(concurrent, thread_name_prefix="generate")
         self.engine = engine
         self.metrics.weight_version.set(self.stager.live_version)
         log.info("%s ready: engine %s in %.1fs", self.config.server_id, engine.name, time.monotonic() - t0)
@@ -126,7 +134,8 @@ class RolloutService:
         self.metrics.in_flight.inc()
         t0 = time.monotonic()
         try:
-            version, samples = await loop.run_in_executor(self._engine_pool, self._generate_now, req)
+            async with self._gate.shared():
+                version, samples = await loop.run_in_executor(self._generate_pool, self._generate_now, req)
             t1 = time.monotonic()
             results = await loop.run_in_executor(self._reward_pool, self._score, req, samples, version)
         finally:
@@ -226,9 +235,10 @@ class RolloutService:
                 loop = asyncio.get_running_loop()
                 t0 = time.monotonic()
                 try:
-                    updated = await loop.run_in_executor(
-                        self._engine_pool, self._apply_now, complete, meta.version
-                    )
+                    async with self._gate.exclusive():
+                        updated = await loop.run_in_executor(
+                            self._engine_pool, self._apply_now, complete, meta.version
+                        )
                 except ValueError as e:
                     self.stager.discard()
                     raise ServiceError(
@@ -265,7 +275,8 @@ class RolloutService:
             loop = asyncio.get_running_loop()
             t0 = time.monotonic()
             try:
-                updated = await loop.run_in_executor(self._engine_pool, self._stream_now, req)
+                async with self._gate.exclusive():
+                    updated = await loop.run_in_executor(self._engine_pool, self._stream_now, req)
             except WeightConflict as e:
                 raise ServiceError(409, "weight_version_conflict", str(e)) from None
             except (ValueError, BadBucket) as e:
@@ -371,4 +382,5 @@ class RolloutService:
         if self.scorer is not None:
             self.scorer.close()
         self._engine_pool.shutdown(wait=False, cancel_futures=True)
+        self._generate_pool.shutdown(wait=False, cancel_futures=True)
         self._reward_pool.shutdown(wait=False, cancel_futures=True)
