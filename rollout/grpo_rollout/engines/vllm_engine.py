@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from grpo_rollout.engines.base import EngineConfig, PromptSamples, Sample
+from grpo_rollout.engines.base import BucketPiece, EngineConfig, PromptSamples, Sample
 from grpo_rollout.engines.hf_names import CheckpointNames
 from grpo_rollout.protocol import Routing, Sampling
 
@@ -46,9 +46,6 @@ MISSING = (
 WORKER_EXTENSION = "grpo_rollout.engines.vllm_worker.WeightLoader"
 TIED_HEAD = "lm_head.weight"
 STOP_POLL_S = 0.1  # how often a waiting generate asks whether the server is handing work back
-# A streamed bucket's piece, as the server hands it to `load_bucket` (`engines.base`'s BucketPiece):
-# (HF name, first element of the flattened tensor, 1-D values).
-Piece = tuple[str, int, Any]
 
 
 @dataclass(frozen=True)
@@ -192,7 +189,7 @@ class Assembler:
         self._partial: dict[str, tuple[Any, int]] = {}  # name -> (flat buffer, elements received)
         self.done: set[str] = set()
 
-    def add(self, pieces: Sequence[Piece]) -> dict[str, Any]:
+    def add(self, pieces: Sequence[BucketPiece]) -> dict[str, Any]:
         """The tensors these pieces completed, full-shaped, on the host (copies: pieces die after)."""
         import torch
 
@@ -355,7 +352,7 @@ class VllmEngine:
         self._assembler = Assembler(tensors)
         self._begin()
 
-    def load_bucket(self, pieces: Sequence[Piece]) -> None:
+    def load_bucket(self, pieces: Sequence[BucketPiece]) -> None:
         from safetensors.torch import save
 
         if self._assembler is None:
