@@ -186,6 +186,14 @@ def test_p5_trainer_requests_whole_node_with_efa():
     assert {"name": "pvc-ckpt", "persistentVolumeClaim": {"claimName": "ckpt"}} in pod["volumes"]
 
 
+def test_a_vllm_server_holds_tensor_times_data_parallel_gpus():
+    rollout = {"replicas": 1, "instanceType": "p5.48xlarge", "tensorParallelSize": 2}
+    r = rendered(job(rollout={**rollout, "vllm": {"dataParallelSize": 4, "expertParallelSize": 8}}))
+    assert container(r, "rollout")["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    with pytest.raises(render.RenderError, match=r"tensorParallelSize x vllm.dataParallelSize = 16 exceeds"):
+        rendered(job(rollout={**rollout, "tensorParallelSize": 4, "vllm": {"dataParallelSize": 4}}))
+
+
 def test_p5en_has_sixteen_efa_devices():
     t = container(rendered(job(trainer__instanceType="p5en.48xlarge")), "trainer")
     assert t["resources"]["limits"]["vpc.amazonaws.com/efa"] == "16"
