@@ -294,20 +294,32 @@ class VllmEngine:
         pending = {self.loop.submit(self._request(ids, params)): i for i, ids in enumerate(encoded)}
         out: list[PromptSamples | None] = [None] * len(prompts)
         layout = self.routing if routing else None
-        while pending:
-            done, _ = futures.wait(pending, timeout=STOP_POLL_S, return_when=futures.FIRST_COMPLETED)
-            for f in done:
-                i = pending.pop(f)
-                completions = sorted(f.result().outputs, key=lambda c: c.index)
-                out[i] = PromptSamples(
-                    prompt_token_ids=encoded[i],
-                    samples=[to_sample(c, len(encoded[i]), layout) for c in completions],
-                )
-            if pending and should_stop():
-                for f in pending:
-                    f.cancel()  # cancels the request's task: AsyncLLM aborts it in the engine
-                break  # the rest is handed back
+        try:
+            while pending:
+                done, _ = futures.wait(pending, timeout=STOP_POLL_S, return_when=futures.FIRST_COMPLETED)
+                for f in done:
+                    i = pending.pop(f)
+                    completions = sorted(self._result(f).outputs, key=lambda c: c.index)
+                    out[i] = PromptSamples(
+                        prompt_token_ids=encoded[i],
+                        samples=[to_sample(c, len(encoded[i]), layout) for c in completions],
+                    )
+                if pending and should_stop():
+                    break  # the rest is handed back
+        finally:
+            for f in pending:
+                f.cancel()  # cancels the request's task: AsyncLLM aborts it in the engine
         return out
+
+    def _result(self, f: futures.Future) -> Any:
+        """A request's final output; vLLM's refusal of the request (say, a prompt longer than
+        maxModelLen) becomes the ValueError the server answers 422 with."""
+        from vllm.exceptions import VLLMClientError
+
+        try:
+            return f.result()
+        except VLLMClientError as e:
+            raise ValueError(f"vLLM refused the request: {e}") from e
 
     def _final_only(self) -> Any:
         from vllm.sampling_params import RequestOutputKind
