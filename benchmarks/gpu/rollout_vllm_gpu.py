@@ -17,11 +17,15 @@ Checks (each a row):
    `finish_update`; then the log-probs match the second model (post-load processing ran).
 6. HTTP update: the first model back through `load_weights` (safetensors buckets); log-probs match
    the first model again.
+7. versions: through the rollout server's service (the engine above is the one it started): four
+   generate requests in flight while version 1 (the second model) is pushed; each answer names one
+   version, the push waits for them, and a request needing version 1 gets the second model.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import sys
@@ -101,6 +105,25 @@ def compare(engine, model_dir: Path, prompts: list[str]) -> dict:
     }
 
 
+async def versions(service, bucket: bytes) -> tuple[list, object, object]:
+    """Generations in flight while a version is pushed over the HTTP path's service method."""
+    from grpo_rollout.protocol import GenerateRequest, Prompt, Sampling, WeightBucket
+
+    def request(rid: str, min_version: int | None = None) -> GenerateRequest:
+        prompts = [Prompt(id=str(i), text=f"{i} * {i} = ") for i in range(4)]
+        sampling = Sampling(max_new_tokens=32)
+        return GenerateRequest(
+            request_id=rid, prompts=prompts, n=4, sampling=sampling, min_weight_version=min_version
+        )
+
+    running = [asyncio.create_task(service.generate(request(f"r{k}"))) for k in range(4)]
+    await asyncio.sleep(0.05)  # the requests are in vLLM when the push arrives
+    pushed = await service.add_weights(WeightBucket(version=1, index=0, count=1), bucket)
+    answers = await asyncio.gather(*running)
+    after = await service.generate(request("after", min_version=1))
+    return answers, pushed, after
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -114,12 +137,13 @@ def main() -> int:
         print(rows[-1], flush=True)
 
     work = Path(tempfile.mkdtemp(prefix="vllm-check-"))
-    engine = None
+    engine = service = None
     try:
         import torch
-        from grpo_rollout.engines.base import create_engine
+        from grpo_operator.api.spec import RewardSpec
         from grpo_rollout.engines.vllm_engine import VllmEngineConfig, VllmOptions
         from grpo_rollout.protocol import Sampling
+        from grpo_rollout.service import RolloutService, ServiceConfig
         from safetensors.torch import load_file, save
         from transformers import AutoModelForCausalLM
 
@@ -128,7 +152,17 @@ def main() -> int:
         opts = VllmOptions(
             gpu_memory_utilization=0.5, max_model_len=512, enforce_eager=True, routed_experts=True
         )
-        engine = create_engine("vllm", VllmEngineConfig(model_path=str(first), dtype="bfloat16", vllm=opts))
+        config = VllmEngineConfig(model_path=str(first), dtype="bfloat16", vllm=opts)
+        service = RolloutService(
+            ServiceConfig(
+                server_id="gpu-check",
+                engine="vllm",
+                engine_config=config,
+                reward=RewardSpec.model_validate({"functions": [{"builtin": "math"}]}),
+            )
+        )
+        asyncio.run(service.start())
+        engine = service.engine
         check("start", True, seconds=round(time.monotonic() - t0, 1))
 
         prompts = [f"{i} + {i} = " for i in range(8)]
@@ -186,11 +220,20 @@ def main() -> int:
         updated = engine.load_weights(buckets)
         row = compare(engine, first, prompts[:2])
         check("http_update", row.pop("ok") and updated > 0, tensors=updated, **row)
+
+        second_bucket = save(load_file(str(second / "model.safetensors")))
+        answers, pushed, after = asyncio.run(versions(service, second_bucket))
+        consistent = all(a.weight_version in (0, 1) for a in answers) and pushed.applied
+        row = compare(engine, second, prompts[:2])
+        ok = consistent and after.weight_version == 1 and row.pop("ok")
+        check("versions", ok, answered=[a.weight_version for a in answers], live=pushed.live_version, **row)
     except Exception:
         check("run", False, error=traceback.format_exc()[-2000:])
     finally:
         if engine is not None:
             engine.llm.shutdown()
+        if service is not None:
+            service.close()
     failed = [r for r in rows if r["result"] == "FAIL"]
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "passed": not failed}, indent=2))
