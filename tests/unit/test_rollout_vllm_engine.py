@@ -210,3 +210,17 @@ def test_a_whole_streamed_version_is_checked_on_meta_tensors(tiny_moe):
         names, {"model.layers.1.mlp.experts.down_proj": meta["model.layers.1.mlp.experts.down_proj"]}
     )
     assert sorted(alone) == [f"model.layers.1.mlp.experts.{e}.down_proj.weight" for e in range(4)]
+
+
+def test_a_pushed_bucket_becomes_a_payload_the_workers_load(tiny_moe):
+    """What load_weights ships to the workers: a safetensors bucket of checkpoint names that
+    round-trips bitwise (converted experts are plain contiguous tensors, none sharing memory)."""
+    from grpo_rollout.engines.vllm_engine import checkpoint_named
+    from safetensors.torch import load, save
+    from transformers import AutoModelForCausalLM
+
+    state = AutoModelForCausalLM.from_pretrained(tiny_moe).state_dict()
+    mapped = checkpoint_named(CheckpointNames(tiny_moe), dict(state))
+    back = load(save(mapped))
+    on_disk = load_file(str(tiny_moe / "model.safetensors"))
+    assert set(back) == set(on_disk) and all(torch.equal(back[k], on_disk[k]) for k in on_disk)
