@@ -94,6 +94,21 @@ def test_rollout_kv_cache_per_token():
     assert mla.extra["kv_bytes_per_token"] == 61 * 576 * 2  # one latent, every TP rank
 
 
+def test_the_vllm_knobs_move_the_rollout_budget_and_the_context_it_must_hold():
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    base = plan("qwen3-30b-a3b").rollout
+    raw["spec"]["rollout"]["vllm"] = {"gpuMemoryUtilization": 0.5, "maxModelLen": 2048}
+    tuned = plan("qwen3-30b-a3b", GRPOJob.model_validate(raw)).rollout
+    assert base.budget_bytes == int(H100 * 0.9) and tuned.budget_bytes == int(H100 * 0.5)
+    assert tuned.parts["kv_cache"].bytes < base.parts["kv_cache"].bytes
+    assert "vLLM gpu_memory_utilization 0.5" in tuned.notes
+    raw["spec"]["rollout"]["vllm"] = {"gpuMemoryUtilization": 0.14}  # no room for one 40960-token context
+    starved = plan("qwen3-30b-a3b", GRPOJob.model_validate(raw)).rollout
+    raw["spec"]["rollout"]["vllm"]["maxModelLen"] = 1024  # a shorter context fits in the same room
+    shorter = plan("qwen3-30b-a3b", GRPOJob.model_validate(raw)).rollout
+    assert starved.shortfall and "max_model_len" in starved.shortfall and shorter.shortfall is None
+
+
 def test_cpu_jobs_have_no_fixed_budget():
     tiny = example(ROOT / "examples" / "tiny-local.yaml")
     p = memory_plan.plan_job(

@@ -61,6 +61,8 @@ class RolloutInputs:
     max_batch: int  # sequences decoded at once
     seq_tokens: int
     weight_bytes: int  # bytes per weight and per KV element (model.dtype)
+    gpu_memory_utilization: float = 0.9  # rollout.vllm.gpuMemoryUtilization
+    max_model_len: int | None = None  # rollout.vllm.maxModelLen; None: the model's own limit
 
 
 def resolve_sharding(trainer: Any, override: str | None = None) -> Sharding:
@@ -101,5 +103,7 @@ def inputs_from_spec(
             max_batch=rollout.max_batch_size,
             seq_tokens=seq,
             weight_bytes=width,
+            gpu_memory_utilization=rollout.vllm.gpu_memory_utilization,
+            max_model_len=rollout.vllm.max_model_len,
         ),
     )

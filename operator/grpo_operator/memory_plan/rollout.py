@@ -1,8 +1,9 @@
 """Per-GPU memory of one rollout server: its weights and the room left for the KV cache.
 
-Called through `memory_plan.plan_rollout`. vLLM takes `gpu_memory_utilization` (0.9, its default,
-which the engine keeps) of each GPU, splits the weights over tensor-parallel ranks, and refuses to
-start unless the KV cache holds one sequence of `max_model_len` tokens (by default the model's
+Called through `memory_plan.plan_rollout`. vLLM takes `gpu_memory_utilization`
+(`rollout.vllm.gpuMemoryUtilization`, 0.9 by default) of each GPU, splits the weights over
+tensor-parallel ranks, and refuses to start unless the KV cache holds one sequence of
+`max_model_len` tokens (`rollout.vllm.maxModelLen`, by default the model's
 `max_position_embeddings`); fewer full-length sequences than `maxBatchSize` only means vLLM
 preempts, which the plan reports as a note. The torch engine keeps the whole model on one device
 and a KV cache for every sequence of the batch at once.
@@ -14,7 +15,6 @@ from grpo_operator.memory_plan.inputs import GIB, RolloutInputs
 from grpo_operator.memory_plan.result import Part, RolePlan
 from grpo_operator.memory_plan.shapes import ModelShape
 
-VLLM_UTILIZATION = 0.9
 RUNTIME_BYTES = 3 * GIB  # CUDA context, CUDA graphs, activations of a prefill chunk
 SAMPLER_FP32_COPIES = 3  # logits, probabilities, log-probs of one decode step
 
@@ -40,11 +40,11 @@ def plan(shape: ModelShape, r: RolloutInputs, gpu_bytes: int | None) -> RolePlan
     sampler = r.max_batch * shape.vocab * 4 * SAMPLER_FP32_COPIES
     runtime = Part(RUNTIME_BYTES + sampler, f"3 GiB + maxBatchSize x V x {SAMPLER_FP32_COPIES} fp32 copies")
     per_token, kv_f = kv_bytes_per_token(shape, r)
-    budget = int(gpu_bytes * VLLM_UTILIZATION) if gpu_bytes is not None and vllm else gpu_bytes
+    budget = int(gpu_bytes * r.gpu_memory_utilization) if gpu_bytes is not None and vllm else gpu_bytes
     notes: list[str] = []
     shortfall = None
     if vllm:
-        need_tokens = shape.max_positions or r.seq_tokens
+        need_tokens = r.max_model_len or shape.max_positions or r.seq_tokens
         need_what = f"one max_model_len sequence ({need_tokens} tokens)"
     else:
         need_tokens = r.max_batch * r.seq_tokens
@@ -66,7 +66,7 @@ def plan(shape: ModelShape, r: RolloutInputs, gpu_bytes: int | None) -> RolePlan
                 "vLLM preempts the rest (slower, still correct)"
             )
     if vllm:
-        notes.append(f"vLLM gpu_memory_utilization {VLLM_UTILIZATION}")
+        notes.append(f"vLLM gpu_memory_utilization {r.gpu_memory_utilization}")
     return RolePlan(
         role="rollout",
         parts={"weights": weights, "runtime": runtime, "kv_cache": kv},
