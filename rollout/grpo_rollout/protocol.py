@@ -267,12 +267,6 @@ def _header_int(value: str) -> int | str:
         return value
 
 
-class WeightUpdateResponse(Versioned):
-    server_id: str
-    live_version: int = Field(ge=0, description="live_version: the weights generate uses now.")
-    staged_version: int | None = Field(default=None, description="staged_version: version being assembled.")
-    buckets_received: int = Field(default=0, ge=0, description="buckets_received: of staged_version.")
-    applied: bool = Field(description="applied: this bucket completed its version and it is live now.")
 class WeightStreamRequest(Versioned):
     """Join the trainer's weight groups (when `epoch` is new) and receive `version` over them.
 
@@ -301,6 +295,12 @@ class WeightStreamRequest(Versioned):
         return self
 
 
+class WeightUpdateResponse(Versioned):
+    server_id: str
+    live_version: int = Field(ge=0, description="live_version: the weights generate uses now.")
+    staged_version: int | None = Field(default=None, description="staged_version: version being assembled.")
+    buckets_received: int = Field(default=0, ge=0, description="buckets_received: of staged_version.")
+    applied: bool = Field(description="applied: this bucket completed its version and it is live now.")
     parameters_updated: int = Field(default=0, ge=0, description="parameters_updated: tensors swapped in.")
 
 
