@@ -1,25 +1,41 @@
-"""Built-in `math`: the completion's final answer compared to the `answer` column, as numbers if possible.
+"""Built-in `math`: the completion's final answer compared to the `answer` column, as mathematics.
 
-The final answer is the last `\\boxed{...}`, else what follows the last `####` or `answer is`, else
-the last number in the text. Numbers compare exactly as fractions (so 0.5, 1/2 and \\frac{1}{2}
-agree; 1,000 equals 1000); anything else compares as normalised text.
+The final answer is the last `\\boxed{...}`, else what follows the last `####` (GSM8K) or `answer
+is`, else the last number in the text. Plain numbers compare exactly as fractions (so 0.5, 1/2 and
+\\frac{1}{2} agree; 1,000 equals 1000). Anything else goes to Hugging Face's `math-verify`, which
+parses LaTeX (and plain expressions) into SymPy and compares values, sets, intervals and equations
+(so `\\frac{\\sqrt{3}}{2}` equals `\\sqrt{3}/2` and `2^{10}` equals 1024); answers it cannot read
+compare as normalised text.
 
-The model writes what is parsed here, so no answer may make parsing slow or large: only the last
-MAX_TEXT characters of a completion are read, every scan is linear, nothing is evaluated
-(`10**10**10` and `2^{100}` are text), and a number is built only when it has at most MAX_NUMBER
-characters and an exponent within ±MAX_EXPONENT (`1e999999999` would otherwise expand to a
-billion-digit integer). Past those bounds an answer compares as text, which is still exact.
+The model writes what is parsed here, so no answer may make scoring slow or large: only the last
+MAX_TEXT characters of a completion are read and every scan is linear; a number is built only
+when it has at most MAX_NUMBER characters and an exponent within ±MAX_EXPONENT (`1e999999999`
+would otherwise expand to a billion-digit integer); an answer longer than MAX_SYMBOLIC characters
+is never handed to SymPy, nor is one holding a number past the exponent bound (SymPy would build
+it in C, where no timer reaches); and each SymPy comparison (parse and verify of one answer) gets
+ANSWER_SECONDS, after which it is wrong. That bound is a SIGALRM timer, so it holds where the
+reward normally runs, the main thread of the reward worker; elsewhere (a reward called from a
+thread) the worker's `reward.timeoutSeconds` is the only bound, as for any reward.
 """
 
 import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from fractions import Fraction
 from typing import Any
+
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from grpo_rollout.rewards.base import require_column
 
 MAX_TEXT = 100_000  # characters read from the end of a completion
 MAX_NUMBER = 1000  # characters of one number, fraction parts included
 MAX_EXPONENT = 1000  # |e| in 1.5e-3; 10**1000 is still a cheap integer
+MAX_SYMBOLIC = 1000  # characters of an answer SymPy may parse; real final answers are far shorter
+ANSWER_SECONDS = 0.5  # SymPy's time for one answer: 16 pathological ones fit the default 10 s timeout
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 MARKERS = re.compile(r"(?:####|answer is:?)\s*(.+)", re.IGNORECASE)
@@ -27,6 +43,9 @@ BRACES = re.compile(r"[{}]")
 DECIMAL = re.compile(r"([+-]?)(\d*)(?:\.(\d*))?(?:e([+-]?\d+))?", re.IGNORECASE)
 RATIO = re.compile(r"([+-]?\d+)/(\d+)")
 FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
+EXPONENTS = re.compile(r"\d[eE][+-]?(\d+)")  # `1E+999999999`: SymPy's Float would build it in C, unstoppably
+LATEX = (LatexExtractionConfig(),)  # what a \boxed{...} answer or a dataset's gold answer is written in
+EXPRESSION = (ExprExtractionConfig(),)  # `sqrt(3)/2`, `1/2`: what follows a `####` or `answer is`
 
 
 def last_boxed(text: str) -> str | None:
@@ -81,12 +100,60 @@ def to_number(text: str) -> Fraction | None:
     return numerator / denominator
 
 
-def same_answer(predicted: str, expected: str) -> bool:
+class AnswerTimeout(BaseException):
+    """ANSWER_SECONDS passed. A BaseException, so math-verify's own `except Exception` lets it out."""
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise AnswerTimeout in the block after `seconds` (main thread only; elsewhere no limit).
+    A timer already running (pytest-timeout's, say) is paused meanwhile and re-armed after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise AnswerTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer > 0:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
+
+
+def _sympy(answer: str) -> list[Any]:
+    """math-verify's reading of one answer: as LaTeX, else as a plain expression ([] if neither)."""
+    as_latex = parse(f"${answer}$", LATEX, parsing_timeout=None)  # type: ignore[arg-type]
+    return as_latex or parse(answer, EXPRESSION, parsing_timeout=None)  # type: ignore[arg-type]
+
+
+def same_symbolically(predicted: str, expected: str, seconds: float = ANSWER_SECONDS) -> bool:
+    """math-verify's verdict, within `seconds` and MAX_SYMBOLIC; False past either bound."""
+    if max(len(predicted), len(expected)) > MAX_SYMBOLIC:
+        return False
+    if any(len(e) > 4 or int(e) > MAX_EXPONENT for e in EXPONENTS.findall(predicted + " " + expected)):
+        return False
+    try:
+        with time_limit(seconds):
+            gold, guess = _sympy(expected), _sympy(predicted)
+            return bool(gold and guess and verify(gold, guess, timeout_seconds=None))
+    except (AnswerTimeout, RecursionError):
+        return False
+
+
+def same_answer(predicted: str, expected: str, seconds: float = ANSWER_SECONDS) -> bool:
+    """Exact for two plain numbers; else equal as normalised text, else equal to math-verify."""
     a, b = to_number(predicted), to_number(expected)
     if a is not None and b is not None:
         return a == b
     norm = lambda s: re.sub(r"\s+", "", s).strip("$.").lower()  # noqa: E731
-    return norm(predicted) == norm(expected)
+    return norm(predicted) == norm(expected) or same_symbolically(predicted, expected, seconds)
 
 
 def math_answer(prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
