@@ -31,7 +31,7 @@ from grpo_operator.memory_plan.inputs import LOGITS_CHUNK_TOKENS
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from grpo_trainer import checkpoint, memory, moe
+from grpo_trainer import checkpoint, memory, moe, weight_sync
 from grpo_trainer.batch import (
     MicroBatch,
     Rollouts,
@@ -43,7 +43,7 @@ from grpo_trainer.batch import (
 )
 from grpo_trainer.config import MAX_GRAD_NORM, RankInfo, job_token
 from grpo_trainer.data import PromptOrder, load_rows
-from grpo_trainer.generation import Generator
+from grpo_trainer.generation import Generator, WeightSyncError
 from grpo_trainer.losses import LossConfig, Totals, chunked_token_stats, grpo_loss
 from grpo_trainer.optim import GangAdamW
 from grpo_trainer.parallel import (
@@ -61,6 +61,7 @@ from grpo_trainer.progress import ProgressReporter, StepSeconds, step_report
 
 log = logging.getLogger(__name__)
 Prefetch = Future  # a Future[Rollouts] from `Generator.submit`
+PUSH_TIMEOUT_S = 300.0  # per collective operation of a weight stream (a vanished server fails it)
 
 
 @dataclass
@@ -82,6 +83,7 @@ class Run:
     reporter: ProgressReporter | None  # rank 0 only
     saver: checkpoint.Saver | None = None
     resumed: checkpoint.Resumed | None = None  # the save this run started from
+    streamer: weight_sync.StreamSender | None = None  # the collective weight transport, once used
 
 
 def setup(contract: RunContract, info: RankInfo) -> Run:
@@ -152,8 +154,13 @@ def full_state(run: Run) -> dict[str, torch.Tensor] | None:
 
 
 def push_weights(run: Run, version: int) -> None:
-    """Gather the unsharded weights (collective, see `full_state_items`) one tensor at a time,
-    each converted at once to the rollout dtype on the CPU; rank 0 sends them as `version`."""
+    """Send weight `version` to the rollout servers over the job's transport (collective on
+    every rank, see `stream_weights`), or over HTTP: gather the unsharded weights (collective,
+    see `full_state_items`) one tensor at a time, each converted at once to the rollout dtype on
+    the CPU; rank 0 sends them as `version`."""
+    if weight_sync.transport(run.contract) == "collective":
+        stream_weights(run, version)
+        return
     items = full_state_items(run)
     if items is None:
         return
@@ -171,6 +178,63 @@ def push_weights(run: Run, version: int) -> None:
     if keep:
         assert run.generator is not None
         run.generator.push(out, version)
+
+
+def stream_weights(run: Run, version: int) -> None:
+    """Collective: every rank streams the weights it holds, in the rollout dtype, bucket by
+    bucket, to the servers rank 0 names (`grpo_trainer.weight_sync`). A rank whose stream breaks
+    logs it and goes on (its group is formed again next time); rank 0 raises WeightSyncError
+    only when no server took the version, as over HTTP."""
+    contract, info = run.contract, run.info
+    plan = broadcast_json(run.generator.stream_plan() if run.generator is not None else None, run.device)
+    if not plan["servers"]:
+        if run.generator is not None:
+            raise WeightSyncError(version, {"-": "no rollout server is ready"})
+        return
+    sync, backend = contract.spec.rollout.weight_sync, contract.trainer.backend
+    timeout_s = PUSH_TIMEOUT_S
+    if run.streamer is None:
+        port = contract.trainer.weight_sync_port
+        assert port is not None  # weight_sync.transport checked it
+        host = contract.trainer.master_addr
+        run.streamer = weight_sync.StreamSender(host, port, info.rank, timeout_s=timeout_s)
+    pending = None
+    if run.generator is not None:
+        request = dict(
+            store_host=contract.trainer.master_addr,
+            store_port=contract.trainer.weight_sync_port,
+            backend=backend,
+            senders=info.world_size,  # every rank streams its share
+            timeout_s=timeout_s,
+            tensors=weight_sync.full_shapes(run.model),
+        )
+        pending = run.generator.stream(plan, version, request)
+    t0 = time.monotonic()
+    try:
+        stats = run.streamer.send(
+            weight_sync.owned_items(run.model, info.rank, info.world_size, info.ep_size),
+            epoch=plan["epoch"],
+            servers=len(plan["servers"]),
+            backend=backend,
+            dtype=getattr(torch, str(contract.spec.model.dtype)),
+            bucket_bytes=sync.bucket_mb << 20,
+            device=run.device if backend == "nccl" else torch.device("cpu"),
+        )
+        log.info(
+            "weights v%d: %d bucket(s), %.1f MB streamed in %.2fs (rank %d, at most %.1f MB held)",
+            version,
+            stats.buckets,
+            stats.sent_bytes / 1e6,
+            time.monotonic() - t0,
+            info.rank,
+            stats.peak_bytes / 1e6,
+        )
+    except Exception as e:  # a server left mid-stream: the servers' answers say who has the version
+        log.warning("weights v%d: streaming from rank %d failed: %s", version, info.rank, e)
+    if pending is not None:
+        result = pending.result(timeout=timeout_s + 120)
+        if result.failed:
+            log.warning("weights v%d not taken by %s", version, ", ".join(result.failed))
 
 
 def sync_at_start(run: Run, *, resumed: bool) -> None:

@@ -36,6 +36,13 @@ class TrainerTopology(ApiModel):
     master_addr: str = Field(description="masterAddr: address of rank 0 (pod 0) for torch.distributed.")
     master_port: int = Field(ge=1, le=65535, description="masterPort: rendezvous port on rank 0.")
     backend: str = Field(description="backend: torch.distributed backend, nccl or gloo.")
+    weight_sync_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="weightSyncPort: optional. Rank 0 hosts the weight-sync TCPStore on it (the collective "
+        "transport: rollout servers join the trainer's groups there); unset: HTTP only.",
+    )
 
 
 class RolloutTopology(ApiModel):

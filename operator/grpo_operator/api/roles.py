@@ -336,7 +336,8 @@ class WeightSync(ApiModel):
         default=256,
         ge=1,
         le=2048,
-        description="bucketMB: optional, default 256, [1, 2048]. Bucket size; a trainer rank holds at most two.",
+        description="bucketMb: optional, default 256, [1, 2048]. Size of one weight bucket; a trainer "
+        "rank holds at most two.",
     )
 
 
@@ -418,6 +419,10 @@ class RolloutSpec(RoleCommon):
         le=65536,
         description="maxBatchSize: optional, default 256, [1, 65536]. Sequences one server decodes at once.",
     )
+    weight_sync: WeightSync = Field(
+        default_factory=WeightSync,
+        description="weightSync: optional. Transport and bucket size of the weight pushes.",
+    )
     vllm: VllmSpec = Field(
         default_factory=VllmSpec, description="vllm: optional. The vLLM engine's knobs (engine vllm)."
     )
@@ -426,3 +431,12 @@ class RolloutSpec(RoleCommon):
     def gpus_per_server(self) -> int:
         """GPUs one rollout server holds: its tensor-parallel group times vLLM's data-parallel replicas."""
         return self.tensor_parallel_size * self.vllm.data_parallel_size
+
+    @property
+    def streams_weights(self) -> bool:
+        """Whether weights go over the collective transport (`auto`: with the torch engine, whose
+        servers apply streamed buckets in place; vLLM takes HTTP until its workers stream)."""
+        transport = self.weight_sync.transport
+        if transport == WeightSyncTransport.AUTO:
+            return self.engine == RolloutEngine.TORCH
+        return transport == WeightSyncTransport.COLLECTIVE

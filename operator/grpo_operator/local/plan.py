@@ -212,6 +212,7 @@ def build_plan(job_file: Path, workdir: Path, pvc: Mapping[str, Path] | None = N
     ports = render.LocalPorts(
         trainer_master_port=free_port(),
         rollout_ports=tuple(free_port() for _ in range(job.spec.rollout.replicas)),
+        weight_sync_port=free_port(),
     )
     try:
         run_id = local_run_id(workdir)

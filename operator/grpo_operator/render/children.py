@@ -96,7 +96,9 @@ def render(
             "data": {CONTRACT_FILE: run.model_dump_json(by_alias=True, exclude_none=True, indent=2)},
         },
         *_rbac(job, name, meta),
-        *_network_policies(name, uid, meta, metrics_from or []),  # before any pod exists
+        *_network_policies(
+            name, uid, meta, metrics_from or [], streams=job.spec.rollout.streams_weights
+        ),  # before any pod exists
         _service(name, names.ROLE_TRAINER, names.TRAINER_PORT, "rendezvous", meta, publish_not_ready=True),
         _service(name, names.ROLE_ROLLOUT, names.ROLLOUT_PORT, "http", meta, publish_not_ready=False),
         _statefulset(name, names.ROLE_ROLLOUT, rollout_n, rollout_tpl, meta, on_delete=False),
@@ -236,12 +238,14 @@ def _statefulset(name: str, role: str, replicas: int, template: dict, meta, *, o
     }
 
 
-def _network_policies(name: str, uid: str, meta, metrics_from: list[dict]) -> list[dict]:
+def _network_policies(name: str, uid: str, meta, metrics_from: list[dict], *, streams: bool) -> list[dict]:
     """Ingress of each role's pods, selected with the job's uid label that only the operator
     sets. Trainer pods: any port (c10d rendezvous on TRAINER_PORT, gloo/NCCL on ephemeral
     ports), only from this job's trainer pods; they serve no metrics. Rollout pods: the API
     port, from this job's trainer pods and, for /metrics on the same port, `metrics_from`.
-    Egress stays open: S3, the rollout servers, the API server."""
+    Egress stays open: S3, the rollout servers, the API server. With the collective weight
+    transport (`streams`) the two roles also reach each other on any port: rollout servers join
+    rank 0's store on WEIGHT_SYNC_PORT, and gloo/NCCL connect both ways on ephemeral ports."""
 
     def pods(role: str) -> dict:
         return {"matchLabels": names.isolation_selector(name, uid, role)}
@@ -250,10 +254,11 @@ def _network_policies(name: str, uid: str, meta, metrics_from: list[dict]) -> li
     rollout_ingress = [{"from": [{"podSelector": pods(names.ROLE_TRAINER)}], "ports": rollout_port}]
     if metrics_from:
         rollout_ingress.append({"from": metrics_from, "ports": rollout_port})
-    ingress = {
-        names.ROLE_TRAINER: [{"from": [{"podSelector": pods(names.ROLE_TRAINER)}]}],
-        names.ROLE_ROLLOUT: rollout_ingress,
-    }
+    trainer_ingress = [{"from": [{"podSelector": pods(names.ROLE_TRAINER)}]}]
+    if streams:
+        trainer_ingress.append({"from": [{"podSelector": pods(names.ROLE_ROLLOUT)}]})
+        rollout_ingress.append({"from": [{"podSelector": pods(names.ROLE_TRAINER)}]})
+    ingress = {names.ROLE_TRAINER: trainer_ingress, names.ROLE_ROLLOUT: rollout_ingress}
     return [
         {
             "apiVersion": "networking.k8s.io/v1",

@@ -28,6 +28,7 @@ class LocalPorts:
 
     trainer_master_port: int
     rollout_ports: tuple[int, ...]
+    weight_sync_port: int | None = None  # rank 0's weight-sync store; None: weights over HTTP only
 
 
 def check_name(name: str) -> None:
@@ -82,12 +83,14 @@ def contract(
                 f"{rollout.replicas} rollout replicas"
             )
         master_addr, master_port = "127.0.0.1", local_ports.trainer_master_port
+        sync_port = local_ports.weight_sync_port
         endpoints = [f"http://127.0.0.1:{p}" for p in local_ports.rollout_ports]
         rollout_port = local_ports.rollout_ports[0] if local_ports.rollout_ports else names.ROLLOUT_PORT
         resolved_spec, status_url = spec, None
     else:
         master_addr = names.pod_dns(name, names.ROLE_TRAINER, 0, namespace)
         master_port, rollout_port = names.TRAINER_PORT, names.ROLLOUT_PORT
+        sync_port = names.WEIGHT_SYNC_PORT
         endpoints = [
             f"http://{names.pod_dns(name, names.ROLE_ROLLOUT, i, namespace)}:{rollout_port}"
             for i in range(rollout.replicas if rollout_replicas is None else rollout_replicas)
@@ -111,6 +114,7 @@ def contract(
             master_addr=master_addr,
             master_port=master_port,
             backend=backend,
+            weight_sync_port=sync_port,
         ),
         rollout=RolloutTopology(
             service=names.service_dns(name, names.ROLE_ROLLOUT, namespace),

@@ -200,7 +200,10 @@ def _storage_env(job: GRPOJob) -> list[dict]:
 
 def _ports(role: str) -> list[dict]:
     if role == names.ROLE_TRAINER:
-        return [{"name": "rendezvous", "containerPort": names.TRAINER_PORT, "protocol": "TCP"}]
+        return [
+            {"name": "rendezvous", "containerPort": names.TRAINER_PORT, "protocol": "TCP"},
+            {"name": "weight-sync", "containerPort": names.WEIGHT_SYNC_PORT, "protocol": "TCP"},
+        ]
     return [{"name": "http", "containerPort": names.ROLLOUT_PORT, "protocol": "TCP"}]
 
 

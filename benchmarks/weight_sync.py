@@ -1,0 +1,402 @@
+"""Benchmark: one weight version from 2 trainer ranks to 2 rollout servers, per transport, against
+the raw bandwidth of that transport measured in the same run.
+
+Run: `python benchmarks/weight_sync.py --json sync.json` (1 GiB in bf16, about a minute on 2
+cores), `--model-mib 64` for a quick look. What runs, all as separate processes on loopback:
+- 2 trainer ranks, each holding its half of every tensor in fp32 (FSDP-style row shards), so
+  the model is 2 x the payload in training state;
+- 2 real rollout servers (`grpo_rollout.server` + `RolloutService`, the code a pod runs) with a
+  sink engine that applies updates into preallocated bf16 tensors the way the torch engine does
+  (no model to generate with: only the transfer is measured);
+- 2 raw receivers for the link measurements.
+Transports (each timed after one warm-up version, end to end: until every server answers live):
+- collective: every rank streams its shard, converted to bf16 bucket by bucket
+  (`grpo_trainer.weight_sync.StreamSender`, the trainer's code), the servers told over
+  `/weights/stream`. Link: each rank broadcasts its share as one uint8 tensor, same groups shape.
+- http: the pre-existing path: rank 1 sends its shards to rank 0 (gloo), rank 0 converts the
+  whole model to bf16, `bucketize`s it and POSTs every bucket to each server. Link: rank 0 POSTs
+  the same bytes, bucket-sized, to a plain aiohttp sink on each raw receiver.
+peak_extra_bytes_per_rank: the most any trainer rank's resident memory rose during the sync
+(VmHWM, reset through /proc/self/clear_refs just before), next to the bucket size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for sub in ("trainers", "operator", "rollout"):
+    sys.path.insert(0, str(ROOT / sub))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+TOKEN = "weight-sync-bench"
+COLS = 4096
+TENSORS = 32
+SENDERS, SERVERS = 2, 2
+
+
+def shapes(model_bytes: int) -> dict[str, list[int]]:
+    rows = model_bytes // 2 // COLS // TENSORS  # bf16 on the wire
+    rows -= rows % SENDERS
+    return {f"layers.{i}.weight": [rows, COLS] for i in range(TENSORS)}
+
+
+def rss_now() -> int:
+    return _status("VmRSS")
+
+
+def _status(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+class PeakRss:
+    """Resident-memory growth over a block: VmHWM reset before, read after."""
+
+    def __enter__(self) -> PeakRss:
+        Path("/proc/self/clear_refs").write_text("5")
+        self.before = rss_now()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.extra = _status("VmHWM") - self.before
+
+
+def store(port: int, master: bool = False) -> dist.TCPStore:
+    t = datetime.timedelta(seconds=600)
+    return dist.TCPStore("127.0.0.1", port, is_master=master, timeout=t, wait_for_workers=False)
+
+
+# --- rollout server with a sink engine ------------------------------------------------------
+
+
+class SinkEngine:
+    """Applies weight updates into preallocated bf16 tensors, as the torch engine copies into its
+    model; generates nothing."""
+
+    name = "sink"
+
+    def __init__(self, config) -> None:
+        spec = json.loads(os.environ["BENCH_SHAPES"])
+        self.targets = {k: torch.zeros(v, dtype=torch.bfloat16) for k, v in spec.items()}
+
+    def generate(self, *a, **k):
+        raise ValueError("the benchmark's sink engine does not generate")
+
+    def load_weights(self, buckets) -> int:
+        from safetensors.torch import load
+
+        n = 0
+        for data in buckets:
+            for k, v in load(data).items():
+                self.targets[k].copy_(v)
+                n += 1
+        return n
+
+    def begin_update(self, tensors) -> None:
+        pass
+
+    def load_bucket(self, pieces) -> None:
+        for name, start, values in pieces:
+            self.targets[name].view(-1)[start : start + values.numel()].copy_(values)
+
+    def finish_update(self) -> int:
+        return len(self.targets)
+
+    def abort_update(self) -> None:
+        pass
+
+
+def run_server(port: int) -> None:
+    from grpo_operator.api.spec import RewardSpec
+    from grpo_rollout.engines import base
+    from grpo_rollout.engines.base import EngineConfig
+    from grpo_rollout.server import serve
+    from grpo_rollout.service import RolloutService, ServiceConfig
+
+    base.ENGINES["sink"] = "__main__:SinkEngine"
+    reward = RewardSpec.model_validate({"functions": [{"builtin": "exact_match"}]})
+    config = ServiceConfig(f"bench-{port}", "sink", EngineConfig(model_path="-"), reward, drain_seconds=1)
+    asyncio.run(serve(RolloutService(config), TOKEN, "127.0.0.1", port))
+
+
+# --- raw receiver: plain gloo broadcast and a plain HTTP sink --------------------------------
+
+
+def run_raw(index: int, store_port: int, http_port: int, share_bytes: int) -> None:
+    from aiohttp import web
+    from grpo_rollout import weight_stream
+
+    tcp = store(store_port)
+    groups = [
+        weight_stream.make_group(dist.PrefixStore(f"raw/{s}", tcp), 1 + index, 1 + SERVERS, "gloo", 600)
+        for s in range(SENDERS)
+    ]
+    bufs = [torch.empty(share_bytes, dtype=torch.uint8) for _ in groups]
+    opts = dist.BroadcastOptions()
+    for _ in range(2):  # warm-up, then the measured one (timed by the senders)
+        works = [g.broadcast([b], opts) for g, b in zip(groups, bufs, strict=True)]
+        for w in works:
+            w.wait()
+    del bufs
+
+    async def sink(request: web.Request) -> web.Response:
+        async for _ in request.content.iter_chunked(1 << 20):
+            pass
+        return web.Response(text="ok")
+
+    app = web.Application(client_max_size=4 << 30)
+    app.router.add_post("/sink", sink)
+    web.run_app(app, host="127.0.0.1", port=http_port, print=None, handle_signals=True)
+
+
+# --- trainer ranks ---------------------------------------------------------------------------
+
+
+def run_rank(rank: int, args: argparse.Namespace) -> None:
+    from grpo_rollout import weight_stream
+    from grpo_trainer.weight_sync import StreamSender
+
+    torch.set_num_threads(1)
+    spec = shapes(args.model_bytes)
+    rows = next(iter(spec.values()))[0] // SENDERS
+    g = torch.Generator().manual_seed(rank)
+    shard = {k: torch.randn(rows, COLS, generator=g) for k in spec}  # this rank's fp32 training state
+    ctl = store(args.store_port)
+    share_bytes = args.model_bytes_exact // SENDERS
+    out: dict = {}
+
+    # 1. raw gloo broadcast: this rank's share as one tensor, to both raw receivers
+    raw = weight_stream.make_group(dist.PrefixStore(f"raw/{rank}", ctl), 0, 1 + SERVERS, "gloo", 600)
+    buf = torch.ones(share_bytes, dtype=torch.uint8)
+    opts = dist.BroadcastOptions()
+    for _ in range(2):
+        ctl.add("raw-ready", 1)
+        while int(ctl.get("raw-ready")) % SENDERS:
+            time.sleep(0.001)
+        t0 = time.perf_counter()
+        raw.broadcast([buf], opts).wait()
+        out["raw_s"] = time.perf_counter() - t0
+    del buf, raw
+
+    # 2. collective stream, as the trainer does it (rank 0 hosts the store the servers join)
+    sender = StreamSender("127.0.0.1", args.sync_port, rank, timeout_s=600)
+    items = [(k, rank * t.numel(), t.view(-1)) for k, t in shard.items()]
+    for version in (1, 2):
+        ctl.wait([f"stream-{version}"])
+        with PeakRss() as peak:
+            t0 = time.perf_counter()
+            stats = sender.send(iter(items), epoch=7, servers=SERVERS, backend="gloo", dtype=torch.bfloat16,
+                                bucket_bytes=args.bucket_bytes, device=torch.device("cpu"))  # fmt: skip
+            out["stream_s"] = time.perf_counter() - t0
+        out["stream_peak_rss"], out["stream_tracked"] = peak.extra, stats.peak_bytes
+        ctl.add(f"stream-{version}-sent", 1)
+
+    if args.only == "collective":
+        ctl.set(f"result-{rank}", json.dumps(out))
+        return
+
+    # 3. HTTP as before: gather to rank 0, bucketize, POST to each server
+    world = weight_stream.make_group(dist.PrefixStore("world", ctl), rank, SENDERS, "gloo", 600)
+    for version in (3, 4):
+        ctl.wait([f"http-{version}"])
+        with PeakRss() as peak:
+            t0 = time.perf_counter()
+            if rank == 0:
+                asyncio.run(_http_push(shard, world, args, version))
+            else:
+                for t in shard.values():
+                    world.send([t], 0, 0).wait()
+            out["http_s"] = time.perf_counter() - t0
+        out["http_peak_rss"] = peak.extra
+        ctl.add(f"http-{version}-done", 1)
+
+    # 4. raw HTTP: the same bytes, bucket-sized POSTs, to a plain sink on each raw receiver
+    if rank == 0:
+        ctl.wait(["rawhttp"])
+        t0 = time.perf_counter()
+        asyncio.run(_raw_post(args))
+        out["rawhttp_s"] = time.perf_counter() - t0
+    ctl.set(f"result-{rank}", json.dumps(out))
+
+
+async def _http_push(shard: dict, world, args: argparse.Namespace, version: int) -> None:
+    from grpo_rollout.client import RolloutClient, bucketize
+
+    full = {}
+    for k, mine in shard.items():  # one tensor at a time, converted at once (the trainer's HTTP path)
+        other = torch.empty_like(mine)
+        world.recv([other], 1, 0).wait()
+        full[k] = torch.cat([mine, other]).to(torch.bfloat16)
+        del other
+    buckets = bucketize(full, args.bucket_bytes)
+    del full
+    async with RolloutClient(args.servers, TOKEN, weights_timeout_s=600) as client:
+        await client.push_weights(buckets, version, require_all=True)
+
+
+async def _raw_post(args: argparse.Namespace) -> None:
+    import aiohttp
+
+    body = b"\1" * args.bucket_bytes
+    count = -(-args.model_bytes_exact // args.bucket_bytes)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+
+        async def one(url: str) -> None:
+            for _ in range(count):
+                async with http.post(f"{url}/sink", data=body) as resp:
+                    await resp.read()
+
+        await asyncio.gather(*(one(u) for u in args.raw_urls))
+
+
+# --- the controller --------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(*argv: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, __file__, *argv], env={**os.environ, **(env or {})})
+
+
+async def _stream_request(urls: list[str], version: int, sync_port: int, spec: dict) -> float:
+    from grpo_rollout.client import RolloutClient
+    from grpo_rollout.protocol import WeightStreamRequest
+
+    reqs = {
+        u: WeightStreamRequest(
+            version=version, epoch=7, store_host="127.0.0.1", store_port=sync_port, backend="gloo",
+            senders=SENDERS, servers=SERVERS, server_rank=i, timeout_s=600, tensors=spec,
+        )
+        for i, u in enumerate(urls)
+    }  # fmt: skip
+    t0 = time.perf_counter()
+    async with RolloutClient(urls, TOKEN) as client:
+        result = await client.stream_weights(reqs)
+    if result.failed:
+        raise RuntimeError(f"stream failed: {result.failed}")
+    return time.perf_counter() - t0
+
+
+def wait_health(urls: list[str]) -> None:
+    import urllib.request
+
+    for u in urls:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(f"{u}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-mib", type=int, default=1024, help="payload in the rollout dtype (bf16)")
+    p.add_argument("--bucket-mib", type=int, default=64)
+    p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument("--only", choices=["collective"], default=None, help="skip the HTTP rows (quick)")
+    p.add_argument("--role", default="main", help=argparse.SUPPRESS)
+    p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--store-port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--sync-port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--servers", nargs="*", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--raw-urls", nargs="*", default=[], help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.model_bytes = args.model_mib << 20
+    args.bucket_bytes = args.bucket_mib << 20
+    spec = shapes(args.model_bytes)
+    args.model_bytes_exact = sum(r * c * 2 for r, c in spec.values())
+    if args.role == "server":
+        run_server(args.port)
+        return 0
+    if args.role == "raw":
+        run_raw(args.index, args.store_port, args.port, args.model_bytes_exact // SENDERS)
+        return 0
+    if args.role == "rank":
+        run_rank(args.index, args)
+        return 0
+
+    ctl_port, sync_port = free_port(), free_port()
+    ctl = store(ctl_port, master=True)
+    server_ports, raw_ports = [free_port() for _ in range(SERVERS)], [free_port() for _ in range(SERVERS)]
+    urls = [f"http://127.0.0.1:{p}" for p in server_ports]
+    raw_urls = [f"http://127.0.0.1:{p}" for p in raw_ports]
+    common = ["--model-mib", str(args.model_mib), "--bucket-mib", str(args.bucket_mib)]
+    common += ["--only", args.only] if args.only else []
+    procs = [spawn("--role", "server", "--port", str(p), *common, env={"BENCH_SHAPES": json.dumps(spec)})
+             for p in server_ports]  # fmt: skip
+    raw = ["--role", "raw", "--store-port", str(ctl_port), *common]
+    procs += [spawn(*raw, "--index", str(i), "--port", str(p)) for i, p in enumerate(raw_ports)]
+    wait_health(urls)
+    rank_args = ["--store-port", str(ctl_port), "--sync-port", str(sync_port), "--servers", *urls]
+    procs += [spawn("--role", "rank", "--index", str(r), *common, *rank_args, "--raw-urls", *raw_urls)
+              for r in range(SENDERS)]  # fmt: skip
+    try:
+        stream_s = 0.0
+        for version in (1, 2):
+            ctl.set(f"stream-{version}", "go")
+            stream_s = asyncio.run(_stream_request(urls, version, sync_port, spec))
+            ctl.wait([f"stream-{version}-sent"])
+            while int(ctl.get(f"stream-{version}-sent")) < SENDERS:
+                time.sleep(0.01)
+        for version in (3, 4) if args.only is None else ():
+            ctl.set(f"http-{version}", "go")
+            while int(ctl.add(f"http-{version}-done", 0)) < SENDERS:
+                time.sleep(0.01)
+        ctl.set("rawhttp", "go")
+        ctl.wait([f"result-{r}" for r in range(SENDERS)])
+        res = [json.loads(ctl.get(f"result-{r}")) for r in range(SENDERS)]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    mb = args.model_bytes_exact
+    rows = [
+        dict(transport="collective (gloo)", servers=SERVERS, model_bytes=mb, bucket_bytes=args.bucket_bytes,
+             seconds=stream_s, gb_per_s=mb / stream_s / 1e9,
+             link_gb_per_s=mb / max(r["raw_s"] for r in res) / 1e9,
+             peak_extra_bytes_per_rank=max(r["stream_peak_rss"] for r in res),
+             tracked_buffer_bytes_per_rank=max(r["stream_tracked"] for r in res)),
+    ]  # fmt: skip
+    rows += [
+        dict(transport="http", servers=SERVERS, model_bytes=mb, bucket_bytes=args.bucket_bytes,
+             seconds=res[0]["http_s"], gb_per_s=mb / res[0]["http_s"] / 1e9,
+             link_gb_per_s=mb / res[0]["rawhttp_s"] / 1e9,
+             peak_extra_bytes_per_rank=max(r["http_peak_rss"] for r in res)),
+    ] if args.only is None else []  # fmt: skip
+    print(f"{'transport':18} {'servers':>7} {'model MiB':>9} {'bucket MiB':>10} {'s':>7} {'GB/s':>6} "
+          f"{'link GB/s':>9} {'of link':>7} {'peak extra MiB/rank':>19} {'in buckets':>10}")  # fmt: skip
+    for r in rows:
+        print(f"{r['transport']:18} {r['servers']:>7} {r['model_bytes'] / 2**20:>9.0f} "
+              f"{r['bucket_bytes'] / 2**20:>10.0f} {r['seconds']:>7.2f} {r['gb_per_s']:>6.2f} "
+              f"{r['link_gb_per_s']:>9.2f} {r['gb_per_s'] / r['link_gb_per_s']:>7.0%} "
+              f"{r['peak_extra_bytes_per_rank'] / 2**20:>19.0f} "
+              f"{r['peak_extra_bytes_per_rank'] / r['bucket_bytes']:>10.1f}")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
