@@ -11,6 +11,7 @@ from grpo_trainer.batch import (
     effective_prefix,
     micro_batches,
     mini_batches,
+    pack,
     rank_plan,
     score,
     shard,
@@ -124,18 +125,24 @@ def test_mini_batches_are_contiguous_near_equal_slices() -> None:
     assert mini_batches([4, 5], 4) == [[4], [5]]  # never an empty update
 
 
-def test_token_budget_groups_similar_lengths_under_the_budget() -> None:
+def test_token_budget_packs_longest_first_into_the_first_bin_with_room() -> None:
     lengths = [3, 9, 4, 20, 5, 3]
-    batches = by_token_budget(list(range(6)), lengths, budget=10)
+    batches = by_token_budget(list(range(6)), lengths, budget=12, packed=True)
+    assert batches == [[3], [1, 0], [4, 2, 5]]  # 20 alone, over budget; 9 + 3; 5 + 4 + 3
+    assert all(sum(lengths[i] for i in b) <= 12 for b in batches if len(b) > 1)
+
+
+def test_token_budget_pads_rows_of_similar_length_under_the_budget() -> None:
+    lengths = [3, 9, 4, 20, 5, 3]
+    batches = by_token_budget(list(range(6)), lengths, budget=10, packed=False)
     assert batches == [[3], [1], [4, 2], [0, 5]]  # 20 alone, over budget; 5 and 4 padded to 2 x 5
     assert all(len(b) * max(lengths[i] for i in b) <= 10 for b in batches if len(b) > 1)
-    assert sorted(i for b in batches for i in b) == list(range(6))
 
 
-@pytest.mark.parametrize("max_tokens", [None, 5])
+@pytest.mark.parametrize("max_tokens", [None, 4])
 def test_rank_plan_gives_every_rank_the_same_count(max_tokens: int | None) -> None:
     r = rollouts()  # sequence lengths 3, 5, 3, 2
-    plans = [rank_plan(r, [0, 1, 2, 3], rank, 3, size=1, max_tokens=max_tokens) for rank in range(3)]
+    plans = [rank_plan(r, [0, 1, 2, 3], k, 3, size=1, max_tokens=max_tokens, packed=True) for k in range(3)]
     assert len({len(p) for p in plans}) == 1
     assert sorted(i for p in plans for b in p for i in b) == [0, 1, 2, 3]
     assert plans[2] == [[2], []]  # rank 2 holds one sequence: one empty micro-batch keeps it in step
@@ -157,3 +164,18 @@ def test_drawn_prompts_travel_with_the_rollouts() -> None:
     back = Rollouts.from_bytes(r.to_bytes())
     assert back.prompts_drawn == 4 and len(back) == 2
     assert Rollouts.from_bytes(rollouts().to_bytes()).prompts_drawn == 2
+
+
+def test_pack_lays_sequences_end_to_end_with_their_routing() -> None:
+    r = rollouts()
+    pairs = zip(r.prompt_tokens, r.completion_tokens, strict=True)
+    r.routing = [
+        torch.full((len(p) + len(c) - 1, 1, 2), i, dtype=torch.uint8) for i, (p, c) in enumerate(pairs)
+    ]
+    mb = pack(r, [1, 2], torch.tensor([0.1, 0.2, 0.3, 0.4]), pad_id=0)
+    assert mb.input_ids.tolist() == [[5, 6, 8, 9, 1, 4, 2, 1]]  # seq 1 (5 tokens), seq 2 (3 tokens)
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2]]
+    assert mb.mask.tolist() == collate(r, [1, 2], torch.zeros(4), pad_id=0).mask.tolist()  # padded layout
+    assert mb.unpack.tolist() == [[0, 1, 2, 3], [5, 6, 0, 0]]  # position t of each: its row index
+    (layer,) = mb.routing  # [8 tokens, k]: each sequence's own routes, its last token unrecorded
+    assert layer[:, 0].tolist() == [1, 1, 1, 1, -1, 2, 2, -1]

@@ -208,22 +208,36 @@ def mini_batches(indices: list[int], count: int) -> list[list[int]]:
     return out
 
 
-def by_token_budget(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
-    """`indices` longest first, greedily grouped while rows x longest row <= `budget` padded tokens
-    (a sequence longer than the budget goes alone): similar lengths share a micro-batch, so
-    long-tailed completions waste little padding."""
-    order = sorted(indices, key=lambda i: -lengths[i])
-    out: list[list[int]] = []
-    for i in order:
-        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= budget:
-            out[-1].append(i)
+def by_token_budget(indices: list[int], lengths: list[int], budget: int, *, packed: bool) -> list[list[int]]:
+    """`indices` cut into micro-batches of at most `budget` tokens, longest first (a sequence longer
+    than the budget goes alone). packed: end to end, first fit (no padding: the tokens are the real
+    ones). Else padded rows of similar length: rows x longest row <= budget, so long-tailed
+    completion lengths waste little padding."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(indices, key=lambda i: -lengths[i]):
+        if packed:
+            k = next((k for k, r in enumerate(room) if lengths[i] <= r), None)
+        else:  # the open bin's rows are padded to its first (longest) sequence
+            k = len(bins) - 1 if bins and (len(bins[-1]) + 1) * lengths[bins[-1][0]] <= budget else None
+        if k is None:
+            bins.append([i])
+            room.append(budget - lengths[i])
         else:
-            out.append([i])
-    return out
+            bins[k].append(i)
+            room[k] -= lengths[i]
+    return bins
 
 
 def rank_plan(
-    rollouts: Rollouts, indices: list[int], rank: int, world: int, *, size: int, max_tokens: int | None
+    rollouts: Rollouts,
+    indices: list[int],
+    rank: int,
+    world: int,
+    *,
+    size: int,
+    max_tokens: int | None,
+    packed: bool = False,
 ) -> list[list[int]]:
     """This rank's micro-batches (sequence indices) of one mini-batch: its `shard`, cut into `size`
     sequences or, with `max_tokens`, by token budget; padded with empty ones to the count of the
@@ -238,7 +252,7 @@ def rank_plan(
         if max_tokens is None:
             plans.append([mine[k : k + size] for k in range(0, len(mine), size)])
         else:
-            plans.append(by_token_budget(mine, lengths, max_tokens))
+            plans.append(by_token_budget(mine, lengths, max_tokens, packed=packed))
     count = max(1, max(len(p) for p in plans))
     return plans[rank] + [[] for _ in range(count - len(plans[rank]))]
 
@@ -251,12 +265,24 @@ class MicroBatch:
     advantages: torch.Tensor  # [b]
     routing: list[torch.Tensor] | None = None  # per MoE layer [b * L, k] experts to replay
     old_logp: torch.Tensor | None = None  # [b, L-1] under π_old (several updates per step); None: ratio 1
+    # packed (see `pack`): input_ids/routing are one row [1, N] of b sequences end to end, position
+    # ids restart at 0 for each (attention stays inside a sequence); `unpack` [b, L-1] indexes the
+    # row's [N-1] next-token log-probs into the padded layout of mask/rollout_logp/old_logp
+    position_ids: torch.Tensor | None = None  # [1, N]
+    unpack: torch.Tensor | None = None  # [b, L-1]
 
     def to(self, device: torch.device) -> "MicroBatch":
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
         routing = None if self.routing is None else [t.to(device) for t in self.routing]
-        old = None if self.old_logp is None else self.old_logp.to(device)
         tensors = (t.to(device) for t in (self.input_ids, self.mask, self.rollout_logp, self.advantages))
-        return MicroBatch(*tensors, routing, old)
+        return MicroBatch(*tensors, routing, *map(move, (self.old_logp, self.position_ids, self.unpack)))
+
+    def padded(self, packed: torch.Tensor) -> torch.Tensor:
+        """Per-position values of the forward ([b, L-1], or [1, N-1] when packed) in the padded
+        [b, L-1] layout the loss reads; gradients flow through."""
+        return packed if self.unpack is None else packed.reshape(-1)[self.unpack]
 
 
 def replay_routing(routes: list[torch.Tensor], width: int) -> list[torch.Tensor]:
@@ -292,8 +318,34 @@ def collate(rollouts: Rollouts, indices: list[int], advantages: torch.Tensor, pa
     return MicroBatch(ids, mask, logp, advantages[indices], routing)
 
 
+def pack(rollouts: Rollouts, indices: list[int], advantages: torch.Tensor, pad_id: int) -> MicroBatch:
+    """`collate`'s micro-batch with the sequences end to end in one row (no padding): position ids
+    restart per sequence, which Hugging Face models turn into block-diagonal causal attention
+    (flash-attention varlen, or a mask under SDPA/eager); `unpack` maps the row's log-probs back
+    to the padded layout, so the loss sees exactly what it sees unpacked."""
+    mb = collate(rollouts, indices, advantages, pad_id)  # mask, log-probs, advantages: padded [b, L-1]
+    if not indices:
+        return mb
+    seqs = [rollouts.prompt_tokens[i] + rollouts.completion_tokens[i] for i in indices]
+    starts = torch.tensor([0, *[len(s) for s in seqs]]).cumsum(0)[:-1].tolist()
+    ids = torch.tensor([t for s in seqs for t in s]).unsqueeze(0)  # [1, N]
+    positions = torch.cat([torch.arange(len(s)) for s in seqs]).unsqueeze(0)  # [1, N]
+    width = mb.mask.shape[1]
+    unpack = torch.zeros(len(seqs), width, dtype=torch.long)  # padding points at 0: masked anyway
+    for row, (start, s) in enumerate(zip(starts, seqs, strict=True)):
+        unpack[row, : len(s) - 1] = torch.arange(start, start + len(s) - 1)
+    routing = None
+    if rollouts.routing is not None:  # each sequence's routes with its last token unrecorded, end to end
+        routes = [rollouts.routing[i] for i in indices]
+        flat = [torch.cat([r.long(), torch.full((1, *r.shape[1:]), -1, dtype=torch.long)]) for r in routes]
+        routing = replay_routing([torch.cat(flat)], ids.shape[1])
+    return MicroBatch(ids, mb.mask, mb.rollout_logp, mb.advantages, routing, None, positions, unpack)
+
+
 def micro_batches(
-    rollouts: Rollouts, plan: list[list[int]], advantages: torch.Tensor, *, pad_id: int
+    rollouts: Rollouts, plan: list[list[int]], advantages: torch.Tensor, *, pad_id: int, packed: bool = False
 ) -> list[MicroBatch]:
-    """One padded micro-batch per entry of `plan` (see `rank_plan`); an empty entry is a dummy row."""
-    return [collate(rollouts, indices, advantages, pad_id) for indices in plan]
+    """One micro-batch per entry of `plan` (see `rank_plan`), padded or `pack`ed; an empty entry
+    is a dummy row."""
+    build = pack if packed else collate
+    return [build(rollouts, indices, advantages, pad_id) for indices in plan]

@@ -280,15 +280,21 @@ def forward_logp(
     *,
     entropy: bool = False,
     chunk_tokens: int = LOGITS_CHUNK_TOKENS,
+    position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of each next token under `model` at the sampling temperature, and the entropy of
     each position when asked: [b, L] → ([b, L-1], [b, L-1] or None).
 
     The decoder (final norm included) runs once; the head and log-softmax then run per chunk of
-    `chunk_tokens` tokens (`chunked_token_stats`), so the full-vocab logits never exist at once."""
+    `chunk_tokens` tokens (`chunked_token_stats`), so the full-vocab logits never exist at once.
+    `position_ids` that restart mark packed sequences: attention stays within each."""
 
-    def run(self: nn.Module, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden = self.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state  # [b, L, H]
+    def run(
+        self: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        decoder = self.get_decoder()
+        out = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        hidden = out.last_hidden_state  # [b, L, H]
         logp, ent = chunked_token_stats(
             hidden[:, :-1],
             self.get_output_embeddings(),
@@ -301,7 +307,15 @@ def forward_logp(
         return logp.clone(), ent.clone() if ent is not None else None
 
     with _forward_as(model, run):
-        return model(ids)
+        return model(ids, position_ids)
+
+
+def batch_logp(
+    model: nn.Module, mb: MicroBatch, temperature: float, *, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`forward_logp` of a micro-batch, padded or packed, in the padded [b, L-1] layout."""
+    logp, ent = forward_logp(model, mb.input_ids, temperature, entropy=entropy, position_ids=mb.position_ids)
+    return mb.padded(logp), None if ent is None else mb.padded(ent)
 
 
 def micro_step(
@@ -310,11 +324,11 @@ def micro_step(
     """Forward (policy, reference), loss and backward of one micro-batch; returns (loss, metrics)."""
     algo = run.contract.spec.algorithm
     with autocast(run):
-        logp, ent = forward_logp(run.model, mb.input_ids, algo.temperature, entropy=entropy)
+        logp, ent = batch_logp(run.model, mb, algo.temperature, entropy=entropy)
     ref_logp = None
     if run.ref is not None:
         with torch.no_grad(), moe.replaying(run.ref, mb.routing), autocast(run):
-            ref_logp, _ = forward_logp(run.ref, mb.input_ids, algo.temperature)
+            ref_logp, _ = batch_logp(run.ref, mb, algo.temperature)
     if ent is not None and run.loss_cfg.entropy_coef == 0:
         ent = ent.detach()  # metric only (entropy collapse is GRPO's classic failure)
     loss, metrics = grpo_loss(
@@ -332,6 +346,14 @@ def micro_step(
     return loss, metrics
 
 
+def packs(model: nn.Module) -> bool:
+    """Whether token-budget micro-batches are packed end to end (else length-sorted padded rows):
+    flash-attention takes the sequence boundaries from the position ids (varlen) and skips
+    attention across them; SDPA and eager would compute the whole row's attention under a
+    block-diagonal mask, quadratic in the row's length, which costs more than the padding saved."""
+    return str(getattr(model.config, "_attn_implementation", "")).startswith("flash")
+
+
 def old_logprobs(run: Run, batches: list[MicroBatch]) -> None:
     """π_old's log-probs of every micro-batch, once, without gradient (the policy at the step's
     start): the denominator of every later update's ratio. Stored on each micro-batch."""
@@ -339,7 +361,7 @@ def old_logprobs(run: Run, batches: list[MicroBatch]) -> None:
     for mb in batches:
         dev = mb.to(run.device)
         with torch.no_grad(), moe.replaying(run.model, dev.routing), autocast(run):
-            mb.old_logp = forward_logp(run.model, dev.input_ids, algo.temperature)[0].float()
+            mb.old_logp = batch_logp(run.model, dev, algo.temperature)[0].float()
 
 
 def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
@@ -364,6 +386,7 @@ def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
             sequences=float(len(part)),
             norm_len=float(algo.max_new_tokens),
         )
+        packed = algo.max_tokens_per_micro_batch is not None and packs(run.model)
         plan = rank_plan(
             rollouts,
             part,
@@ -371,8 +394,9 @@ def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
             info.world_size,
             size=algo.micro_batch_size,
             max_tokens=algo.max_tokens_per_micro_batch,
+            packed=packed,
         )
-        plans.append((totals, micro_batches(rollouts, plan, advantages, pad_id=run.pad_id)))
+        plans.append((totals, micro_batches(rollouts, plan, advantages, pad_id=run.pad_id, packed=packed)))
     updates = [plan for _ in range(algo.epochs_per_step) for plan in plans]
     if len(updates) > 1:
         old_logprobs(run, [mb for _, batches in plans for mb in batches])

@@ -87,9 +87,11 @@ class AlgorithmSpec(ApiModel):
         ge=1,
         le=16_777_216,
         description="maxTokensPerMicroBatch: optional, [1, 16777216]. Forms micro-batches by token count "
-        "instead of microBatchSize: sequences sorted by length, each micro-batch as many as fit in this "
-        "many padded tokens (rows x longest row; a longer sequence goes alone). Long-tailed completion "
-        "lengths then waste little padding; the loss is the same.",
+        "instead of microBatchSize, longest first (a longer sequence goes alone): with flash-attention "
+        "the sequences are packed end to end into one row of at most this many tokens (position ids "
+        "restart per sequence: no attention across them, no padding); otherwise rows of similar length "
+        "are padded, rows x longest row at most this many. Long-tailed completion lengths then waste "
+        "little compute; the loss is the same.",
     )
     mini_batches_per_step: int = Field(
         default=1,
