@@ -209,13 +209,28 @@ MANY = Case(
 )
 # Secrets the requester may `get` (the e2e test grants exactly these with a Role; the unit test's
 # stand-in authorizer allows exactly these). A credentialsSecret outside it is an escalation.
-READABLE_SECRETS = ("team-s3",)
+READABLE_SECRETS = ("team-s3", "team-tracking")
 CREDENTIALS_SECRET = Case(
     "credentials-secret",
     {"spec": {"storage": {"endpointUrl": "http://minio.storage:9000", "credentialsSecret": "other-team-s3"}}},
     ("spec.storage.credentialsSecret",),
 )
 ESCALATIONS.append(CREDENTIALS_SECRET)
+TRACKING_SECRET = Case(  # a readable storage Secret beside a foreign tracking one: only the latter refused
+    "tracking-secret",
+    {
+        "spec": {
+            "storage": {"endpointUrl": "http://minio.storage:9000", "credentialsSecret": "team-s3"},
+            "tracking": {
+                "backend": "mlflow",
+                "uri": "http://mlflow.tracking:5000",
+                "credentialsSecret": "other-team-mlflow",
+            },
+        }
+    },
+    ("spec.tracking.credentialsSecret",),
+)
+ESCALATIONS.append(TRACKING_SECRET)
 BENIGN = Case(
     "benign",
     {
@@ -223,6 +238,7 @@ BENIGN = Case(
             "model": {"path": "pvc://models/tiny"},
             "scheduling": {"priorityClassName": "gpu-training"},
             "storage": {"endpointUrl": "http://minio.storage:9000", "credentialsSecret": "team-s3"},
+            "tracking": {"backend": "wandb", "credentialsSecret": "team-tracking"},
             "trainer": {
                 "serviceAccountAnnotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"},
                 "template": {

@@ -101,7 +101,12 @@ def test_peering_crds_are_the_ones_kopf_uses() -> None:
     [
         (),
         ("watch.scope=namespaces", "watch.namespaces={ml,research}"),
-        ("metrics.serviceMonitor.enabled=true", "metrics.prometheusRule.enabled=true", "replicaCount=1"),
+        (
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.prometheusRule.enabled=true",
+            "metrics.podMonitor.enabled=true",
+            "replicaCount=1",
+        ),
         ("peering.enabled=false", "dashboard.enabled=false", "metrics.service.enabled=false"),
     ],
     ids=["defaults", "namespaced", "monitoring", "minimal"],

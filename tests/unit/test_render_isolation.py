@@ -42,11 +42,16 @@ def test_rollout_api_port_only_from_the_same_jobs_trainer_pods_by_default():
     }
 
 
-def test_metrics_scrapers_reach_the_rollout_port_and_nothing_of_the_trainer():
+def test_metrics_scrapers_reach_the_rollout_port_and_only_the_trainers_metrics_port():
     r = rendered(metrics_from=[PROMETHEUS])
     rollout = by_kind(r, "NetworkPolicy", "moe-rollout")["spec"]["ingress"]
     assert rollout[1] == {"from": [PROMETHEUS], "ports": [{"protocol": "TCP", "port": names.ROLLOUT_PORT}]}
-    assert by_kind(r, "NetworkPolicy", "moe-trainer") == by_kind(rendered(), "NetworkPolicy", "moe-trainer")
+    trainer = by_kind(r, "NetworkPolicy", "moe-trainer")["spec"]["ingress"]
+    assert trainer[0] == by_kind(rendered(), "NetworkPolicy", "moe-trainer")["spec"]["ingress"][0]
+    metrics_port = {"protocol": "TCP", "port": names.TRAINER_METRICS_PORT}
+    assert trainer[1:] == [{"from": [PROMETHEUS], "ports": [metrics_port]}]  # never rendezvous or NCCL
+    (port,) = [p for p in container(r, "trainer")["ports"] if p["name"] == "metrics"]
+    assert port["containerPort"] == names.TRAINER_METRICS_PORT
 
 
 def test_policies_exist_before_any_pod_and_follow_the_uid():

@@ -36,6 +36,13 @@ class TrainerTopology(ApiModel):
     master_addr: str = Field(description="masterAddr: address of rank 0 (pod 0) for torch.distributed.")
     master_port: int = Field(ge=1, le=65535, description="masterPort: rendezvous port on rank 0.")
     backend: str = Field(description="backend: torch.distributed backend, nccl or gloo.")
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="metricsPort: optional. Rank 0 serves Prometheus /metrics on it (the pod's `metrics` "
+        "port); unset: no exporter (the local runtime, unless asked).",
+    )
     weight_sync_port: int | None = Field(
         default=None,
         ge=1,

@@ -15,6 +15,7 @@ from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_operator.api.base import MAX_SECONDS, MAX_SEED, ApiModel, cel, immutable
 from grpo_operator.api.roles import RolloutSpec, TrainerSpec
 from grpo_operator.api.storage import StorageSpec
+from grpo_operator.api.tracking import TrackingSpec
 
 URI_PATTERN = r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|/.*|\./.*|[A-Za-z0-9_.\-][^:]*)$"
 URI_HELP = "a local path, 'pvc://<claim>/<path>' (mounted by the operator) or 's3://<bucket>/<key>'"
@@ -257,6 +258,10 @@ class GRPOJobSpec(ApiModel):
     storage: StorageSpec = Field(
         default_factory=StorageSpec,
         description="storage: optional. Model cache, and S3-compatible endpoint and credentials.",
+    )
+    tracking: TrackingSpec | None = Field(
+        default=None,
+        description="tracking: optional. Experiment tracking by rank 0: MLflow, TensorBoard or W&B.",
     )
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="scheduling: optional.")
     run_policy: RunPolicy = Field(

@@ -30,6 +30,7 @@ from grpo_operator import render, storage, validation
 from grpo_operator.api.contract import CONTRACT_FILE, ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN, RunContract
 from grpo_operator.api.job import KIND, GRPOJob
 from grpo_operator.api.report import ENV_PROGRESS_FILE
+from grpo_operator.api.tracking import TrackingBackend
 from grpo_operator.local.procs import PodCommand
 from grpo_operator.render import names
 from grpo_operator.render.storage import parse_pvc
@@ -156,6 +157,9 @@ def localize(job: GRPOJob, *, base: Path, workdir: Path, pvc: Mapping[str, Path]
         )
     if "cache_dir" not in job.spec.storage.model_fields_set:
         spec.storage.cache_dir = str(workdir / "cache")  # the pods' emptyDir: one per run
+    tracking = spec.tracking
+    if tracking is not None and tracking.backend == TrackingBackend.TENSORBOARD and tracking.uri:
+        tracking.uri = _local_path(tracking.uri, base, "spec.tracking.uri", must_exist=False, pvc=pvc)
     return job.model_copy(update={"spec": spec})
 
 

@@ -241,20 +241,23 @@ def _statefulset(name: str, role: str, replicas: int, template: dict, meta, *, o
 def _network_policies(name: str, uid: str, meta, metrics_from: list[dict], *, streams: bool) -> list[dict]:
     """Ingress of each role's pods, selected with the job's uid label that only the operator
     sets. Trainer pods: any port (c10d rendezvous on TRAINER_PORT, gloo/NCCL on ephemeral
-    ports), only from this job's trainer pods; they serve no metrics. Rollout pods: the API
-    port, from this job's trainer pods and, for /metrics on the same port, `metrics_from`.
-    Egress stays open: S3, the rollout servers, the API server. With the collective weight
-    transport (`streams`) the two roles also reach each other on any port: rollout servers join
-    rank 0's store on WEIGHT_SYNC_PORT, and gloo/NCCL connect both ways on ephemeral ports."""
+    ports), only from this job's trainer pods, and `metrics_from` to rank 0's /metrics on
+    TRAINER_METRICS_PORT alone. Rollout pods: the API port, from this job's trainer pods and, for
+    /metrics on the same port, `metrics_from`. Egress stays open: S3, the rollout servers, the
+    API server. With the collective weight transport (`streams`) the two roles also reach each
+    other on any port: rollout servers join rank 0's store on WEIGHT_SYNC_PORT, and gloo/NCCL
+    connect both ways on ephemeral ports."""
 
     def pods(role: str) -> dict:
         return {"matchLabels": names.isolation_selector(name, uid, role)}
 
     rollout_port = [{"protocol": "TCP", "port": names.ROLLOUT_PORT}]
+    trainer_ingress = [{"from": [{"podSelector": pods(names.ROLE_TRAINER)}]}]
     rollout_ingress = [{"from": [{"podSelector": pods(names.ROLE_TRAINER)}], "ports": rollout_port}]
     if metrics_from:
+        trainer_metrics_port = [{"protocol": "TCP", "port": names.TRAINER_METRICS_PORT}]
+        trainer_ingress.append({"from": metrics_from, "ports": trainer_metrics_port})
         rollout_ingress.append({"from": metrics_from, "ports": rollout_port})
-    trainer_ingress = [{"from": [{"podSelector": pods(names.ROLE_TRAINER)}]}]
     if streams:
         trainer_ingress.append({"from": [{"podSelector": pods(names.ROLE_ROLLOUT)}]})
         rollout_ingress.append({"from": [{"podSelector": pods(names.ROLE_TRAINER)}]})

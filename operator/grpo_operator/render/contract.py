@@ -151,4 +151,8 @@ def _resolve_paths(job: GRPOJob) -> GRPOJobSpec:
             "resume_from": storage.resolve(resume_from) if resume_from else None,
         }
     )
-    return spec.model_copy(update={"model": model, "dataset": dataset, "checkpoint": checkpoint})
+    tracking = spec.tracking
+    if tracking is not None and tracking.uri:
+        tracking = tracking.model_copy(update={"uri": storage.resolve(tracking.uri)})
+    update = {"model": model, "dataset": dataset, "checkpoint": checkpoint, "tracking": tracking}
+    return spec.model_copy(update=update)

@@ -21,6 +21,7 @@ ROLE_TRAINER = "trainer"
 ROLE_ROLLOUT = "rollout"
 
 TRAINER_PORT = 29500
+TRAINER_METRICS_PORT = 9400  # rank 0's Prometheus /metrics (the container port `metrics`)
 WEIGHT_SYNC_PORT = 29600  # rank 0's weight-sync TCPStore, which rollout servers join (collective transport)
 ROLLOUT_PORT = 8000
 TOKEN_KEY = "token"

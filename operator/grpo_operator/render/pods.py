@@ -14,6 +14,8 @@ from grpo_operator.api.job import GRPOJob
 from grpo_operator.api.roles import RoleCommon
 from grpo_operator.api.spec import EFAMode
 from grpo_operator.api.storage import SECRET_KEYS
+from grpo_operator.api.tracking import OPTIONAL_SECRET_KEYS
+from grpo_operator.api.tracking import SECRET_KEYS as TRACKING_SECRET_KEYS
 from grpo_operator.instance_types import (
     EFA_RESOURCE,
     GPU_RESOURCE,
@@ -120,6 +122,7 @@ def pod_template(
         "volumes": volumes,
     }
     if role == names.ROLE_TRAINER:
+        container["env"] += _tracking_env(job)
         labels[names.LABEL_ATTEMPT] = str(attempt)
         pod_spec["affinity"] = _gang_affinity(name) if hw.instance_type else None
         _gang_scheduling(job, name, labels, annotations, pod_spec)
@@ -198,10 +201,31 @@ def _storage_env(job: GRPOJob) -> list[dict]:
     return env
 
 
+def _tracking_env(job: GRPOJob) -> list[dict]:
+    """The tracking backend's credentials (spec.tracking.credentialsSecret) for rank 0's tracker."""
+    tracking = job.spec.tracking
+    if tracking is None or not tracking.credentials_secret:
+        return []
+    return [
+        {
+            "name": key,
+            "valueFrom": {
+                "secretKeyRef": {
+                    "name": tracking.credentials_secret,
+                    "key": key,
+                    **({"optional": True} if key in OPTIONAL_SECRET_KEYS else {}),
+                }
+            },
+        }
+        for key in TRACKING_SECRET_KEYS.get(tracking.backend, ())
+    ]
+
+
 def _ports(role: str) -> list[dict]:
     if role == names.ROLE_TRAINER:
         return [
             {"name": "rendezvous", "containerPort": names.TRAINER_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": names.TRAINER_METRICS_PORT, "protocol": "TCP"},
             {"name": "weight-sync", "containerPort": names.WEIGHT_SYNC_PORT, "protocol": "TCP"},
         ]
     return [{"name": "http", "containerPort": names.ROLLOUT_PORT, "protocol": "TCP"}]
@@ -248,6 +272,7 @@ def _volumes(job: GRPOJob, *, name: str, role: str) -> tuple[list[dict], list[di
             spec.dataset.path,
             spec.checkpoint.path,
             spec.checkpoint.resume_from,
+            spec.tracking.uri if spec.tracking else None,  # TensorBoard's event files
         ]
     pvc_volumes, pvc_mounts = storage.volumes_and_mounts(uris)
     cache = {"sizeLimit": spec.storage.cache_size_limit} if spec.storage.cache_size_limit else {}

@@ -13,12 +13,12 @@ field. The typed fields (`pvc://` URIs, `scheduling.priorityClassName`, tolerati
 selectors, `serviceAccountAnnotations`, `storage.endpointUrl`) are the job's own and allowed;
 the operator's own IPC_LOCK for EFA is not in the spec at all.
 
-One typed field depends on who asks: `spec.storage.credentialsSecret` names a Secret the pods
-read, allowed when the requester may `get` that Secret (the policy asks the API server's
-authorizer) or holds `escalate`. This module cannot know the requester: `refusals` checks it only
-when given `may_get_secret` (the unit tests pass a stand-in authorizer); the operator's second
-line and `grpo-operator validate` pass none, so for this field the admission policy is the only
-guard (docs/security.md).
+Two typed fields depend on who asks: `spec.storage.credentialsSecret` and
+`spec.tracking.credentialsSecret` name Secrets the pods read, each allowed when the requester may
+`get` that Secret (the policy asks the API server's authorizer) or holds `escalate`. This module
+cannot know the requester: `refusals` checks it only when given `may_get_secret` (the unit tests
+pass a stand-in authorizer); the operator's second line and `grpo-operator validate` pass none,
+so for these fields the admission policy is the only guard (docs/security.md).
 """
 
 from collections.abc import Callable, Mapping
@@ -78,8 +78,12 @@ UNCONFINED = "Unconfined"
 
 def secret_reads(job: GRPOJob) -> list[tuple[str, str]]:
     """(field path, Secret name) of every Secret a typed field makes the pods read."""
-    secret = job.spec.storage.credentials_secret
-    return [("spec.storage.credentialsSecret", secret)] if secret else []
+    tracking = job.spec.tracking
+    reads = [
+        ("spec.storage.credentialsSecret", job.spec.storage.credentials_secret),
+        ("spec.tracking.credentialsSecret", tracking.credentials_secret if tracking else None),
+    ]
+    return [(field, secret) for field, secret in reads if secret]
 
 
 def secret_refusal(field: str, secret: str) -> str:
