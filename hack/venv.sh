@@ -30,4 +30,7 @@ PY
 fi
 "$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$root" >/dev/null
 ln -sfn "$venv" "$root/.venv"
+# DeepSpeed's CPU Adam (trainer.optimizerOffload: cpu) is JIT-built on first use with ninja (a
+# dependency of deepspeed) and a C++ compiler, which pip cannot provide.
+command -v c++ >/dev/null || echo "[venv] no C++ compiler (c++): optimizerOffload cpu cannot build DeepSpeed's CPU Adam; install g++" >&2
 echo "$venv"

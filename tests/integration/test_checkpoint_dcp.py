@@ -122,20 +122,23 @@ def assert_same(saved: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor])
         assert torch.equal(v, saved[k]), k
 
 
-def test_fsdp2_full_save_loads_unsharded_and_back(tiny: Path, tmp_path: Path) -> None:
-    """trainer.sharding full (dense DTensors, each rank writes its row chunks) saves and loads
-    in the same global key space as the other modes: world 2 / EP 2 full -> world 1, and back."""
+@pytest.mark.parametrize("ep", [2, 1])
+def test_fsdp2_full_save_loads_unsharded_and_back(tiny: Path, tmp_path: Path, ep: int) -> None:
+    """trainer.sharding full (dense DTensors, each rank writes its row chunks; at EP 1 the experts
+    too are FSDP2-split, each rank writing the whole experts it stores) saves and loads in the same
+    global key space as the other modes: world 2 full -> world 1, and back."""
     out = tmp_path / "out"
     out.mkdir()
     save_dir = tmp_path / "ckpt" / "step-00000002"
-    run_gang(2, 2, tiny, "save", str(save_dir), out, sharding="full")
+    run_gang(2, ep, tiny, "save", str(save_dir), out, sharding="full")
     saved = union(out, "save", 2)
     assert any(".experts.gate_up_proj.3" in k for k in saved)  # per-expert keys kept
+    assert any(".experts.down_proj.3.exp_avg" in k for k in saved)
     run_gang(1, 1, tiny, "load", str(save_dir), out)
     assert_same(saved, union(out, "load", 1))
     back = tmp_path / "ckpt1" / "step-00000002"
     run_gang(1, 1, tiny, "save", str(back), out)
-    run_gang(2, 2, tiny, "load", str(back), out, sharding="full")
+    run_gang(2, ep, tiny, "load", str(back), out, sharding="full")
     assert_same(union(out, "save", 1), union(out, "load", 2))
 
 

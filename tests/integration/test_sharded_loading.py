@@ -1,7 +1,8 @@
 """Sharded loading on real gloo ranks: each rank reads from safetensors only the tensors it keeps.
 
 `grpo_trainer.parallel.load_policy` builds the model on the meta device, applies EP (and FSDP2
-under `sharding: full`), then fills only local tensors. Each rank here counts the bytes its
+under `sharding: full`: dense rows over the world, whole experts over the ranks sharing an EP
+block), then fills only local tensors. Each rank here counts the bytes its
 `safe_open` handles return (a wrapper installed by the test, independent of the loader's own
 count) and gathers the loaded model back to full HF tensors, which must equal `from_pretrained`.
 """
@@ -111,14 +112,14 @@ def test_each_rank_reads_only_what_it_keeps(
     mp.start_processes(worker, args=args, nprocs=world, start_method="spawn")
     got = torch.load(out, weights_only=False)
     expert, dense = split_bytes(model_dir)
-    dense_share = dense / world if sharding == "full" else dense
+    full = sharding == "full"  # dense rows split over the world, experts over EP and then over expert-DP
+    dense_share, expert_share = (dense / world, expert / world) if full else (dense, expert / ep)
     for rank, read in enumerate(got["read"]):
-        share = expert / ep + dense_share
+        share = expert_share + dense_share
         assert read == pytest.approx(share, rel=0.05), (rank, read, share, json.dumps(got["read"]))
         assert read < expert + dense  # never the whole model
-    if sharding == "full":  # the row chunks of all ranks cover each dense tensor exactly once per EP group
-        total = sum(got["read"])
-        assert total == pytest.approx(expert * world / ep + dense, rel=1e-6)
+    if full:  # the chunks of all ranks cover each tensor, dense and expert, exactly once
+        assert sum(got["read"]) == pytest.approx(expert + dense, rel=1e-6)
     reference = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).state_dict()
     assert got["state"].keys() == reference.keys()
     for name, tensor in reference.items():

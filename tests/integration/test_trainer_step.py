@@ -26,8 +26,9 @@ from grpo_trainer.config import RankInfo
 from grpo_trainer.loop import Run, forward_logp, train_step
 from grpo_trainer.losses import LossConfig
 from grpo_trainer.optim import GangAdamW
-from grpo_trainer.parallel import load_policy, make_groups
+from grpo_trainer.parallel import load_policy, make_groups, split_parameters
 from grpo_trainer.tiny_model import TinyConfig, build_model, build_tokenizer
+from torch.distributed.tensor import DTensor
 
 pytestmark = pytest.mark.slow
 GROUP = 3
@@ -125,7 +126,11 @@ def worker(
     if rank == 0:
         after = forward_logp(model, ids, 1.0)[0].sum().item() if world == 1 else 0.0
         local = opt.local_state_size() if zero is not None else 0
-        torch.save({"state": state, "stats": stats, "delta": after - before, "local_state": local}, out)
+        split = sum(isinstance(p, DTensor) for p in split_parameters(model)[1])  # experts FSDP-sharded
+        torch.save(
+            {"state": state, "stats": stats, "delta": after - before, "local_state": local, "split": split},
+            out,
+        )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -206,14 +211,23 @@ def test_zero1_shards_adam_state_and_takes_the_same_step(model_dir: Path, tmp_pa
 
 @pytest.mark.parametrize(("world", "ep"), [(2, 2), (2, 1)])
 def test_full_sharding_takes_the_same_step(model_dir: Path, tmp_path: Path, world: int, ep: int) -> None:
-    """FSDP2 over the world (dense DTensors, experts by EP), activation checkpointing per layer,
-    every loss option: the same step as one process, gathered back to full HF tensors."""
+    """FSDP2 over the world (dense DTensors; experts by EP, and at world > EP also by FSDP over
+    the expert data-parallel group), activation checkpointing per layer, every loss option: the
+    same step as one process, gathered back to full HF tensors."""
     single = run_gang(model_dir, tmp_path / "one", 1, 1, ALL_OPTIONS)
-    assert_same_step(run_gang(model_dir, tmp_path / "full", world, ep, ALL_OPTIONS, sharding="full"), single)
+    full = run_gang(model_dir, tmp_path / "full", world, ep, ALL_OPTIONS, sharding="full")
+    assert (full["split"] > 0) == (world > ep)  # experts are DTensors exactly when there is expert-DP
+    assert_same_step(full, single)
 
 
 def test_full_sharding_with_adamw_matches_zero1(model_dir: Path, tmp_path: Path) -> None:
-    zero = run_gang(model_dir, tmp_path / "zero", 2, 2, zero=1)
-    full = run_gang(model_dir, tmp_path / "full", 2, 2, zero=1, sharding="full")
+    """AdamW over FSDP2 DTensors (dense, and experts split over expert-DP: world 2, EP 1) = ZeRO-1's.
+
+    FSDP2 reduce-scatters after every micro-batch while ZeRO-1 all-reduces the accumulated sum, so
+    gradients differ by float summation order (about 1e-10 here); Adam's normalisation turns that
+    into up to a few 1e-6 on weights whose gradient is near zero (routed experts): atol 1e-5, a
+    thousandth of the lr 1e-2 step."""
+    zero = run_gang(model_dir, tmp_path / "zero", 2, 1, zero=1)
+    full = run_gang(model_dir, tmp_path / "full", 2, 1, zero=1, sharding="full")
     for name, tensor in zero["state"].items():
-        torch.testing.assert_close(full["state"][name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(full["state"][name], tensor, rtol=1e-5, atol=1e-5, msg=name)

@@ -5,6 +5,7 @@ sets it up, fits in 80 GB per GPU with full sharding; DeepSeek-V3 on the same tw
 today's trainer (zeroStage, no FSDP2) does not either. `validate` warns when a role cannot fit.
 """
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -162,3 +163,31 @@ def test_validate_warns_when_the_local_model_cannot_fit(tmp_path, capsys):
     assert "does NOT fit" in memory[0].message
     assert main(["validate", str(job)]) == 0  # a warning, not an error
     assert "warning: spec.trainer: trainer:" in capsys.readouterr().err
+
+
+def test_full_sharding_splits_experts_over_the_ranks_sharing_an_ep_block():
+    """World > EP under full: FSDP2 splits each EP block again in whole experts (ceil per rank)."""
+    shape = memory_plan.from_config(config("qwen3-30b-a3b"))  # 128 experts per layer
+
+    def params(world: int, ep: int) -> int:
+        inputs, _ = memory_plan.inputs_from_spec(example().spec, sharding="full")
+        inputs = dataclasses.replace(inputs, world=world, ep=ep)
+        return memory_plan.plan_trainer(shape, inputs, H100).parts["parameters"].bytes
+
+    assert params(16, 8) == params(16, 16) == 4 * shape.total // 16  # 8 experts per rank either way
+    assert params(32, 8) == 4 * shape.total // 32
+    # 128 / 64 = 2 experts per EP block over 4 ranks: one each for two ranks (whole experts), none for two
+    assert params(256, 64) == int(4 * (shape.dense_total / 256 + shape.expert_total / 128))
+
+
+def test_optimizer_offload_moves_adamw_state_to_host_ram():
+    job = example()
+    on_gpu = plan("qwen3-30b-a3b", job, sharding="full").trainer
+    job.spec.trainer.optimizer_offload = "cpu"
+    offloaded = plan("qwen3-30b-a3b", job, sharding="full").trainer
+    adam = on_gpu.parts["optimizer"].bytes
+    assert offloaded.parts["optimizer"].bytes == 0 and offloaded.total == on_gpu.total - adam
+    assert offloaded.host_total == adam + adam // 2  # moments + the fp32 copy the CPU Adam updates
+    assert on_gpu.host_total == 0 and "host_gib_per_rank" not in on_gpu.to_json()
+    assert offloaded.to_json()["host_gib_per_rank"] == round(offloaded.host_total / GIB, 2)
+    assert "host RAM" in offloaded.verdict()

@@ -5,10 +5,12 @@ Called by `grpo_trainer.parallel.load_policy` on the meta-device model, after
 - every decoder layer, then the root, is `fully_shard`ed over a 1-D mesh of the whole world:
   dense parameters (attention, norms, routers, shared experts, embeddings, head), their
   gradients and their AdamW state are split in rows over the world;
-- routed experts already split by EP are left out (`ignored_params`): they stay plain tensors,
-  replicated over their expert-DP group (the ranks with the same EP rank), whose gradients
-  `grpo_trainer.parallel.sync_gradients` sums and whose AdamW state ZeRO-1 splits. (Sharding
-  them again by FSDP over the expert-DP group, torchtitan's dp_shard_mod_ep mesh, is not done.)
+- routed experts, already split by EP, are split again when world > EP: each MoE layer's
+  `GroupedExperts` is `fully_shard`ed on its own, first, over the expert data-parallel group
+  (the ranks with the same EP rank: torchtitan's dp_mod_ep / efsdp mesh), in whole experts
+  (Shard(0); a rank keeps ceil(E_local / expert-DP) of them, fewer at the end). Their weights,
+  gradients (reduce-scattered over that group) and AdamW state then divide by world / EP. At
+  world = EP there is no such group: experts are left out (`ignored_params`) as plain tensors;
 - gradients are summed, not averaged (divide factor 1), like `sync_gradients`: the loss is
   already normalised by the step's global totals;
 - on GPU `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` over fp32 master weights;
@@ -50,13 +52,34 @@ def world_mesh(device: torch.device) -> DeviceMesh:
     return init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
 
 
-def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, ignored: set[nn.Parameter], bf16: bool) -> None:
-    """fully_shard every decoder layer, then the root, over `mesh`, leaving `ignored` alone."""
+def expert_mesh(group: dist.ProcessGroup | None, device: torch.device) -> DeviceMesh | None:
+    """The expert data-parallel group as a 1-D mesh (no new process group); None at world = EP."""
+    if group is None:
+        return None
+    return DeviceMesh.from_group(group, device.type, mesh_dim_names=("efsdp",))
+
+
+def apply_fsdp(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    *,
+    experts: list[nn.Module],
+    experts_mesh: DeviceMesh | None,
+    bf16: bool,
+) -> None:
+    """fully_shard each of `experts` over `experts_mesh` (or leave their parameters alone when it
+    is None), then every decoder layer, then the root, over `mesh`."""
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if bf16
         else MixedPrecisionPolicy()
     )
+    ignored: set[nn.Parameter] = set()
+    for module in experts:
+        if experts_mesh is None:
+            ignored.update(module.parameters())
+        else:  # FSDP2's default Shard(0): whole experts per rank, as the loader and checkpoints expect
+            fully_shard(module, mesh=experts_mesh, mp_policy=policy)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy, ignored_params=ignored)
     fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored)

@@ -10,7 +10,8 @@ materialise, fill):
    master weights), and recompute the non-persistent buffers (rotary frequencies);
 4. `fill`: for every tensor of the safetensors files, read only this rank's part straight into
    its parameter: its experts (`moe.checkpoint._load_expert_key`: slices of fused tensors, or
-   only its per-expert tensors), its row chunk of each FSDP-sharded dense tensor
+   only its per-expert tensors; under `full` with world > EP only the whole experts FSDP leaves
+   it of its EP block), its row chunk of each FSDP-sharded dense tensor
    (`safe_open(...).get_slice(key)[lo:hi]`), or the whole tensor when it is replicated here.
    Returns the bytes read, which tests count independently by wrapping `safe_open`.
 The whole model never exists on one host, in any dtype.
@@ -137,7 +138,7 @@ def _storage(t: torch.Tensor) -> int:
 def _check_filled(model: nn.Module, layers: dict, target: dict, filled: set[str]) -> None:
     expected = set()
     for name, layer in layers.items():
-        prefix, n = f"{name}.experts.", layer.experts.num_local_experts
+        prefix, n = f"{name}.experts.", layer.experts.held()[1]
         per_expert = {f"{prefix}gate_up_proj.{i}.{p}" for i in range(n) for p in ("gate_proj", "up_proj")}
         expected |= {f"{prefix}down_proj.{i}" for i in range(n)}
         if not all(f"{prefix}gate_up_proj.{i}" in filled for i in range(n)):  # not a fused checkpoint

@@ -106,7 +106,8 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
         ref_path = spec.model.reference_path or spec.model.path
         ref = load_policy(ref_path, groups, backend, device, activation_checkpointing=False, **load)
         ref.eval().requires_grad_(False)
-    optimizer = GangAdamW(model, groups, lr=algo.learning_rate, sharding=sharding)
+    offload = str(spec.trainer.optimizer_offload)  # cpu: AdamW state in host memory (DeepSpeed CPU Adam)
+    optimizer = GangAdamW(model, groups, lr=algo.learning_rate, sharding=sharding, offload=offload)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     state, cfg = checkpoint.TrainState(), LossConfig.from_spec(algo)
     run = Run(contract, info, groups, device, model, ref, optimizer, cfg, order, pad_id, state, None, None)

@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 ENV_MEMORY_PLAN = "GRPO_MEMORY_PLAN"  # enforce (default) | warn | off
 
 
+def _named(parts: dict[str, memory_plan.Part]) -> str:
+    return ", ".join(f"{k} {p.bytes / memory_plan.GIB:.2f} GiB" for k, p in parts.items())
+
+
 def check(contract: RunContract, info: RankInfo, device: torch.device) -> memory_plan.RolePlan | None:
     """The trainer's plan on this rank's device; raises ConfigError when it cannot fit on a GPU."""
     mode = os.environ.get(ENV_MEMORY_PLAN, "enforce")
@@ -38,7 +42,9 @@ def check(contract: RunContract, info: RankInfo, device: torch.device) -> memory
     gpu = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     plan = memory_plan.plan_trainer(shape, trainer, gpu)
     if info.is_main:
-        parts = ", ".join(f"{k} {p.bytes / memory_plan.GIB:.2f} GiB" for k, p in plan.parts.items())
+        parts = _named(plan.parts)
+        if plan.host:  # optimizerOffload: what this rank keeps in host RAM instead
+            parts += f"; host RAM: {_named(plan.host)}"
         log.info("memory plan: %s [%s]", plan.verdict(), parts)
     if plan.fits is False:
         message = f"{plan.verdict()}; run `grpo-operator plan` on the job to see which settings fit"

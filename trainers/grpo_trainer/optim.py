@@ -7,8 +7,11 @@ family's AdamW state (2x the weights in float32, the largest memory item of trai
 over its replica group by `torch.distributed.optim.ZeroRedundancyOptimizer` (ZeRO-1): every rank
 updates its part and broadcasts it. Under `full` the dense parameters are FSDP2 DTensors
 (`grpo_trainer.fsdp`): plain AdamW over them keeps DTensor state, already split over the world;
-experts (not FSDP-sharded) keep ZeRO-1 over expert-DP. Checkpoints write state under the
-model's keys (`grpo_trainer.checkpoint.state`), whatever the partition.
+experts are DTensors too when world > EP (split over expert-DP, so plain AdamW again), else
+plain tensors with no replica to split over. Checkpoints write state under the
+model's keys (`grpo_trainer.checkpoint.state`), whatever the partition. `trainer.optimizerOffload:
+cpu` swaps AdamW for DeepSpeed's CPU Adam (`grpo_trainer.offload`) in every one of these cases:
+the same partition, its state in host memory.
 """
 
 from typing import Any
@@ -22,16 +25,31 @@ from torch.distributed.tensor import DTensor
 from grpo_trainer.parallel import Groups, split_parameters
 
 
+def adamw_class(offload: str) -> type[torch.optim.Optimizer]:
+    """torch's AdamW, or with `offload` "cpu" DeepSpeed's CPU Adam keeping the state in host
+    memory (`grpo_trainer.offload`, imported only then: it JIT-builds a C++ op)."""
+    if str(offload) == "cpu":
+        from grpo_trainer.offload import CPUOffloadAdamW
+
+        return CPUOffloadAdamW
+    if str(offload) != "none":
+        raise ValueError(f"optimizerOffload {offload!r}: expected none or cpu")
+    return torch.optim.AdamW
+
+
 def _adamw(
-    params: list[nn.Parameter], group: dist.ProcessGroup | None, replicas: int, lr: float, zero: bool
+    params: list[nn.Parameter],
+    group: dist.ProcessGroup | None,
+    replicas: int,
+    lr: float,
+    zero: bool,
+    cls: type[torch.optim.Optimizer],
 ) -> torch.optim.Optimizer | None:
     if not params:
         return None
     if zero and replicas > 1:
-        return ZeroRedundancyOptimizer(
-            params, torch.optim.AdamW, process_group=group, lr=lr, weight_decay=0.0
-        )
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+        return ZeroRedundancyOptimizer(params, cls, process_group=group, lr=lr, weight_decay=0.0)
+    return cls(params, lr=lr, weight_decay=0.0)
 
 
 class GangAdamW:
@@ -45,8 +63,11 @@ class GangAdamW:
         lr: float,
         sharding: str | None = None,
         zero_stage: int | None = None,
+        offload: str = "none",
     ) -> None:
-        """sharding: none | optimizer | full; or the old zero_stage (0 = none, 1 = optimizer)."""
+        """sharding: none | optimizer | full; or the old zero_stage (0 = none, 1 = optimizer).
+        offload: none | cpu (`trainer.optimizerOffload`: the state of whatever this rank updates
+        lives in host memory, see `grpo_trainer.offload`)."""
         if sharding is None:
             sharding = "optimizer" if (zero_stage if zero_stage is not None else 1) >= 1 else "none"
         dense, experts = split_parameters(model)
@@ -54,9 +75,11 @@ class GangAdamW:
         expert_replicas = dist.get_world_size(groups.expert_dp) if groups.expert_dp is not None else 1
         zero = str(sharding) in ("optimizer", "full")
         fsdp_dense = any(isinstance(p, DTensor) for p in dense)  # already split: no ZeRO on top
+        fsdp_experts = any(isinstance(p, DTensor) for p in experts)
+        cls = adamw_class(offload)
         self.parts = {
-            "dense": _adamw(dense, None, world, lr, zero and not fsdp_dense),
-            "experts": _adamw(experts, groups.expert_dp, expert_replicas, lr, zero),
+            "dense": _adamw(dense, None, world, lr, zero and not fsdp_dense, cls),
+            "experts": _adamw(experts, groups.expert_dp, expert_replicas, lr, zero and not fsdp_experts, cls),
         }
 
     def _each(self) -> list[tuple[str, torch.optim.Optimizer]]:

@@ -91,7 +91,8 @@ def load_policy(
     ep_tokens: int | None = None,  # tokens per micro-batch per rank: `auto` measures with them
 ) -> nn.Module:
     """The HF model in float32 (optimizer master weights), expert-parallel when the EP group is
-    larger than one rank, FSDP2-sharded over the world when `sharding` is "full". Reads a local
+    larger than one rank, FSDP2-sharded when `sharding` is "full" (dense parameters over the world,
+    experts over their expert data-parallel group). Reads a local
     directory (a PVC mount included) or an s3:// prefix, fetched once per pod into `cache_dir`
     (`grpo_operator.storage.model_dir`: the pod's ranks share one download); never the hub.
 
@@ -112,9 +113,14 @@ def load_policy(
         for layer in fsdp.decoder_layers(model):
             fsdp.checkpoint_layer(layer)
     if full:
-        experts = expert_parameters(model)
-        ignored = {p for p in model.parameters() if id(p) in experts}
-        fsdp.apply_fsdp(model, fsdp.world_mesh(device), ignored=ignored, bf16=device.type == "cuda")
+        experts = [layer.experts for layer in moe.moe_layers(model) if layer.experts.group is not None]
+        fsdp.apply_fsdp(
+            model,
+            fsdp.world_mesh(device),
+            experts=experts,
+            experts_mesh=fsdp.expert_mesh(groups.expert_dp, device),
+            bf16=device.type == "cuda",
+        )
     loading.materialize(model, device)
     read = loading.fill(model, local)
     log.info("loaded %s: read %.1f MiB of safetensors on this rank", local, read / 2**20)
@@ -150,13 +156,13 @@ def _all_reduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup | Non
 
 
 def sync_gradients(model: nn.Module, groups: Groups) -> None:
-    """Sum replicated gradients over their replicas: dense ones over the world (FSDP2-sharded
-    ones were already reduce-scattered by FSDP in backward), experts over expert-DP."""
+    """Sum replicated gradients over their replicas: dense ones over the world, experts over
+    expert-DP (FSDP2-sharded ones, DTensors, were already reduce-scattered by FSDP in backward)."""
     dense, experts = split_parameters(model)
     if dist.get_world_size() > 1:
         _all_reduce_grads([p for p in dense if not isinstance(p, DTensor)], None)
     if groups.expert_dp is not None:
-        _all_reduce_grads(experts, groups.expert_dp)
+        _all_reduce_grads([p for p in experts if not isinstance(p, DTensor)], groups.expert_dp)
 
 
 def _sq(params: list[nn.Parameter], device: torch.device) -> torch.Tensor:
@@ -171,16 +177,18 @@ def _sq(params: list[nn.Parameter], device: torch.device) -> torch.Tensor:
 def clip_gradients(model: nn.Module, groups: Groups, max_norm: float) -> float:
     """Clip by the global norm of the whole (unsharded) gradient; return that norm.
 
-    Replicated dense gradients are identical on every rank after sync; FSDP2-sharded ones are
-    disjoint row chunks, so their squared norms are summed over the world; expert shards differ
-    across the EP group, so theirs are summed over it.
+    Replicated dense gradients are identical on every rank after sync; FSDP2-sharded ones (dense
+    row chunks over the world, experts split over EP and then expert-DP) are disjoint pieces of
+    the whole, so their squared norms are summed over the world; plain expert shards differ
+    across the EP group and are replicated over expert-DP, so theirs are summed over EP.
     """
     dense, experts = split_parameters(model)
     device = next(model.parameters()).device
+    sharded = [p for p in dense + experts if isinstance(p, DTensor)]
     sq = _sq([p for p in dense if not isinstance(p, DTensor)], device)
-    sharded_sq = _sq([p for p in dense if isinstance(p, DTensor)], device)
-    expert_sq = _sq(experts, device)
-    if any(isinstance(p, DTensor) for p in dense) and dist.get_world_size() > 1:
+    sharded_sq = _sq(sharded, device)
+    expert_sq = _sq([p for p in experts if not isinstance(p, DTensor)], device)
+    if sharded and dist.get_world_size() > 1:
         dist.all_reduce(sharded_sq)
     if groups.ep is not None:
         dist.all_reduce(expert_sq, group=groups.ep)

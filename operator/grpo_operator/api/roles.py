@@ -35,6 +35,11 @@ class TrainerSharding(StrEnum):
     FULL = "full"
 
 
+class OptimizerOffload(StrEnum):
+    NONE = "none"
+    CPU = "cpu"
+
+
 class Toleration(ApiModel):
     """A Kubernetes toleration, copied onto the role's pods."""
 
@@ -192,8 +197,16 @@ class TrainerSpec(RoleCommon):
         "its memory: none (dense parameters and AdamW state on every rank), optimizer (AdamW state "
         "split over each parameter family's replicas, ZeRO-1), full (FSDP2 over the data-parallel "
         "dimension: dense parameters, gradients and AdamW state split over the world, bf16 compute over "
-        "fp32 masters on GPU, activation checkpointing per decoder layer). Experts are split by "
-        "expertParallelSize in every mode. Replaces zeroStage.",
+        "fp32 masters on GPU, activation checkpointing per decoder layer; experts also split in whole "
+        "experts over the ranks that share an EP block when the world is larger than "
+        "expertParallelSize). Experts are split by expertParallelSize in every mode. Replaces zeroStage.",
+    )
+    optimizer_offload: OptimizerOffload = Field(
+        default=OptimizerOffload.NONE,
+        description="optimizerOffload: optional, default none. none or cpu. cpu keeps each rank's AdamW "
+        "state (fp32 moments and master copy, of its shard under any sharding mode) in pinned host memory "
+        "and runs the update there with DeepSpeed's CPU Adam: GPU memory for larger models, host RAM and "
+        "a slower step in exchange.",
     )
     activation_checkpointing: bool | None = Field(
         default=None,

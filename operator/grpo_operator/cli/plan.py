@@ -146,4 +146,6 @@ def _table(role: RolePlan, table_cls: Any) -> Any:
         t.add_row(name, f"{part.bytes / GIB:.2f}", part.formula)
     budget = f" of {role.budget / GIB:.1f}" if role.budget is not None else ""
     t.add_row("[bold]total[/]", f"[bold]{role.total / GIB:.2f}[/]", f"per GPU{budget}")
+    for name, part in role.host.items():  # optimizerOffload: host RAM per rank, outside the GPU total
+        t.add_row(f"host: {name}", f"{part.bytes / GIB:.2f}", part.formula)
     return t

@@ -2,7 +2,8 @@
 
 Built by `inputs_from_spec` for `grpo-operator plan`, `grpo-operator validate` and the trainer's
 start-up check (`grpo_trainer.memory`), so all three read a job the same way. The trainer it
-models: sharding `none | optimizer | full` (full = FSDP2 for the dense part, experts by EP),
+models: sharding `none | optimizer | full` (full = FSDP2 for the dense part, experts by EP and by
+FSDP2 over the EP replicas), AdamW state optionally offloaded to the host (`optimizerOffload`),
 bf16 compute over fp32 master state, activation checkpointing per decoder layer (on by default
 under full), log-probs in token chunks, weight sync in buckets. A spec with only the old
 `zeroStage` means none (0) or optimizer (1), as the trainer reads it.
@@ -41,6 +42,7 @@ class TrainerInputs:
     compute_bytes: int  # bytes of the compute dtype (model.dtype): 2 for bf16
     rollout_bytes: int  # bytes per weight sent to rollout (model.dtype)
     activation_checkpointing: bool | None = None  # None: the trainer's default (on under full)
+    optimizer_offload: bool = False  # trainer.optimizerOffload cpu: AdamW state in host RAM
     logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS
     sync_bucket_bytes: int = SYNC_BUCKET_BYTES
     runtime_bytes: int | None = None  # None: the GPU reserve (trainer.RUNTIME_BYTES); a host run passes
@@ -96,6 +98,7 @@ def inputs_from_spec(
             compute_bytes=width,
             rollout_bytes=width,
             activation_checkpointing=activation_checkpointing,
+            optimizer_offload=str(trainer.optimizer_offload) == "cpu",
         ),
         RolloutInputs(
             engine=str(rollout.engine),

@@ -27,6 +27,11 @@ class RolePlan:
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     shortfall: str | None = None  # why it cannot fit although the total does (rollout: KV room)
+    host: dict[str, Part] = field(default_factory=dict)  # host RAM per rank, outside the GPU budget
+
+    @property
+    def host_total(self) -> int:
+        return sum(p.bytes for p in self.host.values())
 
     @property
     def total(self) -> int:
@@ -50,7 +55,10 @@ class RolePlan:
         if self.shortfall:
             line += f": {self.shortfall}"
         biggest = sorted(self.parts.items(), key=lambda kv: -kv[1].bytes)[:3]
-        return line + " (largest: " + ", ".join(f"{k} {p.bytes / GIB:.1f} GiB" for k, p in biggest) + ")"
+        line += " (largest: " + ", ".join(f"{k} {p.bytes / GIB:.1f} GiB" for k, p in biggest) + ")"
+        if self.host:
+            line += f"; plus {self.host_total / GIB:.1f} GiB of host RAM per rank (offloaded)"
+        return line
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,6 +71,17 @@ class RolePlan:
                 for k, p in self.parts.items()
             },
             **({"shortfall": self.shortfall} if self.shortfall else {}),
+            **(
+                {
+                    "host_gib_per_rank": round(self.host_total / GIB, 2),
+                    "host_parts": {
+                        k: {"gib": round(p.bytes / GIB, 3), "bytes": p.bytes, "formula": p.formula}
+                        for k, p in self.host.items()
+                    },
+                }
+                if self.host
+                else {}
+            ),
             **self.extra,
             "notes": self.notes,
         }

@@ -2,10 +2,15 @@
 
 Called through `memory_plan.plan_trainer`. Notation: P_d dense parameters (all but routed
 experts), P_e routed-expert parameters, W world size, E expertParallelSize, T tokens of one
-micro-batch, V vocabulary, h hidden size, a bytes of the compute dtype. Dense parameters are
-replicated over the world (or FSDP-sharded over it); experts are split by EP and, under full
-sharding, also FSDP-sharded over the E-groups (so P_e / W per rank).
+micro-batch, V vocabulary, h hidden size, a bytes of the compute dtype, N routed experts per
+layer. Dense parameters are replicated over the world (or FSDP-sharded over it); experts are
+split by EP and, under full sharding, also FSDP-sharded in whole experts over the W / E ranks
+that share an EP block (ceil(N/E / (W/E)) experts per rank: P_e / W when that divides).
+`optimizerOffload: cpu` moves the AdamW state (and its fp32 master copy) to the host: the plan's
+`host` parts, not counted against the GPU.
 """
+
+import math
 
 from grpo_operator.memory_plan.inputs import GIB, Sharding, TrainerInputs
 from grpo_operator.memory_plan.result import Part, RolePlan
@@ -16,11 +21,22 @@ MASTER = 4  # fp32 master weights, gradients and reductions
 LOGIT_FP32_COPIES = 6  # .float(), /temperature, logsumexp workspace, grad; entropy: log_softmax, exp
 
 
+def experts_held(shape: ModelShape, t: TrainerInputs) -> int:
+    """Routed experts per MoE layer one rank stores under full sharding: its chunk of its EP block
+    (FSDP2 Shard(0) chunks: ceil, the last ranks fewer or none)."""
+    block = shape.experts // t.ep
+    return math.ceil(block / (t.world // t.ep)) if block else 0
+
+
 def _local(shape: ModelShape, t: TrainerInputs, sharded: bool) -> tuple[float, float, str]:
     """(dense, expert) parameters one rank keeps, and the formula of their sum."""
-    if sharded:
+    if not sharded:
+        return shape.dense_total, shape.expert_total / t.ep, "(P_d + P_e / E)"
+    held = experts_held(shape, t)
+    if shape.experts and held * t.world == shape.experts:
         return shape.dense_total / t.world, shape.expert_total / t.world, "(P_d + P_e) / W"
-    return shape.dense_total, shape.expert_total / t.ep, "(P_d + P_e / E)"
+    expert = shape.expert_total * held / max(shape.experts, 1)
+    return shape.dense_total / t.world, expert, f"(P_d / W + P_e x {held} / N)"
 
 
 def layer_activation_bytes(shape: ModelShape, a: int, e: int) -> tuple[float, float, float]:
@@ -54,12 +70,18 @@ def plan(shape: ModelShape, t: TrainerInputs, gpu_bytes: int | None) -> RolePlan
     notes: list[str] = []
     parts["parameters"] = Part(int(MASTER * local), f"4 B fp32 master x {local_f}")
     parts["gradients"] = Part(int(MASTER * local), f"4 B fp32 x {local_f}")
-    if t.sharding is Sharding.NONE:
-        parts["optimizer"] = Part(int(2 * MASTER * local), f"AdamW 2 x 4 B x {local_f}")
+    if t.sharding is Sharding.OPTIMIZER:
+        opt, opt_f = (shape.dense_total + shape.expert_total) / t.world, "(P_d + P_e) / W"
     else:
-        opt = (shape.dense_total + shape.expert_total) / t.world
-        parts["optimizer"] = Part(int(2 * MASTER * opt), "AdamW 2 x 4 B x (P_d + P_e) / W")
-    layer_local = shape.layer_params(t.world if full else t.ep)
+        opt, opt_f = local, local_f
+    host: dict[str, Part] = {}
+    if t.optimizer_offload:
+        parts["optimizer"] = Part(0, "optimizerOffload cpu: AdamW state on the host")
+        host["optimizer"] = Part(int(2 * MASTER * opt), f"AdamW 2 x 4 B x {opt_f}, pinned host memory")
+        host["master_copy"] = Part(int(MASTER * opt), f"fp32 copy the CPU Adam updates, 4 B x {opt_f}")
+    else:
+        parts["optimizer"] = Part(int(2 * MASTER * opt), f"AdamW 2 x 4 B x {opt_f}")
+    layer_local = shape.layer_params(t.ep)  # FSDP2 gathers a layer's experts back to the EP block
     if full:
         unsharded = 2 * layer_local * (a + MASTER) + a * max(shape.embed, shape.lm_head)
         parts["compute_copies"] = Part(
@@ -111,8 +133,10 @@ def plan(shape: ModelShape, t: TrainerInputs, gpu_bytes: int | None) -> RolePlan
         parts=parts,
         gpu_bytes=gpu_bytes,
         notes=notes,
+        host=host,
         extra={
             "sharding": str(t.sharding),
+            "optimizer_offload": "cpu" if t.optimizer_offload else "none",
             "activation_checkpointing": bool(ac),
             "activations_gib": {
                 "without_checkpointing": round(no_ac / GIB, 2),

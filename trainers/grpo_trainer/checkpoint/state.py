@@ -10,10 +10,12 @@ makes a save load at any shape:
     rng.torch.<rank>                                 this rank's RNG (restored at the same rank only)
 
 A rank holding expert e under EP writes `...gate_up_proj.e` from its local shard; at EP = 1 the
-same key is a slice of the unsharded tensor. Replicated tensors are written once: each key is
-assigned to one of its replicas by `assign` (largest first, to the least-loaded replica), the
-same on every replica without any communication. DTensor values (FSDP2) are written by every
-rank: DCP records each rank's local chunk of the global tensor, so they need no assignment.
+same key is a slice of the unsharded tensor; under `sharding: full` with world > EP, where FSDP
+splits each EP block in whole experts over expert-DP, the one rank storing expert e writes it.
+Replicated tensors are written once: each key is assigned to one of its replicas by `assign`
+(largest first, to the least-loaded replica), the same on every replica without any
+communication. DTensor values (FSDP2) are written by every rank: DCP records each rank's local
+chunk of the global tensor, so they need no assignment.
 """
 
 import re
@@ -42,37 +44,43 @@ class Entry:
 
 
 def _experts(model: nn.Module) -> dict[str, tuple[int, int]]:
-    """Fused expert tensor name → (global id of local expert 0, local experts)."""
+    """Fused expert tensor name → (global id of the first expert this rank stores, how many)."""
     out = {}
     for name, layer in model.named_modules():
         if isinstance(layer, MoELayer):
-            first, n = layer.experts.first_expert, layer.experts.num_local_experts
-            out[f"{name}.experts.gate_up_proj"] = out[f"{name}.experts.down_proj"] = (first, n)
+            out[f"{name}.experts.gate_up_proj"] = out[f"{name}.experts.down_proj"] = layer.experts.held()
     return out
 
 
 def _split(name: str, t: torch.Tensor, experts: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor] | None:
-    """Per-expert views of a fused (E, ...) expert tensor; None for any other tensor."""
+    """Per-expert views of a fused (E, ...) expert tensor (of an FSDP2 DTensor's local whole
+    experts); None for any other tensor."""
     if not FUSED.match(name) or t.dim() != 3:
         return None
+    local = t.to_local() if isinstance(t, DTensor) else t
     first, n = experts.get(name, (0, t.shape[0]))  # an HF block at EP = 1 holds every expert
-    return {f"{name}.{first + i}": t[i] for i in range(n)}
+    return {f"{name}.{first + i}": local[i] for i in range(n)}
+
+
+def _expert_holders(t: torch.Tensor) -> Holders:
+    """Experts split by FSDP over expert-DP have one holder; plain ones are replicated over it."""
+    return "own" if isinstance(t, DTensor) else "expert_dp"
 
 
 def model_entries(model: nn.Module) -> dict[str, Entry]:
     experts, out, seen = _experts(model), {}, set()
     for name, t in model.state_dict().items():
+        parts = _split(name, t, experts)
+        if parts is not None:
+            out.update({k: Entry(v, _expert_holders(t)) for k, v in parts.items()})
+            continue
         if isinstance(t, DTensor):
             out[name] = Entry(t, "own")
             continue
         if (t.data_ptr(), t.shape) in seen:  # tied weights: one key
             continue
         seen.add((t.data_ptr(), t.shape))
-        parts = _split(name, t, experts)
-        if parts is None:
-            out[name] = Entry(t, "world")
-        else:
-            out.update({k: Entry(v, "expert_dp") for k, v in parts.items()})
+        out[name] = Entry(t, "world")
     return out
 
 
@@ -102,25 +110,26 @@ def optimizer_entries(model: nn.Module, optimizer: GangAdamW, *, create: bool = 
         )
         for group in local.param_groups:
             for p in group["params"]:
-                if create:
-                    local.state[p] = _adamw_state(p.detach())
+                if create:  # an offloading optimizer makes its state in host memory
+                    local.state[p] = getattr(local, "fresh_state", _adamw_state)(p.detach())
                 state = local.state.get(p)
                 if not state:
                     continue  # no step taken yet: AdamW creates it lazily
                 name = names[id(p)]
+                mine = _expert_holders(p) if family == "experts" and holders != "own" else holders
                 for key, value in state.items():
                     if not isinstance(value, torch.Tensor):
                         continue
                     if value.dim() == 0:  # step: one copy per expert key, so any shape finds it
                         for k in _split(name, p.detach(), experts) or [name]:
-                            out[f"{OPTIM}{k}.{key}"] = Entry(value, holders)
-                        continue
-                    if isinstance(value, DTensor):  # FSDP2 state: each rank writes its own chunk
-                        out[f"{OPTIM}{name}.{key}"] = Entry(value, "own")
+                            out[f"{OPTIM}{k}.{key}"] = Entry(value, mine)
                         continue
                     parts = _split(name, value, experts)
+                    if parts is None and isinstance(value, DTensor):  # FSDP2: each rank its own chunk
+                        out[f"{OPTIM}{name}.{key}"] = Entry(value, "own")
+                        continue
                     for k, v in (parts or {name: value}).items():
-                        out[f"{OPTIM}{k}.{key}"] = Entry(v, holders)
+                        out[f"{OPTIM}{k}.{key}"] = Entry(v, mine)
     return out
 
 

@@ -55,9 +55,10 @@ def _load_expert_key(f, key: str, layers: dict[str, MoELayer], target: dict, fil
     if layer is None:
         return False
     prefix = match["prefix"] + ".experts."
-    lo, n = layer.experts.first_expert, layer.experts.num_local_experts
+    lo, n = layer.experts.held()
     if "name" in match.groupdict():  # fused (E, ...) tensor: read our slice only
-        target[prefix + match["name"]].copy_(f.get_slice(key)[lo : lo + n])
+        if n:
+            _local(target[prefix + match["name"]]).copy_(f.get_slice(key)[lo : lo + n])
         filled.update(f"{prefix}{match['name']}.{i}" for i in range(n))
         return True
     local = int(match["e"]) - lo
@@ -66,13 +67,18 @@ def _load_expert_key(f, key: str, layers: dict[str, MoELayer], target: dict, fil
     proj = _MIXTRAL_PROJ.get(match["proj"], match["proj"])
     inter = layer.experts.down_proj.shape[-1]
     if proj == "down_proj":
-        target[prefix + "down_proj"][local].copy_(f.get_tensor(key))
+        _local(target[prefix + "down_proj"])[local].copy_(f.get_tensor(key))
         filled.add(f"{prefix}down_proj.{local}")
     else:
         rows = slice(0, inter) if proj == "gate_proj" else slice(inter, 2 * inter)
-        target[prefix + "gate_up_proj"][local, rows].copy_(f.get_tensor(key))
+        _local(target[prefix + "gate_up_proj"])[local, rows].copy_(f.get_tensor(key))
         filled.add(f"{prefix}gate_up_proj.{local}.{proj}")
     return True
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The part of `t` this rank stores (an FSDP2 DTensor's local chunk)."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 @torch.no_grad()
@@ -95,7 +101,7 @@ def load_checkpoint(model: nn.Module, path: str | Path) -> None:
                     filled.add(name)
     expected = set()
     for name, layer in layers.items():
-        prefix, n = f"{name}.experts.", layer.experts.num_local_experts
+        prefix, n = f"{name}.experts.", layer.experts.held()[1]
         expected.update(f"{prefix}down_proj.{i}" for i in range(n))
         expected.update(f"{prefix}gate_up_proj.{i}.{p}" for i in range(n) for p in ("gate_proj", "up_proj"))
         if all(f"{prefix}gate_up_proj.{i}" in filled for i in range(n)):  # fused checkpoint
@@ -114,9 +120,10 @@ def iter_full_state_dict(
     """(name, tensor) of the unsharded model, one at a time (bounded memory for weight sync).
 
     Collective over each MoE layer's EP group, and for FSDP2 DTensors (`full_tensor()`) over
-    their mesh: every rank must iterate it to the end. gather_experts=False: a rank outside the
-    group whose result is used takes part in the DTensor gathers only (its expert items are its
-    local shards, to be dropped).
+    their mesh (the world for dense tensors, the expert data-parallel group for experts split
+    further by FSDP): every rank must iterate it to the end. gather_experts=False: a rank outside
+    the group whose result is used takes part in the DTensor gathers only (its expert items are
+    its EP block, to be dropped).
     """
     sharded = {}
     for name, layer in model.named_modules():
@@ -125,8 +132,7 @@ def iter_full_state_dict(
             sharded[f"{name}.experts.down_proj"] = layer.experts.group
     for name, tensor in model.state_dict().items():
         if isinstance(tensor, DTensor):
-            yield name, tensor.full_tensor()
-            continue
+            tensor = tensor.full_tensor()  # dense: the whole tensor; experts: this rank's EP block
         group = sharded.get(name)
         if group is None or dist.get_world_size(group) == 1 or not gather_experts:
             yield name, tensor

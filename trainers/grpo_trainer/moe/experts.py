@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 
 def _segments(counts: list[int]) -> list[tuple[int, int, int]]:
@@ -128,7 +130,10 @@ class GroupedExperts(nn.Module):
 
     `gate_up_proj` (E_local, 2I, H) holds gate rows then up rows; `down_proj` (E_local, H, I).
     `first_expert` is the global id of local expert 0 and `group` the EP group the experts are
-    sharded over (None for EP = 1); checkpoint loading and gathering use both.
+    sharded over (None for EP = 1); checkpoint loading and gathering use both. Under
+    `trainer.sharding: full` with world > EP the two parameters become FSDP2 DTensors split in
+    whole experts (Shard(0)) over the expert data-parallel group (`grpo_trainer.fsdp`): `held`
+    says which experts this rank then stores.
     """
 
     def __init__(
@@ -150,7 +155,20 @@ class GroupedExperts(nn.Module):
 
     @property
     def num_local_experts(self) -> int:
+        """Experts of this rank's EP block (whether or not FSDP splits them further)."""
         return self.gate_up_proj.shape[0]
+
+    def held(self) -> tuple[int, int]:
+        """(global id of the first expert this rank stores, how many): its EP block, or its
+        Shard(0) chunk of that block under FSDP (possibly empty when the block has fewer experts
+        than the expert data-parallel group has ranks)."""
+        w = self.gate_up_proj
+        if not isinstance(w, DTensor):
+            return self.first_expert, w.shape[0]
+        shape, offset = compute_local_shape_and_global_offset(w.shape, w.device_mesh, w.placements)
+        if tuple(shape[1:]) != tuple(w.shape[1:]):
+            raise NotImplementedError(f"experts are split in whole experts only, got {w.placements}")
+        return self.first_expert + offset[0], shape[0]
 
     def forward(self, rows: torch.Tensor, counts: list[int], weights: torch.Tensor) -> torch.Tensor:
         """Rows grouped by local expert and their routing weights → weighted expert outputs, in the
