@@ -98,7 +98,8 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     cache = spec.storage.cache_dir  # s3:// models: fetched once per pod into this emptyDir
     sharding = spec.trainer.effective_sharding
     load = dict(replay=replay, cache_dir=cache, sharding=sharding)  # each rank reads only its part
-    load["ep_tokens"] = algo.micro_batch_size * algo.max_new_tokens  # what `auto` measures EP with
+    # what `auto` measures EP with: the tokens of one micro-batch
+    load["ep_tokens"] = algo.max_tokens_per_micro_batch or algo.micro_batch_size * algo.max_new_tokens
     ac = spec.trainer.activation_checkpointing
     model = load_policy(spec.model.path, groups, backend, device, activation_checkpointing=ac, **load)
     ref = None
