@@ -6,6 +6,7 @@ into block-diagonal causal attention. Were a sequence to attend across its start
 positions to continue from the previous one, its log-probs would differ from the padded batch's.
 """
 
+import pytest
 import torch
 from grpo_trainer.batch import Rollouts, collate, pack
 from grpo_trainer.loop import batch_logp
@@ -23,6 +24,7 @@ def rollouts() -> Rollouts:
     return r
 
 
+@pytest.mark.slow  # ≈3.4 s on the shared 2-core machine (the model's first forward and backward)
 def test_packed_log_probs_and_gradients_equal_padded_ones() -> None:
     model = build_model(TinyConfig(experts=4), build_tokenizer()).float()
     r, adv = rollouts(), torch.tensor([1.0, -1.0, 0.5, -0.5])
