@@ -134,7 +134,6 @@ async def handle_weights(request: web.Request) -> web.Response:
 async def handle_weight_stream(request: web.Request) -> web.Response:
     """Join the trainer's weight groups and receive a version over them (answers once it is live)."""
     service = request.app[SERVICE]
-    service.refuse_if_not_ready()
     body = await read_bounded(request, MAX_GENERATE_BODY_BYTES)
     try:
         raw = json.loads(body)

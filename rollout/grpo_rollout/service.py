@@ -269,8 +269,10 @@ class RolloutService:
 
     async def stream_weights(self, req: WeightStreamRequest) -> WeightUpdateResponse:
         """Receive `req.version` over the trainer's groups (joining them first for a new epoch).
-        The stream is consumed even when the version is refused, so the senders never hang."""
-        self.refuse_if_not_ready()
+        The stream is consumed even when the version is refused, so the senders never hang; a
+        draining server takes it too (its groups are waiting on it), only a loading one refuses."""
+        if self.engine is None:
+            raise ServiceError(503, "loading", "server is still loading its model", retry_after=5)
         async with self._weights_lock:
             loop = asyncio.get_running_loop()
             t0 = time.monotonic()

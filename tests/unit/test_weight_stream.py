@@ -137,3 +137,56 @@ def test_share_splits_every_element_exactly_once():
             assert all(
                 parts[i][1] <= parts[i + 1][0] or parts[i + 1][0] == parts[i + 1][1] for i in range(count - 1)
             )
+
+
+SENDER = """
+import json, sys, time
+from pathlib import Path
+import torch, torch.distributed as dist
+from grpo_rollout import weight_stream
+from grpo_trainer.weight_sync import StreamSender
+
+port, bucket = int(sys.argv[1]), int(sys.argv[2])
+state = [torch.randn(2048, 1024) for _ in range(24)]  # 192 MiB of fp32 training state, 96 MiB in bf16
+status = lambda key: next(int(l.split()[1]) * 1024 for l in Path("/proc/self/status").read_text().splitlines()
+                          if l.startswith(key + ":"))
+sender = StreamSender("127.0.0.1", port, 0, timeout_s=60)
+group = sender.group(3, 1, "gloo")  # formed before measuring: the receiver joins first
+Path("/proc/self/clear_refs").write_text("5")
+before = status("VmRSS")
+stats = sender.send(iter((f"w{i}", 0, t.view(-1)) for i, t in enumerate(state)), epoch=3, servers=1,
+                    backend="gloo", dtype=torch.bfloat16, bucket_bytes=bucket, device=torch.device("cpu"))
+print(json.dumps({"extra": status("VmHWM") - before, "tracked": stats.peak_bytes, "buckets": stats.buckets}))
+"""
+
+
+@pytest.mark.slow
+def test_a_sending_rank_holds_at_most_two_buckets_beyond_its_training_state():
+    """Measured in a sender process of its own: its resident memory (VmHWM, reset just before)
+    grows by two buckets (plus 4 MiB of one-time interpreter and gloo allocations) at most while it
+    streams 96 MiB of bf16 from 192 MiB of fp32; a sender that converted or gathered the model
+    first would grow by 96 MiB or more."""
+    import json
+    import subprocess
+    import sys
+
+    bucket, port = 8 << 20, free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SENDER, str(port), str(bucket)], stdout=subprocess.PIPE, text=True
+    )
+    link = weight_stream.ReceiverLink()
+    where = dict(epoch=3, host="127.0.0.1", port=port, backend="gloo")
+    groups = link.groups_for(**where, senders=1, servers=1, rank=0, timeout_s=120)
+    got = {f"w{i}": torch.empty(2 << 20, dtype=torch.bfloat16) for i in range(24)}
+
+    def apply(pieces, payload):
+        for p in pieces:
+            got[p.name][p.start : p.start + p.count].copy_(weight_stream.piece_values(payload, p))
+
+    received = weight_stream.receive_all(groups, torch.device("cpu"), apply)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    m = json.loads(out)
+    assert received == 96 << 20 and m["buckets"] == 12
+    assert m["tracked"] <= 2 * bucket + 64 * 1024
+    assert m["extra"] <= 2 * bucket + (4 << 20) < 96 << 20

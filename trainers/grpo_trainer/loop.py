@@ -188,23 +188,28 @@ def stream_weights(run: Run, version: int) -> None:
     logs it and goes on (its group is formed again next time); rank 0 raises WeightSyncError
     only when no server took the version, as over HTTP."""
     contract, info = run.contract, run.info
-    plan = broadcast_json(run.generator.stream_plan() if run.generator is not None else None, run.device)
+    sync, backend = contract.spec.rollout.weight_sync, contract.trainer.backend
+    host = contract.trainer.master_addr
+    timeout_s = PUSH_TIMEOUT_S
+    plan = None
+    if run.generator is not None:
+        if run.streamer is None:  # rank 0 hosts the store first: the port it got goes out with the plan
+            port = contract.trainer.weight_sync_port
+            assert port is not None  # weight_sync.transport checked it
+            run.streamer = weight_sync.StreamSender(host, port, info.rank, timeout_s=timeout_s)
+        plan = {**run.generator.stream_plan(), "port": run.streamer.port}
+    plan = broadcast_json(plan, run.device)
     if not plan["servers"]:
         if run.generator is not None:
             raise WeightSyncError(version, {"-": "no rollout server is ready"})
         return
-    sync, backend = contract.spec.rollout.weight_sync, contract.trainer.backend
-    timeout_s = PUSH_TIMEOUT_S
     if run.streamer is None:
-        port = contract.trainer.weight_sync_port
-        assert port is not None  # weight_sync.transport checked it
-        host = contract.trainer.master_addr
-        run.streamer = weight_sync.StreamSender(host, port, info.rank, timeout_s=timeout_s)
+        run.streamer = weight_sync.StreamSender(host, plan["port"], info.rank, timeout_s=timeout_s)
     pending = None
     if run.generator is not None:
         request = dict(
-            store_host=contract.trainer.master_addr,
-            store_port=contract.trainer.weight_sync_port,
+            store_host=host,
+            store_port=plan["port"],
             backend=backend,
             senders=info.world_size,  # every rank streams its share
             timeout_s=timeout_s,

@@ -14,6 +14,7 @@ servers in every group) and the rollout servers reassemble HF-named tensors; ran
 over HTTP, where to connect and which tensors to expect (`Generator.stream`).
 """
 
+import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from grpo_trainer import moe
 
+log = logging.getLogger(__name__)
 Item = tuple[str, int, torch.Tensor]  # (HF name, first element in the flattened full tensor, 1-D values)
 
 
@@ -123,13 +125,19 @@ class StreamSender:
         import datetime
 
         self.rank, self.timeout_s = rank, timeout_s
-        self.store = dist.TCPStore(
-            host,
-            port,
-            is_master=rank == 0,
-            timeout=datetime.timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        try:
+            self.store = dist.TCPStore(
+                host, port, is_master=rank == 0, timeout=timeout, wait_for_workers=False
+            )
+        except dist.DistNetworkError as e:
+            if rank != 0 or "EADDRINUSE" not in str(e):
+                raise
+            # taken meanwhile (the local runtime picks free ports before the processes start): any
+            # port will do, the servers and the other ranks are told which (`port`)
+            log.warning("weight-sync port %d is in use; hosting the store on a free port instead", port)
+            self.store = dist.TCPStore(host, 0, is_master=True, timeout=timeout, wait_for_workers=False)
+        self.port = self.store.port
         self._key: tuple | None = None
         self._group: dist.ProcessGroup | None = None
 
