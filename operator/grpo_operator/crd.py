@@ -146,6 +146,7 @@ _COLUMNS: tuple[tuple[str, str, str, int], ...] = (
     ("Age", "date", ".metadata.creationTimestamp", 0),
     ("Restarts", "integer", ".status.restarts", 1),
     ("Tokens/s", "number", ".status.progress.tokensPerSecond", 1),
+    ("Eval", "number", ".status.progress.evalReward", 1),
     ("Model", "string", ".spec.model.path", 1),
 )
 

@@ -58,7 +58,13 @@ class Versioned(WireModel):
 class Sampling(WireModel):
     """How completions are drawn; mirrors the GRPOJob's algorithm fields of the same names."""
 
-    temperature: float = Field(default=1.0, gt=0, le=10, description="temperature: logits are divided by it.")
+    temperature: float = Field(
+        default=1.0,
+        ge=0,
+        le=10,
+        description="temperature: logits are divided by it; 0 is greedy decoding (the most likely token, "
+        "top_p and seed unused; its logprobs are those of log_softmax(logits)), what evaluations use.",
+    )
     top_p: float = Field(default=1.0, gt=0, le=1, description="top_p: nucleus mass kept, (0, 1].")
     max_new_tokens: int = Field(
         default=256, ge=1, le=MAX_NEW_TOKENS, description="max_new_tokens: length cap."

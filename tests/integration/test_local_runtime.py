@@ -142,8 +142,9 @@ def test_runs_to_completion_with_summary_plot_and_no_leftovers(tmp_path: Path, t
     summary = run.summary()
     assert set(summary) == {
         "steps", "reward_first", "reward_last", "samples_per_s", "clip_fraction_mean", "wall_s", "restarts",
-        "resumed_from_step",
+        "resumed_from_step", "eval_reward_first", "eval_reward_last",
     }  # fmt: skip
+    assert summary["eval_reward_first"] is None and summary["eval_reward_last"] is None  # no eval set
     assert summary["steps"] == 4 and summary["restarts"] == 0 and summary["resumed_from_step"] is None
     assert 0.0 <= summary["reward_first"] <= 1.0 and 0.0 <= summary["reward_last"] <= 1.0
     assert summary["clip_fraction_mean"] in (0.0, None)  # one update per step: the ratio stays 1
@@ -220,3 +221,10 @@ def test_example_job_learns(tmp_path: Path, tiny_model: Path) -> None:
     summary = run.summary()
     assert summary["steps"] == yaml.safe_load(EXAMPLE.read_text())["spec"]["algorithm"]["maxSteps"]
     assert summary["reward_last"] > summary["reward_first"] + 0.1, summary
+    # the 20 held-out sums RL never trained on: scored at step 0, every 50 steps and at the end
+    evals = [e for s in run.steps() for e in s["evals"]]
+    assert [e["step"] for e in evals] == list(range(0, summary["steps"] + 1, 50)), evals
+    assert all(e["prompts"] == 20 and e["k"] == 4 and 0 <= e["pass_at_k"] <= 1 for e in evals), evals
+    assert summary["eval_reward_first"] == evals[0]["reward"]
+    assert summary["eval_reward_last"] == evals[-1]["reward"]
+    assert summary["eval_reward_last"] > summary["eval_reward_first"], evals

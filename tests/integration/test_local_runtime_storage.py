@@ -54,6 +54,7 @@ def test_s3_example_runs_with_model_dataset_and_checkpoints_on_s3(
     assert out.returncode == 0, out.stdout + out.stderr + logs(workdir)
     summary = yaml.safe_load((tmp_path / "summary.json").read_text())
     assert summary["steps"] == spec["algorithm"]["maxSteps"]
+    assert summary["eval_reward_first"] is not None and summary["eval_reward_last"] is not None  # eval read
     # the model came from S3 into the run's cache once, for the rollout server and both ranks
     cached = workdir / "cache" / "s3" / "grpo-demo" / "tiny"
     assert (cached / ".grpo-complete").exists() and (cached / "config.json").exists()
@@ -88,5 +89,6 @@ def test_pvc_example_runs_on_a_folder_standing_in_for_the_claim(
     assert out.returncode == 0, out.stdout + out.stderr + logs(workdir)
     summary = yaml.safe_load((tmp_path / "summary.json").read_text())
     assert summary["steps"] == spec["algorithm"]["maxSteps"]
+    assert summary["eval_reward_first"] is not None and summary["eval_reward_last"] is not None  # eval read
     assert list((claim / "checkpoints").rglob("*")), "no checkpoints on the claim's folder"
     assert not (workdir / "cache").exists() or not list((workdir / "cache").rglob("*.safetensors"))

@@ -62,7 +62,8 @@ def test_names_subresources_and_printer_columns() -> None:
     assert list(columns)[:6] == ["Phase", "Step", "Reward", "Trainers", "Rollouts", "Age"]
     assert columns["Trainers"]["jsonPath"] == ".status.trainer.readyText"
     assert columns["Rollouts"]["jsonPath"] == ".status.rollout.readyText"
-    assert {n for n, c in columns.items() if c.get("priority") == 1} == {"Restarts", "Tokens/s", "Model"}
+    wide = {"Restarts", "Tokens/s", "Eval", "Model"}
+    assert {n for n, c in columns.items() if c.get("priority") == 1} == wide
 
 
 def test_schema_is_structural_and_documented(schema: dict[str, Any]) -> None:

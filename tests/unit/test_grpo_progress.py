@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from grpo_operator import render
 from grpo_operator.api.job import GRPOJob
-from grpo_operator.api.report import ENV_PROGRESS_FILE, StepReport
+from grpo_operator.api.report import ENV_PROGRESS_FILE, EvalScore, StepReport
 from grpo_operator.api.status import Progress
 from grpo_operator.local.progress import ProgressLog
 from grpo_trainer.progress import ProgressReporter
@@ -36,6 +36,10 @@ REPORT = StepReport(
     resumed_from_step=1,
     checkpoint_warning="checkpoint /ckpt/step-00000002 is unreadable; falling back",
     metrics={"loss": 0.25, "grad_norm": 1.5, "kept": 1.0},
+    evals=[  # the baseline rides on the first report; this one also carries the step's own
+        EvalScore(step=0, reward=0.1, pass_at_k=0.5, k=4, prompts=20, seconds=1.0),
+        EvalScore(step=3, reward=0.3, pass_at_k=0.75, k=4, prompts=20, seconds=1.0),
+    ],
 )
 
 
@@ -94,6 +98,12 @@ def test_status_progress_comes_from_the_report_and_every_field_is_written() -> N
     assert progress.ep_all_to_all_seconds == 0.05 and progress.tokens_per_second == 900.0
     assert progress.ep_backend == "alltoall" and progress.wire()["epBackend"] == "alltoall"
     assert progress.updated_at == "2023-11-14T22:13:20+00:00"
+    assert (progress.eval_reward, progress.eval_pass_at_k, progress.eval_step) == (0.3, 0.75, 3)  # newest
+
+
+def test_a_report_without_an_evaluation_leaves_the_last_one_in_status() -> None:
+    wire = REPORT.model_copy(update={"evals": []}).to_progress().wire()
+    assert not {"evalReward", "evalPassAtK", "evalStep"} & set(wire)  # the merge patch keeps the old ones
 
 
 def test_a_report_with_a_misspelt_field_is_refused() -> None:
@@ -127,3 +137,32 @@ def test_summary_means_the_clip_fraction_of_the_steps_that_trained() -> None:
     idle = REPORT.model_copy(update={"step": 3, "metrics": {"kept": 0.0}})  # every group saturated
     assert summarize([*clipped, idle], wall_s=1.0, restarts=0)["clip_fraction_mean"] == pytest.approx(0.2)
     assert summarize([idle], wall_s=1.0, restarts=0)["clip_fraction_mean"] is None
+
+
+def test_summary_takes_the_first_and_last_evaluation_and_a_rerun_step_its_newest() -> None:
+    from grpo_operator.local.progress import summarize
+
+    def at(step: int, reward: float) -> EvalScore:
+        return EvalScore(step=step, reward=reward, k=0, prompts=20, seconds=1.0)
+
+    steps = [
+        REPORT.model_copy(update={"step": 1, "evals": [at(0, 0.1)]}),
+        REPORT.model_copy(update={"step": 2, "evals": [at(2, 0.9)]}),  # lost: the gang restarted
+        REPORT.model_copy(update={"step": 2, "evals": [at(2, 0.4)]}),
+        REPORT.model_copy(update={"step": 3, "evals": []}),
+    ]
+    summary = summarize(steps, wall_s=1.0, restarts=1)
+    assert (summary["eval_reward_first"], summary["eval_reward_last"]) == (0.1, 0.4)
+    no_eval = summarize([REPORT.model_copy(update={"evals": []})], wall_s=1.0, restarts=0)
+    assert no_eval["eval_reward_first"] is None and no_eval["eval_reward_last"] is None
+
+
+def test_the_plot_draws_the_held_out_curves_beside_the_training_reward(tmp_path: Path) -> None:
+    from grpo_operator.local.progress import plot_rewards
+
+    reports = [REPORT.model_copy(update={"step": s, "evals": []}) for s in range(1, 4)]
+    plain = plot_rewards(reports, tmp_path / "plain.png", "t")
+    reports[0] = REPORT.model_copy(update={"step": 1})  # carries evaluations at steps 0 and 3
+    both = plot_rewards(reports, tmp_path / "both.png", "t")
+    assert plain is not None and both is not None
+    assert both.read_bytes()[:4] == b"\x89PNG" and both.read_bytes() != plain.read_bytes()

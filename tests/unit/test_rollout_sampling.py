@@ -34,3 +34,11 @@ def test_sample_step_returns_the_logprob_of_the_token_it_drew():
     expected = policy_logprobs(logits, 0.7, 0.9).gather(1, tokens[:, None]).squeeze(1)
     assert torch.equal(logps, expected)
     assert torch.isfinite(logps).all()  # never a token outside the nucleus
+
+
+def test_temperature_zero_is_greedy_with_the_plain_log_probs():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 10, generator=g)
+    tokens, logps = sample_step(logits, 0.0, 0.5, g)
+    assert torch.equal(tokens, logits.argmax(dim=-1))
+    assert torch.allclose(logps, torch.log_softmax(logits, dim=-1).max(dim=-1).values)

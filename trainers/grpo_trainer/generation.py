@@ -122,9 +122,13 @@ class Generator:
     ) -> Rollouts:
         algo = self._algo
         results = await self._results(prompts, algo.group_size, sampling, min_version, algo.routing_replay)
-        return Rollouts.from_results(results, algo.group_size, weight_version=version, routing=algo.routing_replay)
+        return Rollouts.from_results(
+            results, algo.group_size, weight_version=version, routing=algo.routing_replay
+        )
 
-    def rewards(self, prompts: list[Prompt], n: int, sampling: Sampling, *, min_version: int) -> list[list[float]]:
+    def rewards(
+        self, prompts: list[Prompt], n: int, sampling: Sampling, *, min_version: int
+    ) -> list[list[float]]:
         """The rewards of n completions per prompt, in prompt order, sampled with weights of at least
         `min_version` (what held-out evaluation scores). Blocks, bounded like a step's generation."""
         results = self._run(self._results(prompts, n, sampling, min_version, routing=False)).result()

@@ -43,6 +43,7 @@ from grpo_trainer.batch import (
 )
 from grpo_trainer.config import MAX_GRAD_NORM, RankInfo, job_token
 from grpo_trainer.data import PromptOrder, load_rows
+from grpo_trainer.evaluation import Evaluator
 from grpo_trainer.generation import Generator, WeightSyncError
 from grpo_trainer.losses import LossConfig, Totals, chunked_token_stats, grpo_loss
 from grpo_trainer.optim import GangAdamW
@@ -82,6 +83,7 @@ class Run:
     generator: Generator | None  # rank 0 only
     reporter: ProgressReporter | None  # rank 0 only
     saver: checkpoint.Saver | None = None
+    evaluator: Evaluator | None = None  # rank 0 only, with spec.dataset.eval: the held-out set
     resumed: checkpoint.Resumed | None = None  # the save this run started from
     streamer: weight_sync.StreamSender | None = None  # the collective weight transport, once used
 
@@ -89,6 +91,7 @@ class Run:
 def setup(contract: RunContract, info: RankInfo) -> Run:
     spec, algo = contract.spec, contract.spec.algorithm
     order = PromptOrder(load_rows(spec.dataset.path, spec.dataset.prompt_field), spec.dataset.shuffle_seed)
+    evaluator = Evaluator.for_dataset(spec.dataset, algo) if info.is_main else None  # read before the model
     token = job_token() if info.is_main else ""
     torch.manual_seed(algo.seed)
     device = init_distributed(info, contract)
@@ -128,6 +131,7 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     if info.is_main:
         run.generator = Generator.for_contract(contract, token)  # follows the rollout servers live
         run.reporter = ProgressReporter.from_env(contract)
+        run.evaluator = evaluator
     sync_at_start(run, resumed=run.resumed is not None)
     return run
 
@@ -526,6 +530,8 @@ def loop(run: Run) -> bool:
     stop = StopRequest()
     pending: deque[Prefetch] = deque()
     warning = "; ".join(run.resumed.warnings) if run.resumed and run.resumed.warnings else None
+    if run.evaluator is not None and run.state.step == 0:  # the baseline, reported with step 1
+        run.evaluator.evaluate(run.generator, step=0, version=run.state.version)
     while run.state.step < algo.max_steps:
         t0 = time.time()
         mine = next_rollouts(run, pending).to_bytes() if run.info.is_main else None
@@ -556,6 +562,9 @@ def loop(run: Run) -> bool:
                 push=t_push - t_train,
                 ep_all_to_all=ep_s if run.groups.ep is not None else None,
             )
+            evaluate = run.evaluator is not None and run.evaluator.due(run.state.step, algo.max_steps)
+            if evaluate and not stopping:  # a stop request leaves at once; the last saved step is there
+                run.evaluator.evaluate(run.generator, step=run.state.step, version=run.state.version)
             report = step_report(
                 run.state,
                 rollouts,
@@ -566,6 +575,7 @@ def loop(run: Run) -> bool:
                 checkpoint=run.saver.last if run.saver else None,
                 resumed_from_step=run.resumed.state.step if run.resumed else None,
                 checkpoint_warning=warning,
+                evals=run.evaluator.take() if run.evaluator is not None else [],
             )
             run.reporter.report(report)
             warning = None  # said once; the log keeps it

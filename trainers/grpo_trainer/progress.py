@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from grpo_operator.api.contract import RunContract
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
-from grpo_operator.api.report import ENV_PROGRESS_FILE, StepReport
+from grpo_operator.api.report import ENV_PROGRESS_FILE, EvalScore, StepReport
 
 from grpo_trainer.batch import Rollouts
 from grpo_trainer.checkpoint import TrainState
@@ -154,3 +154,5 @@ def step_report(
         checkpoint_warning=checkpoint_warning,
         metrics=metrics,
     )
+    evals: list[EvalScore] | None = None,
+        evals=evals or [],

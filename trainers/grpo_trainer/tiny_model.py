@@ -4,7 +4,9 @@ Run as `python -m grpo_trainer.tiny_model DIR` (what `grpo-operator tiny-model D
 operator package never imports torch). DIR becomes a Hugging Face model directory (config,
 safetensors, tokenizer) that both the trainer and the rollout servers load, plus
 `DIR/addition.jsonl`: single-digit sums, {"prompt": "3+4=", "answer": "7"}, which the rollout's
-built-in `exact_match` / `math` rewards score.
+built-in `exact_match` / `math` rewards score; and the same 100 sums split in two, 80 to train on
+(`addition-train.jsonl`) and 20 held out from RL (`addition-heldout.jsonl`, what the demo's
+`dataset.eval` scores; the warm-up below, which teaches the answer format, saw all 100).
 
 A short supervised warm-up teaches the answer format and a little arithmetic, stopping once
 sampled accuracy at temperature 1 reaches `target_accuracy`: RL then starts with signal
@@ -23,6 +25,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 DATASET_FILE = "addition.jsonl"
+TRAIN_FILE, HELDOUT_FILE = "addition-train.jsonl", "addition-heldout.jsonl"
+HELDOUT_EVERY = 5  # every fifth sum is held out: 20 of 100, spread over every first digit
 SPECIALS = ("<pad>", "<eos>", "<unk>")
 
 
@@ -133,9 +137,16 @@ def build(out: Path, cfg: TinyConfig) -> dict[str, float | int | str]:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    with open(out / DATASET_FILE, "w") as f:
-        for row in addition_rows():
-            f.write(json.dumps(row) + "\n")
+    rows = addition_rows()
+    heldout = [r for i, r in enumerate(rows) if i % HELDOUT_EVERY == HELDOUT_EVERY // 2]
+    for name, part in (
+        (DATASET_FILE, rows),
+        (TRAIN_FILE, [r for r in rows if r not in heldout]),
+        (HELDOUT_FILE, heldout),
+    ):
+        with open(out / name, "w") as f:
+            for row in part:
+                f.write(json.dumps(row) + "\n")
     params = sum(p.numel() for p in model.parameters())
     return {"dir": str(out), "parameters": params, "warmup_steps": steps, "sampled_accuracy": acc}
 

@@ -15,6 +15,22 @@ from grpo_operator.api.status import Progress
 ENV_PROGRESS_FILE = "GRPO_PROGRESS_FILE"  # local runtime: rank 0 appends its reports here
 
 
+class EvalScore(BaseModel):
+    """One scoring of the held-out set (`spec.dataset.eval`) with the job's rewards."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int = Field(ge=0, description="Steps the scored policy had trained; 0: the baseline, untrained.")
+    reward: float = Field(description="Mean reward of one greedy (temperature 0) completion per prompt.")
+    pass_at_k: float | None = Field(
+        default=None,
+        description="Mean over prompts of the best of k sampled completions' rewards; None when k = 0.",
+    )
+    k: int = Field(ge=0, description="Sampled completions per prompt for pass_at_k (eval.samples).")
+    prompts: int = Field(ge=1, description="Prompts in the held-out set.")
+    seconds: float = Field(ge=0, description="Wall time of the evaluation.")
+
+
 FAILED = "failed: "  # how `ep_candidates` marks a candidate that failed
 MAX_REASON = 1024
 
@@ -69,13 +85,23 @@ class StepReport(BaseModel):
     metrics: dict[str, float | None] = Field(
         default_factory=dict, description="Loss terms and diagnostics (loss, grad_norm, kept, clip...)."
     )
+    evals: list[EvalScore] = Field(
+        default_factory=list,
+        description="Held-out evaluations finished since the previous report, oldest first (the first "
+        "report also carries the baseline, step 0).",
+    )
 
     def to_progress(self) -> Progress:
-        """The GRPOJob's status.progress for this report."""
+        """The GRPOJob's status.progress for this report. Eval fields are set only by a report that
+        carries an evaluation; the merge patch leaves the last one in place meanwhile."""
+        latest = self.evals[-1] if self.evals else None
         return Progress(
             step=self.step,
             max_steps=self.max_steps,
             reward_mean=self.reward_mean,
+            eval_reward=latest.reward if latest else None,
+            eval_pass_at_k=latest.pass_at_k if latest else None,
+            eval_step=latest.step if latest else None,
             tokens_per_second=self.tokens_per_s,
             rollout_seconds=self.rollout_s,
             rollout_wait_fraction=self.rollout_wait_fraction,

@@ -47,6 +47,33 @@ class ModelSpec(ApiModel):
     )
 
 
+class EvalSpec(ApiModel):
+    """A held-out set scored during training: greedily, and best-of-k with `samples` draws."""
+
+    path: str = Field(
+        min_length=1,
+        max_length=MAX_URI,
+        pattern=URI_PATTERN,
+        description="path: required. Held-out prompts in the training set's format (JSON Lines or "
+        f"Parquet, a file or a folder, the same promptField and reward columns): {URI_HELP}.",
+    )
+    every_steps: int = Field(
+        default=10,
+        ge=1,
+        le=10_000_000,
+        description="everySteps: optional, default 10, [1, 10000000]. Steps between evaluations; the "
+        "set is also scored before the first step (the baseline) and after the last.",
+    )
+    samples: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description="samples: optional, default 0, [0, 1024]. k > 0 also draws k completions per prompt "
+        "at the training temperature and reports pass@k (the mean over prompts of the best of the k "
+        "rewards: the share solved in k tries when a right answer scores 1 and a wrong one 0).",
+    )
+
+
 class DatasetSpec(ApiModel):
     path: str = Field(
         min_length=1,
@@ -66,6 +93,12 @@ class DatasetSpec(ApiModel):
         ge=0,
         le=MAX_SEED,
         description="shuffleSeed: optional, default 0, [0, 4294967295]. Seed of the per-epoch prompt order.",
+    )
+    eval: EvalSpec | None = Field(
+        default=None,
+        description="eval: optional. A held-out set scored greedily (temperature 0, one completion) "
+        "with the job's rewards, through the rollout servers, before the first step, every "
+        "everySteps and after the last; reported as status.progress.evalReward (and evalPassAtK).",
     )
 
 

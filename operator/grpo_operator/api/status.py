@@ -100,6 +100,21 @@ class Progress(ApiModel):
     step: int = Field(default=0, le=MAX_COUNT, description="step: optimizer steps completed.")
     max_steps: int | None = Field(default=None, le=MAX_COUNT, description="maxSteps: steps the job will run.")
     reward_mean: float | None = Field(default=None, description="rewardMean: mean reward of the last step.")
+    eval_reward: float | None = Field(
+        default=None,
+        description="evalReward: mean reward of greedy completions on the held-out set (spec.dataset.eval), "
+        "at the last evaluation.",
+    )
+    eval_pass_at_k: float | None = Field(
+        default=None,
+        description="evalPassAtK: best of k sampled completions per held-out prompt, averaged, at the last "
+        "evaluation (k = spec.dataset.eval.samples; unset when 0).",
+    )
+    eval_step: int | None = Field(
+        default=None,
+        le=MAX_COUNT,
+        description="evalStep: the step evalReward was measured at (0: before training).",
+    )
     tokens_per_second: float | None = Field(
         default=None, description="tokensPerSecond: generated plus trained tokens per second, last step."
     )

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from grpo_operator.api.report import StepReport
+from grpo_operator.api.report import EvalScore, StepReport
 
 PLAIN_LINE_EVERY_S = 1.0  # off a terminal, at most one progress line per second (plus the last step)
 
@@ -42,6 +42,7 @@ class ProgressView:
         self.title = title
         self._live: Live | None = None
         self._last: StepReport | None = None
+        self._eval: EvalScore | None = None  # the newest held-out evaluation
         self._state = RunState()
         self._printed_at = -math.inf
 
@@ -66,6 +67,8 @@ class ProgressView:
         if new:
             self._last = new[-1]
         for rec in new:
+            self._eval = rec.evals[-1] if rec.evals else self._eval
+        for rec in new:
             if rec.checkpoint_warning:  # the trainer skipped unreadable saves at resume
                 self.note(f"warning: {rec.checkpoint_warning}")
         if self._live is not None:
@@ -73,11 +76,12 @@ class ProgressView:
             return
         now = time.monotonic()
         for rec in new:
-            if now - self._printed_at < PLAIN_LINE_EVERY_S and rec.step < state.max_steps:
-                continue  # fast steps: a line a second is plenty for a log
+            if now - self._printed_at < PLAIN_LINE_EVERY_S and rec.step < state.max_steps and not rec.evals:
+                continue  # fast steps: a line a second is plenty for a log (evaluations always shown)
             self._printed_at = now
+            evals = "".join(f"eval@{e.step} {_fmt(e.reward)}  " for e in rec.evals)
             self.console.print(
-                f"step {rec.step}/{state.max_steps}  reward {_fmt(rec.reward_mean)}  "
+                f"step {rec.step}/{state.max_steps}  reward {_fmt(rec.reward_mean)}  {evals}"
                 f"tokens/s {_fmt(rec.tokens_per_s, '.0f')}  samples/s {_fmt(rec.samples_per_s, '.1f')}  "
                 f"staleness {_fmt(rec.staleness, '.0f')}  restarts {state.gang_restarts}",
                 highlight=False,
@@ -88,11 +92,13 @@ class ProgressView:
         s, r = self._state, self._last
         table = Table(title=f"{self.title} — {s.phase}", show_header=True, expand=False)
         # Narrow headers: the panel must fit an 80-column terminal without wrapping cells.
-        for col in ("step", "reward", "tok/s", "samples/s", "stale", "weights", "restarts", "elapsed"):
+        columns = ("step", "reward", "eval", "tok/s", "samples/s", "stale", "weights", "restarts", "elapsed")
+        for col in columns:
             table.add_column(col, justify="right", no_wrap=True)
         table.add_row(
             f"{r.step if r else 0}/{s.max_steps}",
             _fmt(r.reward_mean if r else None),
+            _fmt(self._eval.reward if self._eval else None),
             _fmt(r.tokens_per_s if r else None, ".0f"),
             _fmt(r.samples_per_s if r else None, ".1f"),
             _fmt(r.staleness if r else None, ".0f"),

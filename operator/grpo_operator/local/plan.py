@@ -145,6 +145,8 @@ def localize(job: GRPOJob, *, base: Path, workdir: Path, pvc: Mapping[str, Path]
             spec.model.reference_path, base, "spec.model.referencePath", pvc=pvc
         )
     spec.dataset.path = _local_path(spec.dataset.path, base, "spec.dataset.path", pvc=pvc)
+    if spec.dataset.eval is not None:
+        spec.dataset.eval.path = _local_path(spec.dataset.eval.path, base, "spec.dataset.eval.path", pvc=pvc)
     if "path" in job.spec.checkpoint.model_fields_set:
         spec.checkpoint.path = _local_path(
             spec.checkpoint.path, base, "spec.checkpoint.path", must_exist=False, pvc=pvc

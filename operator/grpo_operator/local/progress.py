@@ -1,9 +1,10 @@
-"""Progress of a local run: trainer rank 0's step reports, their summary and the reward curve.
+"""Progress of a local run: trainer rank 0's step reports, their summary and the reward curves.
 
 The trainer's rank 0 appends one `StepReport` (grpo_operator.api.report) per optimizer step as a
 JSON line to the file named by ENV_PROGRESS_FILE; `ProgressLog` follows that file for the
 supervisor and the live display, `summarize` turns it into the numbers `grpo-operator run
---summary-json` writes, and `plot_rewards` draws the PNG. After a gang restart the trainer
+--summary-json` writes, and `plot_rewards` draws the PNG (training reward, and the held-out
+evaluations the reports carry). After a gang restart the trainer
 resumes from its last checkpoint and re-reports the steps after it: the newest report wins.
 """
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from grpo_operator.api.report import StepReport
+from grpo_operator.api.report import EvalScore, StepReport
 
 
 class ProgressLog:
@@ -51,12 +52,19 @@ class ProgressLog:
         return [self.by_step[s] for s in sorted(self.by_step)]
 
 
+def evaluations(records: list[StepReport]) -> list[EvalScore]:
+    """Every held-out evaluation the reports carry, one per step (a re-reported step's newest), by step."""
+    by_step = {e.step: e for r in records for e in r.evals}
+    return [by_step[s] for s in sorted(by_step)]
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
 def summarize(records: list[StepReport], *, wall_s: float, restarts: int) -> dict[str, float | int | None]:
-    """The run's summary: reward over the first/last 10% of steps, steady-state samples/s.
+    """The run's summary: reward over the first/last 10% of steps, steady-state samples/s, and the
+    held-out reward of the first (the baseline) and last evaluations (None without an eval set).
 
     samples_per_s counts the samples of steps 2..N over the time between step 1's and step
     N's reports: start-up (imports, model load, rendezvous) is left out, as throughput
@@ -69,10 +77,13 @@ def summarize(records: list[StepReport], *, wall_s: float, restarts: int) -> dic
     if len(records) >= 2 and records[-1].time > records[0].time:
         samples = sum(r.samples for r in records[1:])
         samples_per_s = samples / (records[-1].time - records[0].time)
+    evals = evaluations(records)
     return {
         "steps": records[-1].step if records else 0,
         "reward_first": first,
         "reward_last": last,
+        "eval_reward_first": evals[0].reward if evals else None,
+        "eval_reward_last": evals[-1].reward if evals else None,
         "samples_per_s": samples_per_s,
         # share of completion tokens whose policy ratio was clipped, over the steps that trained
         "clip_fraction_mean": _mean(
@@ -86,7 +97,8 @@ def summarize(records: list[StepReport], *, wall_s: float, restarts: int) -> dic
 
 
 def plot_rewards(records: list[StepReport], path: Path, title: str) -> Path | None:
-    """Draw reward per step to a PNG (matplotlib, Agg backend); None when nothing was rewarded."""
+    """Draw reward per step to a PNG (matplotlib, Agg backend), with the held-out evaluations on the
+    same axes when there are any; None when nothing was rewarded."""
     points = [(r.step, r.reward_mean) for r in records if r.reward_mean is not None]
     if not points:
         return None
@@ -104,6 +116,15 @@ def plot_rewards(records: list[StepReport], path: Path, title: str) -> Path | No
         trend = [sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
                  for i in range(len(rewards))]  # fmt: skip
         ax.plot(steps, trend, linewidth=2, label=f"mean of last {window} steps")
+    evals = evaluations(records)
+    if evals:
+        at = [e.step for e in evals]
+        ax.plot(at, [e.reward for e in evals], marker="s", linewidth=2, label="held-out, greedy")
+        sampled = [(e.step, e.pass_at_k, e.k) for e in evals if e.pass_at_k is not None]
+        if sampled:
+            at, best = [s for s, _, _ in sampled], [p for _, p, _ in sampled]
+            ax.plot(at, best, marker="^", linewidth=1.5, label=f"held-out, pass@{sampled[-1][2]}")
+    if window > 1 or evals:
         ax.legend(loc="lower right")
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward")

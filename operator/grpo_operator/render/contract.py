@@ -143,7 +143,10 @@ def _resolve_paths(job: GRPOJob) -> GRPOJobSpec:
             else None,
         }
     )
-    dataset = spec.dataset.model_copy(update={"path": storage.resolve(spec.dataset.path)})
+    held_out = spec.dataset.eval
+    if held_out is not None:
+        held_out = held_out.model_copy(update={"path": storage.resolve(held_out.path)})
+    dataset = spec.dataset.model_copy(update={"path": storage.resolve(spec.dataset.path), "eval": held_out})
     resume_from = spec.checkpoint.resume_from
     checkpoint = spec.checkpoint.model_copy(
         update={

@@ -270,6 +270,7 @@ def _volumes(job: GRPOJob, *, name: str, role: str) -> tuple[list[dict], list[di
         uris += [
             spec.model.reference_path,
             spec.dataset.path,
+            spec.dataset.eval.path if spec.dataset.eval else None,
             spec.checkpoint.path,
             spec.checkpoint.resume_from,
             spec.tracking.uri if spec.tracking else None,  # TensorBoard's event files

@@ -27,7 +27,12 @@ def policy_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> t
 def sample_step(
     logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row; return (tokens [B], their log-probs [B]) under the sampling policy."""
+    """Draw one token per row; return (tokens [B], their log-probs [B]) under the sampling policy
+    (temperature 0: the most likely token, deterministically)."""
+    if temperature == 0:  # greedy: the argmax, with its log-prob at temperature 1 (the protocol's rule)
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        tokens = logp.argmax(dim=-1, keepdim=True)  # [B, 1]
+        return tokens.squeeze(1), logp.gather(1, tokens).squeeze(1)
     logp = policy_logprobs(logits, temperature, top_p)
     tokens = torch.multinomial(logp.exp(), 1, generator=generator)  # [B, 1]
     return tokens.squeeze(1), logp.gather(1, tokens).squeeze(1)
