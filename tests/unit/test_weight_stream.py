@@ -41,7 +41,7 @@ def stream(state: dict[str, torch.Tensor], dtype: torch.dtype, bucket_bytes: int
     """Send `state` (each tensor split between the senders) to the receivers; returns what each
     receiver assembled and each sender's stats."""
     port = free_port()
-    master = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    _server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # kept alive
     received = [{k: torch.empty(v.shape, dtype=dtype) for k, v in state.items()} for _ in range(SERVERS)]
     coverage = [Coverage({k: v.shape for k, v in state.items()}) for _ in range(SERVERS)]
     stats: dict[int, tuple[int, int]] = {}
@@ -49,7 +49,8 @@ def stream(state: dict[str, torch.Tensor], dtype: torch.dtype, bucket_bytes: int
 
     def sender(rank: int) -> None:
         try:
-            store = dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/7/{rank}", master)
+            own = dist.TCPStore("127.0.0.1", port, is_master=False)  # one client per thread, as per process
+            store = dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/7/{rank}", own)
             group = weight_stream.make_group(store, 0, 1 + SERVERS, "gloo", 30)
             s = weight_stream.BucketSender(group, dtype, bucket_bytes, torch.device("cpu"))
             items = []
