@@ -11,7 +11,8 @@ launcher `grpo_trainer.launcher`). Per step, in this order:
      micro-steps  each rank forwards/backwards its share, loss normalised by the mini-batch's totals
      update    gradient sync (dense over the world, experts over expert-DP), clip, AdamW step
   4. weights   rank 0's EP group gathers the full state dict, rank 0 pushes version v+1
-  5. log / checkpoint
+  5. log / checkpoint  (with dataset.eval, rank 0 first scores the held-out set when due:
+               `grpo_trainer.evaluation`; also once before step 1, the baseline)
 """
 
 import contextlib
