@@ -10,7 +10,8 @@ launcher `grpo_trainer.launcher`). Per step, in this order:
   3. updates   epochsPerStep x miniBatchesPerStep optimizer updates (docs/objective.md), each:
      micro-steps  each rank forwards/backwards its share, loss normalised by the mini-batch's totals
      update    gradient sync (dense over the world, experts over expert-DP), clip, AdamW step
-  4. weights   rank 0's EP group gathers the full state dict, rank 0 pushes version v+1
+  4. weights   version v+1 to the rollout servers: every rank streams what it holds (collective),
+               or rank 0's EP group gathers the model and rank 0 POSTs it (http)
   5. log / checkpoint  (with dataset.eval, rank 0 first scores the held-out set when due:
                `grpo_trainer.evaluation`; also once before step 1, the baseline)
 """
