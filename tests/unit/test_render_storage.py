@@ -1,5 +1,6 @@
 """spec.storage rendered: the model cache emptyDir and the AWS_* env, on both roles; offline CEL."""
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +101,33 @@ def test_local_runtime_keeps_s3_maps_pvc_claims_and_caches_in_the_workdir(tmp_pa
     assert local.spec.storage.cache_dir == str(tmp_path / "work" / "cache")
     with pytest.raises(PlanError, match=r"claim 'fsx' has no local folder; pass --pvc fsx=DIR"):
         localize(job, base=tmp_path, workdir=tmp_path / "work")
+
+
+def test_a_held_out_set_on_a_claim_is_mounted_on_the_trainer_resolved_and_localized(tmp_path: Path) -> None:
+    spec = {
+        **BASE["spec"],
+        "dataset": {**BASE["spec"]["dataset"], "eval": {"path": "pvc://evals/gsm8k/test"}},
+    }
+    job = GRPOJob.model_validate({**BASE, "spec": spec})
+    out = render(job, name="st", namespace="ml", uid="uid-1")
+    (trainer,) = [
+        c for c in out.children if c["metadata"]["name"] == "st-trainer" and c["kind"] == "StatefulSet"
+    ]
+    mounts = trainer["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "pvc-evals", "mountPath": "/mnt/pvc/evals"} in mounts
+    (configmap,) = [c for c in out.children if c["kind"] == "ConfigMap"]
+    contract = json.loads(next(iter(configmap["data"].values())))
+    assert contract["spec"]["dataset"]["eval"]["path"] == "/mnt/pvc/evals/gsm8k/test"
+    assert contract["spec"]["dataset"]["path"] == "s3://data/train.parquet"
+    (tmp_path / "claim" / "gsm8k" / "test").mkdir(parents=True)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "d.jsonl").write_text("{}")
+    spec = {**spec, "model": {"path": "./m"}, "dataset": {**spec["dataset"], "path": "./d.jsonl"}}
+    local = localize(
+        GRPOJob.model_validate({**BASE, "spec": spec}),
+        base=tmp_path,
+        workdir=tmp_path / "w",
+        pvc={"evals": tmp_path / "claim"},
+    )
+    assert local.spec.dataset.eval is not None
+    assert local.spec.dataset.eval.path == str(tmp_path / "claim" / "gsm8k" / "test")
