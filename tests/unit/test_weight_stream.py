@@ -191,3 +191,26 @@ def test_a_sending_rank_holds_at_most_two_buckets_beyond_its_training_state():
     assert received == 96 << 20 and m["buckets"] == 12
     assert m["tracked"] <= 2 * bucket + 64 * 1024
     assert m["extra"] <= 2 * bucket + (4 << 20) < 96 << 20
+
+
+def test_the_ranks_shares_cover_every_weight_once_and_a_tied_head_is_sent_as_the_embedding():
+    from grpo_trainer.weight_sync import full_shapes, owned_items, tied_aliases
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=101, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = Qwen2ForCausalLM(config)
+    assert tied_aliases(model) == {"lm_head.weight"}
+    shapes = full_shapes(model)
+    assert "lm_head.weight" not in shapes and "model.embed_tokens.weight" in shapes
+    coverage = Coverage(shapes)
+    got = {k: torch.empty(v) for k, v in shapes.items()}
+    for rank in range(3):  # replicated weights: each of 3 ranks sends a third
+        for name, start, values in owned_items(model, rank, 3, 1):
+            coverage.add(name, start, values.numel())
+            got[name].view(-1)[start : start + values.numel()] = values
+    assert coverage.missing() == []
+    state = model.state_dict()
+    assert digest(got) == digest({k: state[k] for k in shapes})
