@@ -265,14 +265,14 @@ class Generator:
             ep for ep in candidates if isinstance(health[ep], HealthResponse) and health[ep].state == "ready"
         ]
         if self._group is None or self._group[1] != servers:
+            before = self._group[1] if self._group is not None else []
             self._group = (random.getrandbits(48), servers)
+            for ep in (e for e in servers if e not in before):
+                log.info("rollout server %s joins the weight groups: the next version reaches it there", ep)
         return {"epoch": self._group[0], "servers": servers}
 
     def stream(
-            before = self._group[1] if self._group is not None else []
         self, plan: dict, version: int, request: dict
-            for ep in (e for e in servers if e not in before):
-                log.info("rollout server %s joins the weight groups: the next version reaches it there", ep)
     ) -> "concurrent.futures.Future[WeightPushResult]":
         """Tell every server of `plan` to receive `version` over the groups (`request`: the
         WeightStreamRequest fields shared by all); the caller sends meanwhile, then waits on the
