@@ -132,7 +132,7 @@ COPY --from=ep-build /opt/gdrcopy /opt/gdrcopy
 RUN --mount=type=bind,from=ep-build,source=/wheels,target=/ep-wheels \
     --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
-      "torch==${TORCH_VERSION}" /ep-wheels/deep_ep-*.whl "$(ls /wheels/grpo_operator-*.whl)[trainer,storage]" \
+      "torch==${TORCH_VERSION}" /ep-wheels/deep_ep-*.whl "$(ls /wheels/grpo_operator-*.whl)[trainer,storage,mlflow,tensorboard,wandb]" \
  && pip install --no-cache-dir --no-deps "nvidia-nccl-cu12==${NCCL_VERSION}" "nvidia-nvshmem-cu12==${NVSHMEM_VERSION}" \
  && python -c "import torch, deepspeed, grpo_trainer, grpo_rollout, s3fs, pyarrow; from deep_ep import Buffer, ElasticBuffer; v = torch.cuda.nccl.version(); print('NCCL', v); assert v >= (2, 31), v"
 RUN useradd --uid 1000 --create-home grpo

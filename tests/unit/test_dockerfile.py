@@ -185,7 +185,7 @@ def test_trainer_image_has_the_efa_and_deepep_stack() -> None:
         "--skip-kmod",
         "gdrcopy",
         "DeepEP",
-        "[trainer,storage]",
+        "[trainer,storage,mlflow,tensorboard,wandb]",  # every spec.tracking backend
         "nvidia-nccl-cu12==${NCCL_VERSION}",
     ):
         assert needle in runs, needle

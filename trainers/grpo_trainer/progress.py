@@ -21,6 +21,7 @@ from grpo_operator.api.contract import RunContract
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from grpo_operator.api.report import ENV_PROGRESS_FILE, EvalScore, StepReport
 
+from grpo_trainer import exporter, tracking
 from grpo_trainer.batch import Rollouts
 from grpo_trainer.checkpoint import TrainState
 from grpo_trainer.moe import autoselect
@@ -65,10 +66,12 @@ class StatusPatcher:
 
 
 class ProgressReporter:
-    """Writes rank 0's per-step reports; also the GRPOJob status when running in a cluster.
+    """Writes rank 0's per-step reports; also the GRPOJob status when running in a cluster, the
+    Prometheus exporter on `trainer.metricsPort` and the experiment tracker of `spec.tracking`.
 
     Each report gets the share of the last WAIT_WINDOW steps' wall time spent waiting for
-    rollouts: the signal `rollout.autoscaling` follows (one step alone is too noisy)."""
+    rollouts: the signal `rollout.autoscaling` follows (one step alone is too noisy). Exporter and
+    tracker are observers: when they fail the step goes on, with a warning."""
 
     WAIT_WINDOW = 10
 
@@ -81,6 +84,20 @@ class ProgressReporter:
                 self._patcher = StatusPatcher(contract.namespace, contract.job_name)
             except Exception as e:  # no client, no ServiceAccount token: the JSON lines still flow
                 log.warning("GRPOJob status progress disabled: %s", e)
+        self.exporter: exporter.MetricsExporter | None = None
+        if contract.trainer.metrics_port:
+            try:
+                self.exporter = exporter.MetricsExporter(contract.trainer.metrics_port)
+            except OSError as e:  # the port is taken: training matters more than its scrape
+                log.warning("trainer /metrics disabled: %s", e)
+        self.tracker: tracking.Tracker | None = None
+        try:
+            self.tracker = tracking.open_tracker(contract)
+            if self.tracker is not None:
+                self.tracker.log_params(tracking.flat_params(contract.spec.wire()))
+        except Exception as e:  # unreachable server, missing extra, bad credentials
+            log.warning("experiment tracking (%s) disabled: %s", contract.spec.tracking, e)
+            self.tracker = None
 
     @classmethod
     def from_env(cls, contract: RunContract) -> "ProgressReporter":
@@ -97,10 +114,24 @@ class ProgressReporter:
         self._out.flush()
         if self._patcher is not None:
             self._patcher.submit(report.to_progress().wire())
+        if self.exporter is not None:
+            self.exporter.report(report)
+        if self.tracker is not None:
+            try:
+                tracking.log_report(self.tracker, report)
+            except Exception as e:  # a tracking server's hiccup costs a log line, never a step
+                log.warning("experiment tracking: step %d not logged: %s", report.step, e)
 
     def close(self) -> None:
         if self._out is not sys.stdout:
             self._out.close()
+        if self.exporter is not None:
+            self.exporter.close()
+        if self.tracker is not None:
+            try:
+                self.tracker.close()
+            except Exception as e:
+                log.warning("experiment tracking: closing the run failed: %s", e)
 
 
 @dataclass(frozen=True)
@@ -125,6 +156,7 @@ def step_report(
     checkpoint: tuple[str, int] | None,
     resumed_from_step: int | None = None,
     checkpoint_warning: str | None = None,
+    evals: list[EvalScore] | None = None,
 ) -> StepReport:
     """Rank 0's report of the step just finished."""
     tokens = sum(map(len, rollouts.prompt_tokens)) + rollouts.completion_tokens_total()
@@ -153,6 +185,5 @@ def step_report(
         resumed_from_step=resumed_from_step,
         checkpoint_warning=checkpoint_warning,
         metrics=metrics,
-    )
-    evals: list[EvalScore] | None = None,
         evals=evals or [],
+    )

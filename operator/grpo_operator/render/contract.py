@@ -28,6 +28,7 @@ class LocalPorts:
 
     trainer_master_port: int
     rollout_ports: tuple[int, ...]
+    trainer_metrics_port: int | None = None  # rank 0's /metrics; None: no exporter
     weight_sync_port: int | None = None  # rank 0's weight-sync store; None: weights over HTTP only
 
 
@@ -83,6 +84,7 @@ def contract(
                 f"{rollout.replicas} rollout replicas"
             )
         master_addr, master_port = "127.0.0.1", local_ports.trainer_master_port
+        metrics_port = local_ports.trainer_metrics_port
         sync_port = local_ports.weight_sync_port
         endpoints = [f"http://127.0.0.1:{p}" for p in local_ports.rollout_ports]
         rollout_port = local_ports.rollout_ports[0] if local_ports.rollout_ports else names.ROLLOUT_PORT
@@ -90,6 +92,7 @@ def contract(
     else:
         master_addr = names.pod_dns(name, names.ROLE_TRAINER, 0, namespace)
         master_port, rollout_port = names.TRAINER_PORT, names.ROLLOUT_PORT
+        metrics_port = names.TRAINER_METRICS_PORT
         sync_port = names.WEIGHT_SYNC_PORT
         endpoints = [
             f"http://{names.pod_dns(name, names.ROLE_ROLLOUT, i, namespace)}:{rollout_port}"
@@ -114,6 +117,7 @@ def contract(
             master_addr=master_addr,
             master_port=master_port,
             backend=backend,
+            metrics_port=metrics_port,
             weight_sync_port=sync_port,
         ),
         rollout=RolloutTopology(
