@@ -191,3 +191,16 @@ def test_optimizer_offload_moves_adamw_state_to_host_ram():
     assert on_gpu.host_total == 0 and "host_gib_per_rank" not in on_gpu.to_json()
     assert offloaded.to_json()["host_gib_per_rank"] == round(offloaded.host_total / GIB, 2)
     assert "host RAM" in offloaded.verdict()
+
+
+def test_a_token_budget_sets_the_tokens_of_a_micro_batch():
+    job = example()
+    base = plan("qwen3-30b-a3b", job).trainer
+    seq = 1024 + job.spec.algorithm.max_new_tokens  # DEFAULT_PROMPT_TOKENS + completion
+    assert base.extra["tokens_per_micro_batch"] == job.spec.algorithm.micro_batch_size * seq
+    job.spec.algorithm.max_tokens_per_micro_batch = 2 * seq
+    budget = plan("qwen3-30b-a3b", job).trainer
+    assert budget.extra["tokens_per_micro_batch"] == 2 * seq
+    job.spec.algorithm.max_tokens_per_micro_batch = 16  # shorter than one sequence: it goes alone
+    assert plan("qwen3-30b-a3b", job).trainer.extra["tokens_per_micro_batch"] == seq
+    assert plan("qwen3-30b-a3b", job).trainer.parts["activations"].bytes < budget.parts["activations"].bytes

@@ -43,6 +43,7 @@ class TrainerInputs:
     rollout_bytes: int  # bytes per weight sent to rollout (model.dtype)
     activation_checkpointing: bool | None = None  # None: the trainer's default (on under full)
     optimizer_offload: bool = False  # trainer.optimizerOffload cpu: AdamW state in host RAM
+    token_budget: int | None = None  # algorithm.maxTokensPerMicroBatch: micro-batches cut by tokens
     logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS
     sync_bucket_bytes: int = SYNC_BUCKET_BYTES
     runtime_bytes: int | None = None  # None: the GPU reserve (trainer.RUNTIME_BYTES); a host run passes
@@ -50,7 +51,10 @@ class TrainerInputs:
 
     @property
     def tokens(self) -> int:
-        """Tokens of one micro-batch."""
+        """Tokens of one micro-batch: under a token budget at most the budget, except that the
+        longest sequence goes alone when it is longer (packed or padded rows alike)."""
+        if self.token_budget is not None:
+            return max(self.token_budget, self.seq_tokens)
         return self.micro_batch * self.seq_tokens
 
 
@@ -99,6 +103,7 @@ def inputs_from_spec(
             rollout_bytes=width,
             activation_checkpointing=activation_checkpointing,
             optimizer_offload=str(trainer.optimizer_offload) == "cpu",
+            token_budget=algo.max_tokens_per_micro_batch,
         ),
         RolloutInputs(
             engine=str(rollout.engine),
