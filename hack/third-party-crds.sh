@@ -20,6 +20,7 @@ github.com/aws/karpenter-provider-aws $KARPENTER_AWS_VERSION pkg/apis/crds karpe
 github.com/aws/karpenter-provider-aws $KARPENTER_AWS_VERSION pkg/apis/crds karpenter.k8s.aws_ec2nodeclasses.yaml
 github.com/prometheus-operator/prometheus-operator $PROMETHEUS_OPERATOR_VERSION example/prometheus-operator-crd monitoring.coreos.com_servicemonitors.yaml
 github.com/prometheus-operator/prometheus-operator $PROMETHEUS_OPERATOR_VERSION example/prometheus-operator-crd monitoring.coreos.com_prometheusrules.yaml
+github.com/prometheus-operator/prometheus-operator $PROMETHEUS_OPERATOR_VERSION example/prometheus-operator-crd monitoring.coreos.com_podmonitors.yaml
 "
 
 mkdir -p "$CRD_DIR"

@@ -76,6 +76,7 @@ def dry_run(kubectl: Callable[..., subprocess.CompletedProcess[str]], docs: list
         (
             "metrics.serviceMonitor.enabled=true",
             "metrics.prometheusRule.enabled=true",
+            "metrics.podMonitor.enabled=true",
             "kueue.enabled=true",
             "instanceTypes.p6e-gb200\\.36xlarge.gpus=4",
             "instanceTypes.p6e-gb200\\.36xlarge.efa=8",
@@ -107,7 +108,9 @@ def test_helm_template_is_accepted_by_the_api_server(
     assert not absent
     monitors = sorted(d["kind"] for d in present if group_of(d) == "monitoring.coreos.com")
     assert monitors == (
-        ["PrometheusRule", "ServiceMonitor"] if "metrics.prometheusRule.enabled=true" in sets else []
+        ["PodMonitor", "PrometheusRule", "ServiceMonitor"]
+        if "metrics.prometheusRule.enabled=true" in sets
+        else []
     )
 
 
