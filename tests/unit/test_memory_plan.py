@@ -204,3 +204,10 @@ def test_a_token_budget_sets_the_tokens_of_a_micro_batch():
     job.spec.algorithm.max_tokens_per_micro_batch = 16  # shorter than one sequence: it goes alone
     assert plan("qwen3-30b-a3b", job).trainer.extra["tokens_per_micro_batch"] == seq
     assert plan("qwen3-30b-a3b", job).trainer.parts["activations"].bytes < budget.parts["activations"].bytes
+
+
+def test_the_weight_sync_part_is_two_of_the_jobs_buckets():
+    job = example()
+    assert plan("qwen3-30b-a3b", job).trainer.parts["weight_sync"].bytes == 2 * 256 * 2**20
+    job.spec.rollout.weight_sync.bucket_mb = 1024
+    assert plan("qwen3-30b-a3b", job).trainer.parts["weight_sync"].bytes == 2 * 1024 * 2**20

@@ -26,12 +26,12 @@ def ingress_from(r: render.Rendered, role: str) -> list[str]:
     ("engine", "chosen", "streams"),
     [
         ("torch", "auto", True),
-        ("vllm", "auto", False),
+        ("vllm", "auto", True),
         ("vllm", "collective", True),
         ("torch", "http", False),
     ],
 )
-def test_auto_streams_with_the_torch_engine_and_the_choice_is_explicit_otherwise(engine, chosen, streams):
+def test_auto_streams_with_every_engine_and_http_is_explicit(engine, chosen, streams):
     j = job(rollout__engine=engine, rollout__weightSync={"transport": chosen})
     assert j.spec.rollout.streams_weights is streams
     contract = render.contract(j, name="moe", namespace="team")

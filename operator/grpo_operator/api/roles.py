@@ -310,9 +310,9 @@ class VllmSpec(ApiModel):
         default=1,
         ge=1,
         le=4096,
-        description="expertParallelSize: optional, default 1, [1, 4096]. 1 slices every expert across the tensor-"
-        "parallel GPUs; tensorParallelSize x dataParallelSize places whole experts on each GPU instead "
-        "(vLLM's expert parallelism spans all of a server's GPUs).",
+        description="expertParallelSize: optional, default 1, [1, 4096]. 1 slices every expert across the "
+        "tensor-parallel GPUs; tensorParallelSize x dataParallelSize places whole experts on each GPU "
+        "instead (vLLM's expert parallelism spans all of a server's GPUs).",
     )
     enforce_eager: bool = Field(
         default=False,
@@ -341,8 +341,8 @@ class WeightSync(ApiModel):
         description=(
             "transport: optional, default auto. collective: every trainer rank streams the weights it "
             "holds over a torch.distributed group with the servers (NCCL on GPU, gloo on CPU); http: "
-            "rank 0 gathers the model and POSTs it to each server. auto: collective for the torch "
-            "engine, http for vllm."
+            "rank 0 gathers the model and POSTs it to each server. auto: collective (http stays the "
+            "fallback for a network where the servers cannot reach the trainer's ports)."
         ),
     )
     bucket_mb: int = Field(
@@ -447,9 +447,7 @@ class RolloutSpec(RoleCommon):
 
     @property
     def streams_weights(self) -> bool:
-        """Whether weights go over the collective transport (`auto`: with the torch engine, whose
-        servers apply streamed buckets in place; vLLM takes HTTP until its workers stream)."""
-        transport = self.weight_sync.transport
-        if transport == WeightSyncTransport.AUTO:
-            return self.engine == RolloutEngine.TORCH
-        return transport == WeightSyncTransport.COLLECTIVE
+        """Whether weights go over the collective transport: unless `http` is asked, since every
+        engine applies streamed buckets (the torch engine in place, vLLM through its reload path)
+        and HTTP makes rank 0 hold the whole model."""
+        return self.weight_sync.transport != WeightSyncTransport.HTTP

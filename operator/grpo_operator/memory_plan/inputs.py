@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from grpo_operator.api.roles import WeightSync
 from grpo_operator.api.spec import GRPOJobSpec
 
 MIB = 1024**2
@@ -20,7 +21,6 @@ GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_PROMPT_TOKENS = 1024  # the API has no prompt-length bound: an assumption, overridable
 LOGITS_CHUNK_TOKENS = 1024  # tokens per log-prob chunk of the FSDP2 trainer
-SYNC_BUCKET_BYTES = 512 * MIB  # one weight-sync bucket (the trainer holds at most two)
 
 
 class Sharding(StrEnum):
@@ -45,7 +45,7 @@ class TrainerInputs:
     optimizer_offload: bool = False  # trainer.optimizerOffload cpu: AdamW state in host RAM
     token_budget: int | None = None  # algorithm.maxTokensPerMicroBatch: micro-batches cut by tokens
     logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS
-    sync_bucket_bytes: int = SYNC_BUCKET_BYTES
+    sync_bucket_bytes: int = WeightSync().bucket_mb * MIB  # rollout.weightSync.bucketMb; a rank holds two
     runtime_bytes: int | None = None  # None: the GPU reserve (trainer.RUNTIME_BYTES); a host run passes
     # its own (e.g. benchmarks/trainer_memory.py: the process's RSS before the model is built)
 
@@ -104,6 +104,7 @@ def inputs_from_spec(
             activation_checkpointing=activation_checkpointing,
             optimizer_offload=str(trainer.optimizer_offload) == "cpu",
             token_budget=algo.max_tokens_per_micro_batch,
+            sync_bucket_bytes=rollout.weight_sync.bucket_mb * MIB,
         ),
         RolloutInputs(
             engine=str(rollout.engine),
