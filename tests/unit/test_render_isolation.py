@@ -14,12 +14,18 @@ PROMETHEUS = {
 }
 
 
+def http_job():
+    """Weights over HTTP: the narrowest policies (streamed weights also open trainer <-> rollout on
+    any port, see test_weight_sync_config)."""
+    return job(rollout__weightSync={"transport": "http"})
+
+
 def pods_of(role: str, uid: str = "uid-1") -> dict:
     return {"matchLabels": {"grpo.dev/job": "moe", "grpo.dev/role": role, "grpo.dev/job-uid": uid}}
 
 
 def test_trainer_pods_take_ingress_only_from_the_same_jobs_trainer_pods_on_any_port():
-    policy = by_kind(rendered(), "NetworkPolicy", "moe-trainer")
+    policy = by_kind(rendered(http_job()), "NetworkPolicy", "moe-trainer")
     assert policy["spec"] == {
         "podSelector": pods_of("trainer"),
         "policyTypes": ["Ingress"],  # egress stays open: S3, rollout servers, the API server
@@ -29,7 +35,7 @@ def test_trainer_pods_take_ingress_only_from_the_same_jobs_trainer_pods_on_any_p
 
 
 def test_rollout_api_port_only_from_the_same_jobs_trainer_pods_by_default():
-    policy = by_kind(rendered(), "NetworkPolicy", "moe-rollout")
+    policy = by_kind(rendered(http_job()), "NetworkPolicy", "moe-rollout")
     assert policy["spec"] == {
         "podSelector": pods_of("rollout"),
         "policyTypes": ["Ingress"],
@@ -43,11 +49,11 @@ def test_rollout_api_port_only_from_the_same_jobs_trainer_pods_by_default():
 
 
 def test_metrics_scrapers_reach_the_rollout_port_and_only_the_trainers_metrics_port():
-    r = rendered(metrics_from=[PROMETHEUS])
+    r = rendered(http_job(), metrics_from=[PROMETHEUS])
     rollout = by_kind(r, "NetworkPolicy", "moe-rollout")["spec"]["ingress"]
     assert rollout[1] == {"from": [PROMETHEUS], "ports": [{"protocol": "TCP", "port": names.ROLLOUT_PORT}]}
     trainer = by_kind(r, "NetworkPolicy", "moe-trainer")["spec"]["ingress"]
-    assert trainer[0] == by_kind(rendered(), "NetworkPolicy", "moe-trainer")["spec"]["ingress"][0]
+    assert trainer[0] == by_kind(rendered(http_job()), "NetworkPolicy", "moe-trainer")["spec"]["ingress"][0]
     metrics_port = {"protocol": "TCP", "port": names.TRAINER_METRICS_PORT}
     assert trainer[1:] == [{"from": [PROMETHEUS], "ports": [metrics_port]}]  # never rendezvous or NCCL
     (port,) = [p for p in container(r, "trainer")["ports"] if p["name"] == "metrics"]
