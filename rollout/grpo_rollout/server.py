@@ -13,10 +13,11 @@ import json
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from grpo_rollout.protocol import (
     AUTH_HEADER,
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 SERVICE = web.AppKey("service", RolloutService)
 TOKEN = web.AppKey("token", str)
 OPEN_PATHS = {"/health", "/metrics"}
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def error(
@@ -100,19 +103,23 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
     return response
 
 
-async def handle_generate(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
-    service.refuse_if_not_ready()  # refuse before reading a large body
-    body = await read_bounded(request, MAX_GENERATE_BODY_BYTES)
+def parse_body(body: bytes, model: type[M]) -> M:
+    """A JSON request body as `model`, its protocol version checked first: 422 naming what is wrong."""
     try:
         raw = json.loads(body)
     except json.JSONDecodeError as e:
         raise ServiceError(422, "bad_request", f"body is not JSON: {e}") from None
     check_protocol(raw.get("protocol_version") if isinstance(raw, dict) else None)
     try:
-        req = GenerateRequest.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as e:
         raise ServiceError(422, "bad_request", summarize(e)) from None
+
+
+async def handle_generate(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    service.refuse_if_not_ready()  # refuse before reading a large body
+    req = parse_body(await read_bounded(request, MAX_GENERATE_BODY_BYTES), GenerateRequest)
     response = await service.generate(req)
     return web.Response(text=response.model_dump_json(), content_type="application/json")
 
@@ -134,16 +141,7 @@ async def handle_weights(request: web.Request) -> web.Response:
 async def handle_weight_stream(request: web.Request) -> web.Response:
     """Join the trainer's weight groups and receive a version over them (answers once it is live)."""
     service = request.app[SERVICE]
-    body = await read_bounded(request, MAX_GENERATE_BODY_BYTES)
-    try:
-        raw = json.loads(body)
-    except json.JSONDecodeError as e:
-        raise ServiceError(422, "bad_request", f"body is not JSON: {e}") from None
-    check_protocol(raw.get("protocol_version") if isinstance(raw, dict) else None)
-    try:
-        req = WeightStreamRequest.model_validate(raw)
-    except ValidationError as e:
-        raise ServiceError(422, "bad_request", summarize(e)) from None
+    req = parse_body(await read_bounded(request, MAX_GENERATE_BODY_BYTES), WeightStreamRequest)
     response = await service.stream_weights(req)
     return web.Response(text=response.model_dump_json(), content_type="application/json")
 
