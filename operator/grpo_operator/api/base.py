@@ -8,7 +8,7 @@ field, so the CRD generator and the offline validator read the very same rule te
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 CEL_KEY = "x-kubernetes-validations"
@@ -17,6 +17,19 @@ CEL_KEY = "x-kubernetes-validations"
 MAX_SECONDS = 315_360_000  # 10 years
 MAX_SEED = 2**32 - 1  # what every RNG the workloads seed accepts (numpy's is the narrowest)
 MAX_COUNT = 2**53 - 1  # counters written to status: exact in every JSON reader (float64)
+
+
+def credentials_secret_field(what: str) -> Any:
+    """An optional Secret-name field (DNS subdomain) whose keys become pod env: every such field
+    carries the same admission rule (validation/escalation.py), and says so."""
+    return Field(
+        default=None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description=f"credentialsSecret: optional. Name of a Secret in the job's namespace{what}. Admission "
+        "requires the requester to be allowed to get that Secret (or to hold the grpo.dev 'escalate' "
+        "permission).",
+    )
 
 
 def cel(*rules: tuple[str, str] | tuple[str, str, str]) -> dict[str, Any]:

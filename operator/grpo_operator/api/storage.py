@@ -10,7 +10,7 @@ chart's admission policy checks against the requester's RBAC (docs/security.md).
 
 from pydantic import Field
 
-from grpo_operator.api.base import ApiModel, cel
+from grpo_operator.api.base import ApiModel, cel, credentials_secret_field
 
 DEFAULT_CACHE_DIR = "/var/cache/grpo"
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
@@ -55,12 +55,7 @@ class StorageSpec(ApiModel):
         description="region: optional, e.g. us-west-2. AWS_REGION in the pods; unset on EKS, where "
         "Pod Identity / IRSA set it.",
     )
-    credentials_secret: str | None = Field(
-        default=None,
-        max_length=253,
-        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
-        description="credentialsSecret: optional. Name of a Secret in the job's namespace with keys "
-        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, for stores without Pod Identity / IRSA; set as "
-        "env on trainer and rollout containers. Admission requires the requester to be allowed to get "
-        "that Secret (or to hold the grpo.dev 'escalate' permission).",
+    credentials_secret: str | None = credentials_secret_field(
+        " with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, for stores without Pod Identity / IRSA; "
+        "set as env on trainer and rollout containers"
     )

@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from pydantic import ConfigDict, Field
 
-from grpo_operator.api.base import ApiModel, cel
+from grpo_operator.api.base import ApiModel, cel, credentials_secret_field
 
 
 class TrackingBackend(StrEnum):
@@ -67,12 +67,7 @@ class TrackingSpec(ApiModel):
         description="experiment: optional, default the job's name. MLflow experiment, W&B project, or "
         "TensorBoard subfolder; each job is one run in it, named after the job.",
     )
-    credentials_secret: str | None = Field(
-        default=None,
-        max_length=253,
-        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
-        description="credentialsSecret: optional. Name of a Secret in the job's namespace, set as env on "
-        "the trainer container: mlflow reads MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME and "
-        "MLFLOW_TRACKING_PASSWORD (each optional), wandb WANDB_API_KEY. Admission requires the requester "
-        "to be allowed to get that Secret (or to hold the grpo.dev 'escalate' permission).",
+    credentials_secret: str | None = credentials_secret_field(
+        ", set as env on the trainer container: mlflow reads MLFLOW_TRACKING_TOKEN or "
+        "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (each optional), wandb WANDB_API_KEY"
     )
