@@ -105,11 +105,14 @@ def test_trainer_pods_are_selected_by_a_policy_that_admits_only_their_own_gang(o
         assert policy.metadata.name == "fenced-trainer" and policy.spec.policy_types == ["Ingress"]
         gang = {"grpo.dev/job": "fenced", "grpo.dev/role": "trainer", "grpo.dev/job-uid": uid}
         assert policy.spec.pod_selector.match_labels == gang
-        (rule,) = policy.spec.ingress
-        assert rule.ports is None, "rendezvous and gloo/NCCL ports: all of them, to the gang only"
-        (peer,) = rule._from
-        assert peer.namespace_selector is None and peer.ip_block is None, "this namespace only"
-        assert peer.pod_selector.match_labels == gang and not peer.pod_selector.match_expressions
+        # the gang (rendezvous, gloo/NCCL) and, as weights stream, the job's rollout servers
+        servers = {**gang, "grpo.dev/role": "rollout"}
+        assert len(policy.spec.ingress) == 2
+        for rule, peers in zip(policy.spec.ingress, (gang, servers), strict=True):
+            assert rule.ports is None, "rendezvous and gloo/NCCL ports: all of them, to these pods only"
+            (peer,) = rule._from
+            assert peer.namespace_selector is None and peer.ip_block is None, "this namespace only"
+            assert peer.pod_selector.match_labels == peers and not peer.pod_selector.match_expressions
     rollout = net.read_namespaced_network_policy("fenced-rollout", cluster.ns)
     assert rollout.spec.pod_selector.match_labels["grpo.dev/job-uid"] == uid
     assert [peer.pod_selector.match_labels["grpo.dev/role"] for peer in rollout.spec.ingress[0]._from] == [

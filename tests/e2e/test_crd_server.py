@@ -101,7 +101,7 @@ def test_get_shows_printer_columns_defaults_and_scale(
         "restarts": 1,
         "trainer": {"replicas": 1, "ready": 1, "readyText": "1/1"},
         "rollout": {"replicas": 1, "ready": 0, "readyText": "0/1"},
-        "progress": {"step": 12, "rewardMean": 0.75, "tokensPerSecond": 4321.5},
+        "progress": {"step": 12, "rewardMean": 0.75, "tokensPerSecond": 4321.5, "evalReward": 0.6},
     }
     patch = json.dumps({"status": status})
     kubectl("patch", "grpo", "minimal", "-n", namespace, "--subresource=status", "--type=merge", "-p", patch)
@@ -109,8 +109,8 @@ def test_get_shows_printer_columns_defaults_and_scale(
     assert lines[0].split() == ["NAME", "PHASE", "STEP", "REWARD", "TRAINERS", "ROLLOUTS", "AGE"]
     assert lines[1].split()[:6] == ["minimal", "Running", "12", "0.75", "1/1", "0/1"]
     wide = kubectl("get", "grpo", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split()[-3:] == ["RESTARTS", "TOKENS/S", "MODEL"]
-    assert wide[1].split()[-3:] == ["1", "4321.5", "s3://my-models/Qwen3-30B-A3B"]
+    assert wide[0].split()[-4:] == ["RESTARTS", "TOKENS/S", "EVAL", "MODEL"]
+    assert wide[1].split()[-4:] == ["1", "4321.5", "0.6", "s3://my-models/Qwen3-30B-A3B"]
     assert "minimal" in kubectl("get", "ml", "-n", namespace).stdout  # the category
 
     kubectl("scale", "grpo/minimal", "-n", namespace, "--replicas=3")
