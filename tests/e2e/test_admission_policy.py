@@ -47,7 +47,7 @@ def admission(
     bin_dir: Path, kubectl: Kubectl, established: Callable[..., None], wait_for: Callable[..., Any]
 ) -> Iterator[str]:
     """A namespace under the chart's policy, with the three users' RBAC; returns its name."""
-    run = uuid.uuid4().hex[:6]
+    run = f"r{uuid.uuid4().hex[:6]}"  # a label value: all digits would read back as a YAML number
     namespace = f"e2e-admission-{run}"
     release = f"adm-{run}"
     rendered = subprocess.run(

@@ -437,7 +437,9 @@ def wait_running(
         run.alive()
         return (read_job(k8s_api, namespace, name).get("status") or {}).get("phase")
 
-    wait_for(lambda: phase() == "Running", what=f"{name} Running", timeout=120)
+    # 240 s: a peering that still shows a just-stopped operator of an earlier test pauses this one
+    # until that peer's heartbeat expires ("Resuming operations after the pause")
+    wait_for(lambda: phase() == "Running", what=f"{name} Running", timeout=240)
 
 
 def trainer_pods(k8s_api: client.ApiClient, namespace: str, job: str) -> list[client.V1Pod]:
