@@ -21,7 +21,7 @@ lint: setup
 	$(VENV)/bin/lint-imports --no-cache
 
 test: setup control-plane lint
-	$(PY) -m pytest tests -n 2 --dist loadgroup
+	$(PY) -m pytest tests
 
 test-unit: setup
 	$(PY) -m pytest tests/unit

@@ -65,14 +65,11 @@ class Kubectl(Protocol):
     ) -> subprocess.CompletedProcess[str]: ...
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark this directory's tests e2e so `-m "not e2e"` deselects them without a decorator each,
-    and keep them on one xdist worker (`--dist loadgroup`): one cluster, brought up once."""
+    """Mark this directory's tests e2e so `-m "not e2e"` deselects them without a decorator each."""
     for item in items:
         if item.path.is_relative_to(HERE):
             item.add_marker(pytest.mark.e2e)
-            item.add_marker(pytest.mark.xdist_group("e2e"))
 
 
 def _run_script(*args: str, timeout: float) -> str:
