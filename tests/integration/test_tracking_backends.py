@@ -8,6 +8,7 @@ protobuf classes.
 """
 
 import glob
+import json
 import os
 import signal
 import struct
@@ -162,13 +163,20 @@ def test_wandb_offline_run_file_holds_the_config_and_history(
     two_steps(r)
     (path,) = glob.glob(os.path.join(tmp_path, "wandb", "offline-run-*", "run-*.wandb"))
     records = list(wandb_records(path))
-    config = {
-        ".".join(i.nested_key) or i.key: i.value_json
-        for rec in records
-        if rec.HasField("config")
-        for i in rec.config.update
-    }
-    assert config["algorithm.learningRate"] == '"1e-06"'
+    config: dict[str, object] = {}
+
+    def flatten(key: str, value: object) -> None:  # W&B may write a section as one nested item
+        if isinstance(value, dict):
+            for k, v in value.items():
+                flatten(f"{key}.{k}", v)
+        else:
+            config[key] = value
+
+    for rec in records:
+        if rec.HasField("config"):
+            for i in rec.config.update:
+                flatten(".".join(i.nested_key) or i.key, json.loads(i.value_json))
+    assert config["algorithm.learningRate"] == "1e-06"
     history = [
         {".".join(i.nested_key) or i.key: i.value_json for i in rec.history.item}
         for rec in records
