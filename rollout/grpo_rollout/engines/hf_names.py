@@ -8,6 +8,7 @@ materialised. Names and shapes are checked against the checkpoint on disk before
 """
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,20 @@ def checkpoint_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 shapes[key] = tuple(f.get_slice(key).get_shape())
     return shapes
+
+
+def check_shapes(got: Mapping[str, Sequence[int]], have: Mapping[str, Sequence[int]], owner: str) -> None:
+    """ValueError naming unknown names and shape mismatches of an update against what `owner` holds."""
+    unknown = sorted(set(got) - set(have))
+    if unknown:
+        raise ValueError(f"{len(unknown)} unknown parameter name(s), e.g. {unknown[:3]}")
+    wrong = [
+        f"{k}: got {tuple(v)}, {owner} has {tuple(have[k])}"
+        for k, v in got.items()
+        if tuple(v) != tuple(have[k])
+    ]
+    if wrong:
+        raise ValueError(f"{len(wrong)} shape mismatch(es): {'; '.join(wrong[:3])}")
 
 
 class CheckpointNames:
@@ -49,14 +64,5 @@ class CheckpointNames:
             from transformers.core_model_loading import revert_weight_conversion
 
             tensors = revert_weight_conversion(self._meta_model(), dict(tensors))
-        unknown = sorted(set(tensors) - set(self.shapes))
-        if unknown:
-            raise ValueError(f"{len(unknown)} unknown parameter name(s), e.g. {unknown[:3]}")
-        wrong = [
-            f"{k}: got {tuple(v.shape)}, checkpoint has {self.shapes[k]}"
-            for k, v in tensors.items()
-            if tuple(v.shape) != self.shapes[k]
-        ]
-        if wrong:
-            raise ValueError(f"{len(wrong)} shape mismatch(es): {'; '.join(wrong[:3])}")
+        check_shapes({k: v.shape for k, v in tensors.items()}, self.shapes, "checkpoint")
         return tensors

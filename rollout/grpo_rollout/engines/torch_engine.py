@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from grpo_rollout.engines.base import BucketPiece, EngineConfig, PromptSamples, Sample, Stopped
+from grpo_rollout.engines.hf_names import check_shapes
 from grpo_rollout.engines.routing import RoutingRecorder, encode_routing
 from grpo_rollout.engines.sampling import sample_step
 from grpo_rollout.protocol import Sampling
@@ -202,16 +203,7 @@ class TorchEngine:
 
     def _check(self, shapes: Mapping[str, Sequence[int]]) -> None:
         """ValueError naming unknown names and shape mismatches (nothing changed yet)."""
-        unknown = sorted(set(shapes) - set(self._targets))
-        if unknown:
-            raise ValueError(f"{len(unknown)} unknown parameter name(s), e.g. {unknown[:3]}")
-        wrong = [
-            f"{k}: got {tuple(v)}, model has {tuple(self._targets[k].shape)}"
-            for k, v in shapes.items()
-            if tuple(v) != tuple(self._targets[k].shape)
-        ]
-        if wrong:
-            raise ValueError(f"{len(wrong)} shape mismatch(es): {'; '.join(wrong[:3])}")
+        check_shapes(shapes, {k: t.shape for k, t in self._targets.items()}, "model")
 
     def begin_update(self, tensors: Mapping[str, Sequence[int]]) -> None:
         self._check(tensors)
