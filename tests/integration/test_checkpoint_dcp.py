@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from tests.ranks import start_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +104,7 @@ def run_gang(
     from grpo_rollout.testing import free_port
 
     args = (world, ep, free_port(), str(model_dir), mode, uri, str(out), sharding)
-    mp.spawn(_worker, args=args, nprocs=world, join=True)
+    start_ranks(_worker, args, world)
     return [json.loads((out / f"{mode}-w{world}-r{r}.json").read_text()) for r in range(world)]
 
 

@@ -20,7 +20,8 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from tests.ranks import start_ranks
 
 
 class _Moveless:
@@ -119,4 +120,4 @@ def worker(rank: int, world: int, store: str) -> None:
 @pytest.mark.timeout(300)
 def test_auto_skips_failing_candidates_and_the_gang_agrees() -> None:
     with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(worker, args=(4, os.path.join(folder, "store")), nprocs=4, join=True)
+        start_ranks(worker, (4, os.path.join(folder, "store")), 4)

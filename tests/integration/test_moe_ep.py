@@ -16,7 +16,8 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from tests.ranks import start_ranks
 
 ATOL, RTOL = 2e-5, 1e-4
 
@@ -214,7 +215,6 @@ def check_auto(rank: int, world: int) -> None:
 
 
 def worker(rank: int, world: int, store: str, folder: str) -> None:
-    os.environ["HF_HUB_OFFLINE"] = "1"
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
@@ -234,4 +234,4 @@ def worker(rank: int, world: int, store: str, folder: str) -> None:
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_expert_parallel_matches_unsharded_reference(world: int) -> None:
     with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(worker, args=(world, os.path.join(folder, "store"), folder), nprocs=world, join=True)
+        start_ranks(worker, (world, os.path.join(folder, "store"), folder), world)

@@ -9,13 +9,13 @@ The gathered weights agree within float tolerance, and the offloaded state is ho
 """
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from tests.ranks import start_ranks
 
 pytestmark = pytest.mark.slow
 STEPS = 3
@@ -89,13 +89,8 @@ def test_offloaded_adam_takes_torch_adamw_steps_with_host_state(
 ) -> None:
     from grpo_rollout.testing import free_port
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/grpo-operator/torch_extensions"))
     out = tmp_path / "out"
-    mp.start_processes(
-        worker, args=(world, ep, sharding, free_port(), str(model_dir), str(out)), nprocs=world,
-        start_method="spawn",
-    )  # fmt: skip
+    start_ranks(worker, (world, ep, sharding, free_port(), str(model_dir), str(out)), world)
     states = torch.load(f"{out}.pt", weights_only=True)
     report = json.loads(Path(f"{out}.json").read_text())
     assert report["deepspeed"] and report["on_host"] and report["moments"] > 0

@@ -8,15 +8,15 @@ count) and gathers the loaded model back to full HF tensors, which must equal `f
 """
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from grpo_rollout.testing import free_port
 from safetensors import safe_open
+
+from tests.ranks import start_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -106,10 +106,9 @@ def test_each_rank_reads_only_what_it_keeps(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     out = tmp_path / "out.pt"
     args = (world, ep, sharding, free_port(), str(model_dir), str(out))
-    mp.start_processes(worker, args=args, nprocs=world, start_method="spawn")
+    start_ranks(worker, args, world)
     got = torch.load(out, weights_only=False)
     expert, dense = split_bytes(model_dir)
     full = sharding == "full"  # dense rows split over the world, experts over EP and then over expert-DP

@@ -10,13 +10,11 @@ The single-process run also checks the direction: sequences with positive advant
 log-probability.
 """
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from grpo_operator import render
 from grpo_operator.api.job import GRPOJob
 from grpo_rollout.testing import free_port
@@ -29,6 +27,8 @@ from grpo_trainer.optim import GangAdamW
 from grpo_trainer.parallel import load_policy, make_groups, split_parameters
 from grpo_trainer.tiny_model import TinyConfig, build_model, build_tokenizer
 from torch.distributed.tensor import DTensor
+
+from tests.ranks import start_ranks
 
 pytestmark = pytest.mark.slow
 GROUP = 3
@@ -147,7 +147,7 @@ def run_gang(
     tmp.mkdir(parents=True, exist_ok=True)
     out = tmp / f"w{world}-ep{ep}-z{zero}-{sharding}.pt"
     args = (world, ep, free_port(), str(model_dir), str(out), options or {}, zero, sharding)
-    mp.start_processes(worker, args=args, nprocs=world, start_method="spawn")
+    start_ranks(worker, args, world)
     return torch.load(out, weights_only=False)
 
 
@@ -168,7 +168,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     return run_gang(model_dir, tmp_path_factory.mktemp("ref"), world=1, ep=1)
 
 
