@@ -43,13 +43,19 @@ def describe(error: Exception) -> tuple[str, str]:
 
 def report(kube: Kube, namespace: str, name: str, error: Exception, reported: str | None) -> str | None:
     """Best effort (the API server may be what failed): the condition always, the Event unless
-    `reported` is this same failure. Returns the failure now reported."""
+    `reported` is this same failure. The Event goes first, so whoever sees the condition finds
+    the Event too. Returns the failure now reported."""
     reason, message = describe(error)
     try:
         body = kube.get(API_VERSION, KIND, namespace, name)
         if body is None:
             return reported
         now = datetime.now(UTC)
+        if reported != f"{reason}: {message}":
+            try:
+                kube.event(body, "Warning", reason, message, status.timestamp(now))
+            except Exception as e:
+                log.warning("could not post the Event for %s/%s: %s", namespace, name, e)
         try:
             current = GRPOJobStatus.model_validate(body.get("status") or {})
         except ValidationError:
@@ -57,8 +63,6 @@ def report(kube: Kube, namespace: str, name: str, error: Exception, reported: st
         status.failed_pass(current, reason, message, now)
         wire = current.model_dump(by_alias=True, mode="json")
         kube.patch_status(namespace, name, {"conditions": wire["conditions"], "message": wire["message"]})
-        if reported != f"{reason}: {message}":
-            kube.event(body, "Warning", reason, message, status.timestamp(now))
         return f"{reason}: {message}"
     except Exception as e:
         log.warning("could not report the failed pass of %s/%s: %s", namespace, name, e)
