@@ -18,6 +18,7 @@ added by forming new groups (a new `epoch`) without touching it.
 
 import datetime
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import torch.distributed as dist
 HEADER_WORDS = 3
 ALIGN = 16  # byte alignment of each piece inside a bucket (any dtype can be viewed there)
 STORE_PREFIX = "grpo-weights"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,17 @@ def make_group(store: dist.Store, rank: int, size: int, backend: str, timeout_s:
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, size, options)
     return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def abort(group: dist.ProcessGroup | None) -> None:
+    """Close a broken group's connections, so that its other members' pending operations fail at
+    once instead of at the group's timeout (minutes); best effort, the group is dropped anyway."""
+    if group is None:
+        return
+    try:
+        group.abort()
+    except Exception as e:
+        log.debug("aborting a weight group: %s", e)
 
 
 def group_store(host: str, port: int, epoch: int, sender: int, timeout_s: float, *, master: bool = False):
@@ -266,5 +279,8 @@ class ReceiverLink:
         return self.groups
 
     def reset(self) -> None:
-        """Forget the groups (a broken stream leaves them unusable)."""
+        """Forget the groups (a broken stream leaves them unusable; the trainer moved on from an
+        old epoch's): aborted, so no member waits on them."""
+        for group in self.groups:
+            abort(group)
         self.key, self.groups, self._store = None, [], None

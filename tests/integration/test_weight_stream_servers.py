@@ -40,11 +40,12 @@ def trained(model_dir: Path) -> torch.nn.Module:
     return model
 
 
-def stream(senders, urls, version, epoch, model, *, skip: str | None = None):
-    """Stream `model` as `version` from both senders to `urls`; the servers' answers by URL."""
+def stream(senders, urls, version, epoch, model, *, skip: str | None = None, midway=None, timeout_s=60):
+    """Stream `model` as `version` from both senders to `urls`; the servers' answers by URL.
+    `midway()` runs once rank 0 has handed over half its tensors; a sender's error is then expected."""
     shapes = {k: list(v.shape) for k, v in model.state_dict().items() if k not in tied_aliases(model)}
     store = dict(store_host="127.0.0.1", store_port=senders[0].store.port)
-    shared = dict(**store, backend="gloo", timeout_s=60, senders=2)
+    shared = dict(**store, backend="gloo", timeout_s=timeout_s, senders=2)
     requests = {
         url: WeightStreamRequest(
             version=version, epoch=epoch, servers=len(urls), server_rank=i, tensors=shapes, **shared
@@ -55,7 +56,9 @@ def stream(senders, urls, version, epoch, model, *, skip: str | None = None):
 
     def send(rank: int) -> None:
         try:
-            items = (it for it in owned_items(model, rank, 2, 1) if it[0] != skip)
+            items = [it for it in owned_items(model, rank, 2, 1) if it[0] != skip]
+            if midway is not None and rank == 0:
+                items = _calling(items, len(items) // 2, midway)
             senders[rank].send(
                 items,
                 epoch=epoch,
@@ -78,8 +81,15 @@ def stream(senders, urls, version, epoch, model, *, skip: str | None = None):
     result = asyncio.run(tell())
     for t in threads:
         t.join(120)
-    assert not errors, errors
+    assert (midway is not None) or not errors, errors
     return result
+
+
+def _calling(items, at, fn):
+    for i, item in enumerate(items):
+        if i == at:
+            fn()
+        yield item
 
 
 def sample(url: str, seed: int = 5):
@@ -142,3 +152,19 @@ def test_streamed_weights_are_exact_go_live_only_whole_and_late_servers_join_the
         finally:
             late.kill()
             late.wait(timeout=30)
+
+
+def test_a_server_lost_mid_stream_fails_there_and_the_survivor_takes_the_next_epoch(model_dir, tmp_path):
+    """What the trainer's retry relies on: a member killed mid-stream breaks that version's groups
+    (it may go live at no server; a server still up may wait there up to the groups' timeout), and
+    the server still up joins new groups for the next try."""
+    model = trained(model_dir)
+    port = free_port()
+    senders = [StreamSender("127.0.0.1", port, rank, timeout_s=10) for rank in (0, 1)]
+    with running_servers(model_dir, tmp_path, TOKEN, count=2) as (urls, procs):
+        epoch = random.getrandbits(40)
+        result = stream(senders, urls, 1, epoch, model, midway=procs[1].kill, timeout_s=10)
+        assert urls[1] in result.failed and urls[1] not in result.live
+        assert live(urls[0]) in (0, 1)  # whole or not at all
+        result = stream(senders, urls[:1], 2, random.getrandbits(40), model)
+        assert result.live == {urls[0]: 2} and not result.failed

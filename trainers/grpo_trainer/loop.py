@@ -65,6 +65,7 @@ from grpo_trainer.progress import ProgressReporter, StepSeconds, step_report
 log = logging.getLogger(__name__)
 Prefetch = Future  # a Future[Rollouts] from `Generator.submit`
 PUSH_TIMEOUT_S = 300.0  # per collective operation of a weight stream (a vanished server fails it)
+STREAM_ATTEMPTS, STREAM_RETRY_S = 3, 2.0  # a stream no server took is sent again, to the servers still up
 
 
 @dataclass
@@ -190,9 +191,26 @@ def push_weights(run: Run, version: int) -> None:
 
 def stream_weights(run: Run, version: int) -> None:
     """Collective: every rank streams the weights it holds, in the rollout dtype, bucket by
-    bucket, to the servers rank 0 names (`grpo_trainer.weight_sync`). A rank whose stream breaks
-    logs it and goes on (its group is formed again next time); rank 0 raises WeightSyncError
-    only when no server took the version, as over HTTP."""
+    bucket, to the servers rank 0 names (`grpo_trainer.weight_sync`). A server lost mid-stream
+    breaks the groups for every member, so none may take the version: the ranks then agree to
+    stream it again, in new groups of the servers still up, and raise WeightSyncError only when
+    no server took it after STREAM_ATTEMPTS tries."""
+    for attempt in range(1, STREAM_ATTEMPTS + 1):
+        failed = broadcast_json(_stream_once(run, version), run.device)
+        if failed is None:
+            return
+        if attempt < STREAM_ATTEMPTS:
+            log.warning(
+                "weights v%d: no rollout server took it (%s); streaming it again to the servers "
+                "still up (attempt %d/%d)",
+                version, "; ".join(failed.values()), attempt + 1, STREAM_ATTEMPTS,
+            )  # fmt: skip
+            time.sleep(STREAM_RETRY_S)
+    raise WeightSyncError(version, failed)
+
+
+def _stream_once(run: Run, version: int) -> dict[str, str] | None:
+    """One try of `stream_weights`; rank 0 returns what failed when no server took the version."""
     contract, info = run.contract, run.info
     sync, backend = contract.spec.rollout.weight_sync, contract.trainer.backend
     host = contract.trainer.master_addr
@@ -206,9 +224,7 @@ def stream_weights(run: Run, version: int) -> None:
         plan = {**run.generator.stream_plan(), "port": run.streamer.port}
     plan = broadcast_json(plan, run.device)
     if not plan["servers"]:
-        if run.generator is not None:
-            raise WeightSyncError(version, {"-": "no rollout server is ready"})
-        return
+        return {"-": "no rollout server is ready"}
     if run.streamer is None:
         run.streamer = weight_sync.StreamSender(host, plan["port"], info.rank, timeout_s=timeout_s)
     pending = None
@@ -244,10 +260,15 @@ def stream_weights(run: Run, version: int) -> None:
         )
     except Exception as e:  # a server left mid-stream: the servers' answers say who has the version
         log.warning("weights v%d: streaming from rank %d failed: %s", version, info.rank, e)
-    if pending is not None:
+    if pending is None:
+        return None
+    try:
         result = pending.result(timeout=timeout_s + 120)
-        if result.failed:
-            log.warning("weights v%d not taken by %s", version, ", ".join(result.failed))
+    except WeightSyncError as e:
+        return e.failures
+    if result.failed:
+        log.warning("weights v%d not taken by %s", version, ", ".join(result.failed))
+    return None
 
 
 def sync_at_start(run: Run, *, resumed: bool) -> None:
