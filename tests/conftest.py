@@ -8,7 +8,6 @@ environment, exactly as a pod gets AWS_* from its Secret. No in-process mocks.
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,14 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from grpo_rollout.testing import free_port
 
 S3_KEY_ID, S3_SECRET, S3_REGION = "grpo-test", "grpo-test-secret", "us-west-2"
-
-
-def _free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _answers(url: str) -> bool:
@@ -83,7 +77,7 @@ class S3Server:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("s3-server") / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(

@@ -17,7 +17,6 @@ import asyncio
 import base64
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import pytest
 import yaml
 from aiohttp import web
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
+from grpo_rollout.testing import free_port
 from kubernetes import client
 
 from tests.e2e.kueue_status import KUEUE, condition
@@ -185,12 +185,6 @@ class RecordingProxy:
 
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def helm(bin_dir: Path, kubeconfig: Path, *args: str) -> str:

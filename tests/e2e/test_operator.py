@@ -10,7 +10,6 @@ import datetime
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
+from grpo_rollout.testing import free_port
 from kubernetes import client
 
 from tests.e2e.kueue_status import KUEUE, condition
@@ -29,12 +29,6 @@ ZONE_KEY = "topology.kubernetes.io/zone"
 CHILD_KINDS = (
     "configmap,serviceaccount,role,rolebinding,service,statefulset,poddisruptionbudget,networkpolicy,secret"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Operator:

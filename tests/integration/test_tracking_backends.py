@@ -24,7 +24,7 @@ import pytest
 from grpo_operator import render
 from grpo_operator.api.job import GRPOJob
 from grpo_operator.api.report import EvalScore, StepReport
-from grpo_operator.local.plan import free_port
+from grpo_rollout.testing import free_port
 from grpo_trainer.progress import ProgressReporter
 
 from tests.unit.test_grpo_progress import REPORT
@@ -152,6 +152,18 @@ def wandb_records(path: str) -> Iterator[Any]:
             yield record
 
 
+def finished_wandb_records(wandb_dir: Path) -> list[Any]:
+    """The records of the one offline run under `wandb_dir`, once they include its exit record:
+    W&B's service process may still be writing the file when `finish()` has returned."""
+    deadline = time.monotonic() + 60
+    while True:
+        (path,) = glob.glob(os.path.join(wandb_dir, "wandb", "offline-run-*", "run-*.wandb"))
+        records = list(wandb_records(path))
+        if any(r.HasField("exit") for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
 def test_wandb_offline_run_file_holds_the_config_and_history(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -161,8 +173,7 @@ def test_wandb_offline_run_file_holds_the_config_and_history(
     monkeypatch.setenv("WANDB_SILENT", "true")
     r = reporter(tmp_path, {"backend": "wandb", "experiment": "grpo-tests"})
     two_steps(r)
-    (path,) = glob.glob(os.path.join(tmp_path, "wandb", "offline-run-*", "run-*.wandb"))
-    records = list(wandb_records(path))
+    records = finished_wandb_records(tmp_path)
     config: dict[str, object] = {}
 
     def flatten(key: str, value: object) -> None:  # W&B may write a section as one nested item
@@ -172,9 +183,9 @@ def test_wandb_offline_run_file_holds_the_config_and_history(
         else:
             config[key] = value
 
-    for rec in records:
-        if rec.HasField("config"):
-            for i in rec.config.update:
+    for rec in records:  # the config of `init` travels in the run record or in config records
+        for part in (rec.run.config, rec.config):
+            for i in part.update:
                 flatten(".".join(i.nested_key) or i.key, json.loads(i.value_json))
     assert config["algorithm.learningRate"] == "1e-06"
     history = [
