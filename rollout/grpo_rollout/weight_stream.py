@@ -80,8 +80,9 @@ def make_group(store: dist.Store, rank: int, size: int, backend: str, timeout_s:
 
 
 def abort(group: dist.ProcessGroup | None) -> None:
-    """Close a broken group's connections, so that its other members' pending operations fail at
-    once instead of at the group's timeout (minutes); best effort, the group is dropped anyway."""
+    """Release a group this side is done with (its connections, an NCCL communicator) now, not
+    whenever the object is collected; best effort. Its other members are not woken by it: over
+    gloo a server still waiting in a broken group waits for the group's timeout."""
     if group is None:
         return
     try:
@@ -279,8 +280,8 @@ class ReceiverLink:
         return self.groups
 
     def reset(self) -> None:
-        """Forget the groups (a broken stream leaves them unusable; the trainer moved on from an
-        old epoch's): aborted, so no member waits on them."""
+        """Forget and release the groups (a broken stream leaves them unusable; a new epoch
+        replaces them)."""
         for group in self.groups:
             abort(group)
         self.key, self.groups, self._store = None, [], None

@@ -168,7 +168,7 @@ class StreamSender:
             )
             sender.send(items)
         except Exception:
-            weight_stream.abort(self._group)  # the servers still in it fail now, not at the op timeout
+            weight_stream.abort(self._group)  # released now; a retry forms new groups
             self._key, self._group = None, None  # a broken group is formed again next time
             raise
         sender.close()
