@@ -193,6 +193,74 @@ def test_a_sending_rank_holds_at_most_two_buckets_beyond_its_training_state():
     assert m["extra"] <= 2 * bucket + (4 << 20) < 96 << 20
 
 
+RETRYING_SENDER = """
+import json, sys
+from pathlib import Path
+import torch
+from grpo_trainer.weight_sync import StreamSender
+
+port, bucket = int(sys.argv[1]), int(sys.argv[2])
+state = [torch.randn(2048, 1024) for _ in range(24)]
+status = lambda key: next(int(l.split()[1]) * 1024 for l in Path("/proc/self/status").read_text().splitlines()
+                          if l.startswith(key + ":"))
+items = lambda: iter((f"w{i}", 0, t.view(-1)) for i, t in enumerate(state))
+send = dict(servers=1, backend="gloo", dtype=torch.bfloat16, bucket_bytes=bucket, device=torch.device("cpu"))
+sender = StreamSender("127.0.0.1", port, 0, timeout_s=30)
+sender.group(3, 1, "gloo")
+Path("/proc/self/clear_refs").write_text("5")
+before = status("VmRSS")
+try:
+    sender.send(items(), epoch=3, **send)
+    broke = False
+except Exception:
+    broke = True
+stats = sender.send(items(), epoch=4, **send)
+print(json.dumps({"broke": broke, "extra": status("VmHWM") - before, "buckets": stats.buckets}))
+"""
+DYING_RECEIVER = """
+import os, sys, torch
+from grpo_rollout import weight_stream
+
+link = weight_stream.ReceiverLink()
+groups = link.groups_for(epoch=3, host="127.0.0.1", port=int(sys.argv[1]), backend="gloo",
+                         senders=1, servers=1, rank=0, timeout_s=30)
+seen = [0]
+def apply(pieces, payload):
+    seen[0] += 1
+    if seen[0] == 3:
+        os._exit(9)  # a rollout pod lost a third of the way through the stream
+weight_stream.receive_all(groups, torch.device("cpu"), apply)
+"""
+
+
+@pytest.mark.slow
+def test_a_stream_broken_halfway_and_sent_again_still_holds_at_most_two_buckets():
+    """The trainer's retry path (`loop.stream_weights`): the first stream's receiver dies after two
+    of six buckets, the same sender streams the version again in a new epoch. Its resident memory
+    across both (VmHWM) stays within two buckets plus 12 MiB (measured: two buckets plus 6 MiB at 8
+    and at 16 MiB buckets: the second group's connections and the first one's error): the broken
+    attempt's two buckets are freed before the retry allocates its own, else it would be four."""
+    import json
+    import subprocess
+    import sys
+
+    bucket, port = 16 << 20, free_port()
+    sender = subprocess.Popen(
+        [sys.executable, "-c", RETRYING_SENDER, str(port), str(bucket)], stdout=subprocess.PIPE, text=True
+    )
+    dying = subprocess.run([sys.executable, "-c", DYING_RECEIVER, str(port)], timeout=120, check=False)
+    assert dying.returncode == 9
+    link = weight_stream.ReceiverLink()
+    groups = link.groups_for(epoch=4, host="127.0.0.1", port=port, backend="gloo", senders=1, servers=1,
+                             rank=0, timeout_s=60)  # fmt: skip
+    received = weight_stream.receive_all(groups, torch.device("cpu"), lambda pieces, payload: None)
+    out, _ = sender.communicate(timeout=120)
+    assert sender.returncode == 0
+    m = json.loads(out)
+    assert m["broke"] and received == 96 << 20 and m["buckets"] == 6
+    assert m["extra"] <= 2 * bucket + (12 << 20) < 4 * bucket, m
+
+
 def test_the_ranks_shares_cover_every_weight_once_and_a_tied_head_is_sent_as_the_embedding():
     from grpo_trainer.weight_sync import full_shapes, owned_items, tied_aliases
     from transformers import Qwen2Config, Qwen2ForCausalLM
