@@ -622,10 +622,20 @@ def test_node_loss_restarts_the_gang(operator, cluster, wait_for):
         victim = next(
             p.spec.node_name for p in cluster.pods("node", "trainer") if p.metadata.name == "node-trainer-1"
         )
-        # A node kwok never makes Ready: once the operator counts it lost, its node watch is live
-        # (a freshly started operator could otherwise miss the deletion below, on a loaded machine).
-        cluster.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": sentinel}})
-        wait_for(lambda: operator.metric("grpo_operator_lost_nodes") >= 1, what="node watch live")
+        # The operator's node watch must be live before the deletion below, or a freshly started
+        # operator on a loaded machine misses it. A sentinel node created and deleted: a DELETED
+        # event keeps it in the lost-node count for good (kwok manages every node, so a "never
+        # Ready" node turned Ready within the poll interval and the count fell back to 0).
+        tries = iter(range(1000))
+
+        def watch_live() -> bool:
+            name = f"{sentinel}-{next(tries)}"
+            cluster.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+            cluster.core.delete_node(name)
+            time.sleep(1)
+            return operator.metric("grpo_operator_lost_nodes") >= 1
+
+        wait_for(watch_live, what="node watch live", timeout=90)
         cluster.core.delete_node(victim)
         wait_for(lambda: cluster.status("node").get("restarts") == 1, what="restarts == 1")
         assert victim in cluster.condition("node", "Restarting")["message"]
@@ -637,7 +647,7 @@ def test_node_loss_restarts_the_gang(operator, cluster, wait_for):
         assert st["restarts"] == 1
         assert {p.spec.node_name for p in cluster.pods("node", "trainer")} <= set(nodes) - {victim}
     finally:
-        for n in [*nodes, sentinel]:
+        for n in nodes:
             with contextlib.suppress(client.ApiException):
                 cluster.core.delete_node(n)
 
