@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 # Statuses that mean "this server cannot do it now, another may": re-send elsewhere.
 RETRIABLE_STATUSES = {408, 409, 429, 500, 502, 503, 504}
+# A server answers a stream with these only once it consumed all of it (or it was called off): no
+# member waits on it, so the stream need not be called off.
+STREAM_CONSUMED_CODES = {"weight_version_conflict", "weight_version_refused", "weight_stream_cancelled"}
 
 
 class RolloutError(RuntimeError):
@@ -395,10 +398,16 @@ class RolloutClient:
             raise WeightSyncError(version, result.failed)
         return result
 
-    async def stream_weights(self, requests: Mapping[str, WeightStreamRequest]) -> WeightPushResult:
+    async def stream_weights(
+        self,
+        requests: Mapping[str, WeightStreamRequest],
+        on_failure: Callable[[str, RolloutError], None] | None = None,
+    ) -> WeightPushResult:
         """Tell each server (endpoint -> its request) to receive a version over the trainer's groups;
         answers when every server answered. The bytes travel over the groups, not this call, so the
-        trainer ranks must be sending meanwhile. Failures are per server, as in `push_weights`."""
+        trainer ranks must be sending meanwhile. Failures are per server, as in `push_weights`;
+        `on_failure(endpoint, error)` hears at once of a server that failed while others may still
+        wait on it (the stream can then be called off)."""
         version = next(iter(requests.values())).version if requests else 0
         timeout = aiohttp.ClientTimeout(
             total=max(r.timeout_s for r in requests.values()) + 60 if requests else 60,
@@ -407,14 +416,19 @@ class RolloutClient:
 
         async def one(ep: str, req: WeightStreamRequest) -> int:
             what = f"weights v{req.version} (streamed)"
-            body = await self._post(
-                ep,
-                "/weights/stream",
-                what,
-                timeout,
-                data=req.model_dump_json(),
-                headers={"Content-Type": "application/json"},
-            )
+            try:
+                body = await self._post(
+                    ep,
+                    "/weights/stream",
+                    what,
+                    timeout,
+                    data=req.model_dump_json(),
+                    headers={"Content-Type": "application/json"},
+                )
+            except ServerError as e:
+                if on_failure is not None and e.code not in STREAM_CONSUMED_CODES:
+                    on_failure(ep, e)
+                raise
             return WeightUpdateResponse.model_validate_json(body).live_version
 
         result = WeightPushResult(version=version)
@@ -427,7 +441,8 @@ class RolloutClient:
                 result.failed[ep] = (
                     str(ans) if not isinstance(ans, int) else f"live version {ans} after the stream"
                 )
-                self._mark_down(ep, result.failed[ep])
+                if getattr(ans, "code", "") not in STREAM_CONSUMED_CODES:  # else the server is fine
+                    self._mark_down(ep, result.failed[ep])
             else:
                 raise ans
         return result

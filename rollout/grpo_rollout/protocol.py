@@ -328,6 +328,8 @@ ErrorCode = Literal[
     "loading",
     "weight_too_old",
     "weight_version_conflict",
+    "weight_version_refused",
+    "weight_stream_cancelled",
     "internal",
 ]
 

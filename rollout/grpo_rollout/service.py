@@ -8,9 +8,9 @@ generate threads instead; a `Gate` then lets generations overlap and keeps weigh
 Weight versions arrive over HTTP (`add_weights`, staged whole) or streamed over the trainer's
 collective groups (`stream_weights`, applied bucket by bucket on the engine thread, live only when
 every element arrived; a stream that breaks half-way leaves the server refusing work until the
-next complete version). Draining (SIGTERM, e.g. a Spot interruption): new work is refused, work
-that has not started is handed back at once, running work gets until the drain deadline and is
-then handed back unfinished.
+next complete version; a stream any member saw break is called off for all, `weight_stream`).
+Draining (SIGTERM, e.g. a Spot interruption): new work is refused, work that has not started is
+handed back at once, running work gets until the drain deadline and is then handed back unfinished.
 """
 
 import asyncio
@@ -78,6 +78,7 @@ class RolloutService:
         self._gate = Gate()  # many generations or one weight swap
         self.link = weight_stream.ReceiverLink()
         self.torn = False  # a streamed version broke half-way: weights are mixed until the next one
+        self.receiving = False  # a streamed version is on its way in
 
     @property
     def state(self) -> ServerState:
@@ -279,11 +280,14 @@ class RolloutService:
             try:
                 async with self._gate.exclusive():
                     updated = await loop.run_in_executor(self._engine_pool, self._stream_now, req)
+            except weight_stream.StreamCancelled as e:
+                message = f"weight version {req.version}: {e}"
+                raise ServiceError(409, "weight_stream_cancelled", message) from None
             except WeightConflict as e:
                 raise ServiceError(409, "weight_version_conflict", str(e)) from None
             except (ValueError, BadBucket) as e:
                 raise ServiceError(
-                    422, "bad_request", f"weight version {req.version} rejected: {e}"
+                    422, "weight_version_refused", f"weight version {req.version} rejected: {e}"
                 ) from None
             self.metrics.weight_version.set(self.stager.live_version)
             self.metrics.weight_loads.inc()
@@ -302,17 +306,18 @@ class RolloutService:
 
     def _stream_now(self, req: WeightStreamRequest) -> int:
         """On the engine thread (no generate runs meanwhile): join, receive, apply, go live."""
+        self.receiving = True
+        try:
+            return self._receive(req)
+        finally:
+            self.receiving = False
+
+    def _receive(self, req: WeightStreamRequest) -> int:
         assert self.engine is not None
-        groups = self.link.groups_for(
-            epoch=req.epoch,
-            host=req.store_host,
-            port=req.store_port,
-            backend=req.backend,
-            senders=req.senders,
-            servers=req.servers,
-            rank=req.server_rank,
-            timeout_s=req.timeout_s,
+        off = weight_stream.CallOff(
+            weight_stream.store_client(req.store_host, req.store_port, req.timeout_s), req.epoch
         )
+        off.check()  # called off before this server started it: nobody is sending
         refusal: Exception | None = None
         if req.version <= self.stager.live_version:
             refusal = WeightConflict(
@@ -325,15 +330,16 @@ class RolloutService:
                 updater.begin_update(req.tensors)
             except ValueError as e:
                 refusal = e
-        started = refusal is None
+        started, loaded = refusal is None, False
 
         def apply(pieces: list[weight_stream.Piece], payload: torch.Tensor) -> None:
-            nonlocal refusal
+            nonlocal refusal, loaded
             if refusal is not None:
                 return  # consume and drop: the senders finish, the refusal is answered after
             try:
                 for p in pieces:
                     coverage.add(p.name, p.start, p.count)
+                loaded = True
                 updater.load_bucket(
                     [(p.name, p.start, weight_stream.piece_values(payload, p)) for p in pieces]
                 )
@@ -341,20 +347,34 @@ class RolloutService:
                 refusal = e
 
         device = torch.device("cpu") if req.backend == "gloo" else getattr(self.engine, "device", "cuda")
+        broke = False
         try:
-            weight_stream.receive_all(groups, torch.device(device), apply)
+            groups = self.link.groups_for(
+                epoch=req.epoch,
+                host=req.store_host,
+                port=req.store_port,
+                backend=req.backend,
+                senders=req.senders,
+                servers=req.servers,
+                rank=req.server_rank,
+                timeout_s=req.timeout_s,
+                off=off,
+            )
+            weight_stream.receive_all(groups, torch.device(device), apply, off)
             if refusal is None and (missing := coverage.missing()):
                 refusal = BadBucket(
                     f"{len(missing)} tensor(s) incomplete after the stream, e.g. {missing[:3]}"
                 )
-        except Exception:
+        except Exception as e:
+            broke = True
+            if not isinstance(e, weight_stream.StreamCancelled):
+                off.call()  # no member waits on groups this server left
             self.link.reset()  # the groups are broken: the trainer forms new ones next time
-            refusal = refusal or RuntimeError("stream broke")
             raise
         finally:
-            if refusal is not None and started:
+            if (refusal is not None or broke) and started:
                 updater.abort_update()
-                self.torn = True  # some buckets may already be in the live weights
+                self.torn = self.torn or loaded  # buckets may already be in the live weights
         if refusal is not None:
             raise refusal
         updated = updater.finish_update()
@@ -363,7 +383,8 @@ class RolloutService:
         return updated
 
     async def drain(self) -> None:
-        """Refuse new work, give running work until the deadline, then hand back what is left."""
+        """Refuse new work, give running work until the deadline, then hand back what is left; a
+        weight stream being received is finished first (within the deadline)."""
         self.draining = True
         self.metrics.draining.set(1)
         deadline = time.monotonic() + self.config.drain_seconds
@@ -379,6 +400,8 @@ class RolloutService:
             self.hand_back = True
             while self.in_flight and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
+        while self.receiving and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # leaving mid-stream would break it for every other server
 
     def close(self) -> None:
         if self.scorer is not None:

@@ -10,7 +10,12 @@ own group (rank 0 = that trainer rank, ranks 1.. = the servers):
   manifest uint8     JSON list of [name, first element, elements, byte offset, dtype]
   payload  uint8     the bucket
 Broadcasts are asynchronous and the sender fills one buffer while the other is on the wire, so a
-sender holds at most two buckets; a receiver holds one per sender group. Groups are plain
+sender holds at most two buckets; a receiver holds one per sender group. A member that sees the
+stream break (its broadcast failed; the trainer saw a server fail) calls the epoch off in the store
+(`CallOff`), and every member stops waiting on it within a tenth of a second instead of at the
+groups' timeout: nobody blocks in a group where a call-off cannot reach it (members meet in the
+store before gloo connects them; transfers are polled, not waited on). The trainer then streams the
+version again in a new epoch. Groups are plain
 `ProcessGroupGloo`/`ProcessGroupNCCL` objects built on a `TCPStore` the trainer hosts, outside
 `torch.distributed`'s default group, so trainer processes keep their own world and servers can be
 added by forming new groups (a new `epoch`) without touching it.
@@ -20,6 +25,7 @@ import datetime
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -29,6 +35,7 @@ import torch.distributed as dist
 HEADER_WORDS = 3
 ALIGN = 16  # byte alignment of each piece inside a bucket (any dtype can be viewed there)
 STORE_PREFIX = "grpo-weights"
+JOIN_TIMEOUT_S = 15.0  # gloo connecting the members of a group, once all of them are known to be up
 log = logging.getLogger(__name__)
 
 
@@ -69,14 +76,98 @@ def piece_values(payload: torch.Tensor, piece: Piece) -> torch.Tensor:
     return payload[piece.offset : piece.offset + piece.count * size].view(dtype)
 
 
-def make_group(store: dist.Store, rank: int, size: int, backend: str, timeout_s: float) -> dist.ProcessGroup:
-    """A process group of `size` members over `store` (prefix it per group), outside the default world."""
+def make_group(
+    store: dist.Store,
+    rank: int,
+    size: int,
+    backend: str,
+    timeout_s: float,
+    join_timeout_s: float | None = None,
+) -> dist.ProcessGroup:
+    """A process group of `size` members over `store` (prefix it per group), outside the default
+    world; `timeout_s` per operation, `join_timeout_s` (gloo) for connecting the members."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, size, options)
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
+    group = dist.ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=join_timeout_s or timeout_s))
+    group.set_timeout(timeout)
+    return group
+
+
+class StreamCancelled(Exception):
+    """A member of the stream saw it break and called it off for everyone."""
+
+
+def store_client(host: str, port: int, timeout_s: float) -> dist.TCPStore:
+    """A client of the trainer's store (rank 0 hosts it)."""
+    return dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+class CallOff:
+    """The call-off flag of one epoch's stream, a key in the trainer's store. Give it a client of
+    its own: a TCPStore client runs one operation at a time and gloo's rendezvous blocks in one.
+    Calling it asks whether the stream is off (the store at most every `check_every_s`)."""
+
+    def __init__(self, store: dist.Store, epoch: int, check_every_s: float = 0.1) -> None:
+        self.store, self.epoch, self.check_every_s = store, epoch, check_every_s
+        self._key = f"{STORE_PREFIX}/{epoch}/off"
+        self._lock = threading.Lock()
+        self._off, self._next_check = False, 0.0
+
+    def __call__(self) -> bool:
+        with self._lock:
+            if not self._off and time.monotonic() >= self._next_check:
+                self._off = self.store.check([self._key])
+                self._next_check = time.monotonic() + self.check_every_s
+            return self._off
+
+    def call(self) -> None:
+        """Tell every member (trainer ranks and servers) to stop waiting on this stream; best
+        effort (a store that is gone takes the stream with it)."""
+        with self._lock:
+            self._off = True
+        try:
+            self.store.set(self._key, b"1")
+        except Exception as e:
+            log.warning("calling off weight stream %d: %s", self.epoch, e)
+
+    def check(self) -> None:
+        if self():
+            raise StreamCancelled(f"weight stream {self.epoch} was called off by one of its members")
+
+
+def form_group(
+    store: dist.Store, rank: int, size: int, backend: str, timeout_s: float, off: CallOff | None = None
+) -> dist.ProcessGroup:
+    """`make_group` once every member has said in the store that it is here: a member that never
+    comes is then waited for here, where a call-off or the timeout ends the wait (with who is
+    missing), not in gloo's connect, which nothing interrupts; that connect, among members known to
+    be up, gets JOIN_TIMEOUT_S (a member dying in it holds the others that long, not `timeout_s`)."""
+    store.set(f"here/{rank}", b"1")
+    keys = [f"here/{r}" for r in range(size)]
+    deadline = time.monotonic() + timeout_s
+    while not store.check(keys):
+        if off is not None:
+            off.check()
+        if time.monotonic() > deadline:
+            missing = [r for r in range(size) if not store.check([f"here/{r}"])]
+            raise TimeoutError(f"weight group members {missing} did not join within {timeout_s:.0f}s")
+        time.sleep(0.02)
+    return make_group(store, rank, size, backend, timeout_s, min(timeout_s, JOIN_TIMEOUT_S))
+
+
+def wait(work: dist.Work, off: CallOff | None = None) -> None:
+    """`work.wait()`, polled, so that a call-off ends it (StreamCancelled). The work itself may
+    stay pending in the group; `abort` the group afterwards (NCCL: frees the GPU)."""
+    if off is not None:
+        pause = 5e-5
+        while not work.is_completed():
+            off.check()
+            time.sleep(pause)
+            pause = min(2 * pause, 2e-3)
+    work.wait()
 
 
 def abort(group: dist.ProcessGroup | None) -> None:
@@ -91,14 +182,6 @@ def abort(group: dist.ProcessGroup | None) -> None:
         log.debug("aborting a weight group: %s", e)
 
 
-def group_store(host: str, port: int, epoch: int, sender: int, timeout_s: float, *, master: bool = False):
-    """The store of sender `sender`'s group in `epoch`; `master` hosts the TCPStore (trainer rank 0)."""
-    tcp = dist.TCPStore(
-        host, port, is_master=master, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
-    )
-    return tcp, dist.PrefixStore(f"{STORE_PREFIX}/{epoch}/{sender}", tcp)
-
-
 def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor):
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
@@ -109,12 +192,18 @@ class BucketSender:
     """Packs (name, first element, 1-D values) items into buckets and broadcasts them in `group`.
 
     `peak_bytes` counts every buffer this sender allocates (buckets, headers, manifests) at its
-    highest: at most two buckets plus a few kilobytes, whatever the model size."""
+    highest: at most two buckets plus a few kilobytes, whatever the model size. `off`: the stream's
+    call-off, which ends a wait on the wire (StreamCancelled)."""
 
     def __init__(
-        self, group: dist.ProcessGroup, dtype: torch.dtype, bucket_bytes: int, device: torch.device
+        self,
+        group: dist.ProcessGroup,
+        dtype: torch.dtype,
+        bucket_bytes: int,
+        device: torch.device,
+        off: CallOff | None = None,
     ) -> None:
-        self.group, self.dtype, self.device = group, dtype, device
+        self.group, self.dtype, self.device, self.off = group, dtype, device, off
         self.bucket_bytes = max(ALIGN, bucket_bytes - bucket_bytes % ALIGN)
         self.esize = torch.empty((), dtype=dtype).element_size()
         self._buffers: list[torch.Tensor] = []
@@ -136,7 +225,7 @@ class BucketSender:
     def _wait(self, slot: int) -> None:
         works, kept = self._pending[slot]
         for work in works:
-            work.wait()
+            wait(work, self.off)
         self._free(kept)
         self._pending[slot] = ([], [])
 
@@ -182,7 +271,7 @@ class BucketSender:
         work = _broadcast(self.group, end)
         for s in (0, 1):
             self._wait(s)
-        work.wait()
+        wait(work, self.off)
         self._free([end])
 
     def close(self) -> None:
@@ -191,42 +280,48 @@ class BucketSender:
 
 
 def receive_buckets(
-    group: dist.ProcessGroup, device: torch.device
+    group: dist.ProcessGroup, device: torch.device, off: CallOff | None = None
 ) -> Iterator[tuple[list[Piece], torch.Tensor]]:
     """(pieces, payload) per bucket of one sender's stream, until its end marker. The payload buffer
     is reused for the next bucket: consume each before asking for the next."""
     buffer = torch.empty(0, dtype=torch.uint8, device=device)
     while True:
         header = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=device)
-        _broadcast(group, header).wait()
+        wait(_broadcast(group, header), off)
         kind, manifest_len, payload_len = (int(x) for x in header.tolist())
         if kind == 0:
             return
         meta = torch.empty(manifest_len, dtype=torch.uint8, device=device)
-        _broadcast(group, meta).wait()
+        wait(_broadcast(group, meta), off)
         if buffer.numel() < payload_len:
             buffer = torch.empty(payload_len, dtype=torch.uint8, device=device)
         payload = buffer[:payload_len]
-        _broadcast(group, payload).wait()
+        wait(_broadcast(group, payload), off)
         yield decode_manifest(bytes(meta.cpu().numpy())), payload
 
 
 def receive_all(
-    groups: list[dist.ProcessGroup], device: torch.device, apply: Callable[[list[Piece], torch.Tensor], None]
+    groups: list[dist.ProcessGroup],
+    device: torch.device,
+    apply: Callable[[list[Piece], torch.Tensor], None],
+    off: CallOff | None = None,
 ) -> int:
     """Receive every sender's stream at once (a thread per group; `apply` runs under one lock);
-    return the bytes received. The first failure is raised after every thread stopped."""
+    return the bytes received. A group that fails calls the stream off, so the other threads stop
+    too; the first real failure is raised once every thread stopped."""
     lock = threading.Lock()
     errors: list[BaseException] = []
     received = [0]
 
     def one(group: dist.ProcessGroup) -> None:
         try:
-            for pieces, payload in receive_buckets(group, device):
+            for pieces, payload in receive_buckets(group, device, off):
                 with lock:
                     apply(pieces, payload)
                     received[0] += payload.numel()
         except BaseException as e:  # reported by the caller, with the other threads joined
+            if off is not None and not isinstance(e, StreamCancelled):
+                off.call()
             errors.append(e)
 
     threads = [
@@ -237,7 +332,7 @@ def receive_all(
     for t in threads:
         t.join()
     if errors:
-        raise errors[0]
+        raise next((e for e in errors if not isinstance(e, StreamCancelled)), errors[0])
     return received[0]
 
 
@@ -261,18 +356,20 @@ class ReceiverLink:
         servers: int,
         rank: int,
         timeout_s: float,
+        off: CallOff | None = None,
     ) -> list[dist.ProcessGroup]:
         key = (epoch, host, port, backend, senders, servers, rank)
         if key != self.key:
             self.reset()
-            tcp = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+            tcp = store_client(host, port, timeout_s)
             self.groups = [
-                make_group(
+                form_group(
                     dist.PrefixStore(f"{STORE_PREFIX}/{epoch}/{s}", tcp),
                     1 + rank,
                     1 + servers,
                     backend,
                     timeout_s,
+                    off,
                 )
                 for s in range(senders)
             ]

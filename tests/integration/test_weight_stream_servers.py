@@ -4,11 +4,14 @@ Two sender threads play trainer ranks (each sends its half of every tensor, `own
 world 2); the servers are real `python -m grpo_rollout serve` processes with the torch engine,
 told over HTTP (`/weights/stream`) to join the groups. Checked: the streamed weights are exactly
 those pushed over HTTP (same seed, same samples and log-probs), a version missing a piece never
-goes live, and a server that starts late joins the groups of the next version (a new epoch).
+goes live, a server that starts late joins the groups of the next version (a new epoch), a stream
+a sender broke is called off at the servers still up (they answer at once, not at the groups'
+timeout), and a server told to stop mid-stream finishes the stream before it exits.
 """
 
 import asyncio
 import random
+import signal
 import threading
 from pathlib import Path
 
@@ -42,7 +45,8 @@ def trained(model_dir: Path) -> torch.nn.Module:
 
 def stream(senders, urls, version, epoch, model, *, skip: str | None = None, midway=None, timeout_s=60):
     """Stream `model` as `version` from both senders to `urls`; the servers' answers by URL.
-    `midway()` runs once rank 0 has handed over half its tensors; a sender's error is then expected."""
+    `midway()` runs once rank 0 has handed over half its tensors; a sender's error is then expected.
+    As in the trainer, a server failing calls the stream off. The servers must answer within 60 s."""
     shapes = {k: list(v.shape) for k, v in model.state_dict().items() if k not in tied_aliases(model)}
     store = dict(store_host="127.0.0.1", store_port=senders[0].store.port)
     shared = dict(**store, backend="gloo", timeout_s=timeout_s, senders=2)
@@ -73,14 +77,16 @@ def stream(senders, urls, version, epoch, model, *, skip: str | None = None, mid
 
     async def tell():
         async with RolloutClient(urls, TOKEN) as client:
-            return await client.stream_weights(requests)
+            call_off = lambda *_: senders[0].call_off(epoch)  # noqa: E731
+            return await asyncio.wait_for(client.stream_weights(requests, call_off), 60)
 
     threads = [threading.Thread(target=send, args=(r,)) for r in range(2)]
     for t in threads:
         t.start()
     result = asyncio.run(tell())
     for t in threads:
-        t.join(120)
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a sender still waits on its group"
     assert (midway is not None) or not errors, errors
     return result
 
@@ -154,17 +160,50 @@ def test_streamed_weights_are_exact_go_live_only_whole_and_late_servers_join_the
             late.wait(timeout=30)
 
 
-def test_a_server_lost_mid_stream_fails_there_and_the_survivor_takes_the_next_epoch(model_dir, tmp_path):
+def test_a_server_lost_mid_stream_is_called_off_at_the_survivor_which_takes_the_next_epoch(
+    model_dir, tmp_path
+):
     """What the trainer's retry relies on: a member killed mid-stream breaks that version's groups
-    (it may go live at no server; a server still up may wait there up to the groups' timeout), and
-    the server still up joins new groups for the next try."""
+    (it may go live at no server); whoever sees it break calls the stream off, so the senders and the
+    server still up stop waiting (the groups' 300 s timeout would outlast the 60 s `stream` allows)
+    and the survivor joins new groups for the next try. A stream called off before a server starts
+    it is refused there without joining."""
     model = trained(model_dir)
     port = free_port()
-    senders = [StreamSender("127.0.0.1", port, rank, timeout_s=10) for rank in (0, 1)]
+    senders = [StreamSender("127.0.0.1", port, rank, timeout_s=300) for rank in (0, 1)]
     with running_servers(model_dir, tmp_path, TOKEN, count=2) as (urls, procs):
         epoch = random.getrandbits(40)
-        result = stream(senders, urls, 1, epoch, model, midway=procs[1].kill, timeout_s=10)
+        result = stream(senders, urls, 1, epoch, model, midway=procs[1].kill, timeout_s=300)
         assert urls[1] in result.failed and urls[1] not in result.live
         assert live(urls[0]) in (0, 1)  # whole or not at all
+        assert result.live == {urls[0]: 1} or urls[0] in result.failed, result
         result = stream(senders, urls[:1], 2, random.getrandbits(40), model)
         assert result.live == {urls[0]: 2} and not result.failed
+
+        called_off = random.getrandbits(40)
+        shapes = {k: list(v.shape) for k, v in model.state_dict().items() if k not in tied_aliases(model)}
+        request = WeightStreamRequest(
+            version=3, epoch=called_off, servers=1, server_rank=0, tensors=shapes, backend="gloo",
+            store_host="127.0.0.1", store_port=senders[0].store.port, timeout_s=300, senders=2,
+        )  # fmt: skip
+
+        async def streamed_after_its_call_off():
+            async with RolloutClient(urls[:1], TOKEN) as client:
+                return await asyncio.wait_for(client.stream_weights({urls[0]: request}), 60)
+
+        senders[1].call_off(called_off)  # no sender will come: without the call-off it waits 300 s
+        result = asyncio.run(streamed_after_its_call_off())
+        assert "weight_stream_cancelled" in result.failed[urls[0]] and live(urls[0]) == 2
+
+
+def test_a_server_told_to_stop_mid_stream_finishes_it_first(model_dir, tmp_path):
+    """A rollout pod scaled away or preempted while a version streams: leaving mid-stream would break
+    the groups for every server, so its drain lets the stream end; both servers take the version."""
+    model = trained(model_dir)
+    port = free_port()
+    senders = [StreamSender("127.0.0.1", port, rank, timeout_s=60) for rank in (0, 1)]
+    with running_servers(model_dir, tmp_path, TOKEN, count=2) as (urls, procs):
+        stop = lambda: procs[1].send_signal(signal.SIGTERM)  # noqa: E731
+        result = stream(senders, urls, 1, random.getrandbits(40), model, midway=stop)
+        assert result.live == {u: 1 for u in urls} and not result.failed, result
+        assert procs[1].wait(timeout=60) == 0

@@ -51,7 +51,7 @@ def stream(state: dict[str, torch.Tensor], dtype: torch.dtype, bucket_bytes: int
         try:
             own = dist.TCPStore("127.0.0.1", port, is_master=False)  # one client per thread, as per process
             store = dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/7/{rank}", own)
-            group = weight_stream.make_group(store, 0, 1 + SERVERS, "gloo", 30)
+            group = weight_stream.form_group(store, 0, 1 + SERVERS, "gloo", 30)
             s = weight_stream.BucketSender(group, dtype, bucket_bytes, torch.device("cpu"))
             items = []
             for name, t in state.items():
@@ -114,6 +114,60 @@ def test_what_arrives_is_bitwise_what_the_trainer_holds_in_the_rollout_dtype(dty
         assert digest(received[i]) == expected
     assert all(buckets > 2 for buckets, _ in stats.values())  # really bucketed
     assert all(peak <= 2 * 4096 + 4096 for _, peak in stats.values())  # two buckets + headers/manifests
+
+
+def _in_thread(fn) -> tuple[threading.Thread, list]:
+    """Run `fn` on a thread; the list gets its result or the exception it raised."""
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append(fn())
+        except Exception as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_call_off_ends_the_wait_for_a_member_that_never_comes_and_for_a_transfer():
+    """The two places a stream member waits (the group's rendezvous, a broadcast in flight) end
+    when another member calls the epoch off, long before the 300 s group timeout; without a
+    call-off the rendezvous names the member that never came."""
+    port = free_port()
+    _server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # kept alive
+
+    def client() -> dist.TCPStore:
+        return weight_stream.store_client("127.0.0.1", port, 300)
+
+    def at(epoch: int) -> dist.Store:
+        return dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/{epoch}/0", client())
+
+    with pytest.raises(TimeoutError, match=r"members \[1\] did not join"):
+        weight_stream.form_group(at(4), 0, 2, "gloo", timeout_s=0.5)
+
+    off = weight_stream.CallOff(client(), 5)
+    lonely, outcome = _in_thread(lambda: weight_stream.form_group(at(5), 0, 2, "gloo", 300, off))
+    lonely.join(0.5)
+    assert lonely.is_alive()  # waiting for member 1
+    weight_stream.CallOff(client(), 5).call()
+    lonely.join(10)
+    assert isinstance(outcome[0], weight_stream.StreamCancelled), outcome
+
+    root, formed = _in_thread(lambda: weight_stream.form_group(at(6), 0, 2, "gloo", 300))
+    member = weight_stream.form_group(at(6), 1, 2, "gloo", 300)
+    root.join(30)
+    off = weight_stream.CallOff(client(), 6)
+    receiving, outcome = _in_thread(
+        lambda: next(weight_stream.receive_buckets(member, torch.device("cpu"), off))
+    )
+    receiving.join(0.5)
+    assert receiving.is_alive()  # the root never sends
+    weight_stream.CallOff(client(), 6).call()
+    receiving.join(10)
+    assert isinstance(outcome[0], weight_stream.StreamCancelled), outcome
+    formed.clear()  # the root's group goes first: its connections close and end the member's broadcast
 
 
 def test_coverage_names_gaps_overlaps_and_strangers():

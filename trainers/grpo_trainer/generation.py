@@ -24,7 +24,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -272,11 +272,12 @@ class Generator:
         return {"epoch": self._group[0], "servers": servers}
 
     def stream(
-        self, plan: dict, version: int, request: dict
+        self, plan: dict, version: int, request: dict, on_failure: Callable[[str, Exception], None]
     ) -> "concurrent.futures.Future[WeightPushResult]":
         """Tell every server of `plan` to receive `version` over the groups (`request`: the
         WeightStreamRequest fields shared by all); the caller sends meanwhile, then waits on the
-        Future. Raises WeightSyncError (from the Future) when no server took it."""
+        Future. `on_failure(server, error)` hears at once of a server that failed (the caller calls
+        the stream off). Raises WeightSyncError (from the Future) when no server took it."""
         servers = plan["servers"]
         requests = {
             ep: WeightStreamRequest(
@@ -284,11 +285,16 @@ class Generator:
             )
             for i, ep in enumerate(servers)
         }
-        return self._run(self._stream(requests, version))
+        return self._run(self._stream(requests, version, on_failure))
 
-    async def _stream(self, requests: dict[str, WeightStreamRequest], version: int) -> WeightPushResult:
+    async def _stream(
+        self,
+        requests: dict[str, WeightStreamRequest],
+        version: int,
+        on_failure: Callable[[str, Exception], None],
+    ) -> WeightPushResult:
         async with self._push_lock:  # a joining server is admitted between pushes, never during one
-            result = await self._client.stream_weights(requests)
+            result = await self._client.stream_weights(requests, on_failure)
             if result.failed:
                 self._group = None  # the groups of a failed stream are formed again
             if not result.live:

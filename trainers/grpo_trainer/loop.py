@@ -237,7 +237,8 @@ def _stream_once(run: Run, version: int) -> dict[str, str] | None:
             timeout_s=timeout_s,
             tensors=weight_sync.full_shapes(run.model),
         )
-        pending = run.generator.stream(plan, version, request)
+        streamer = run.streamer
+        pending = run.generator.stream(plan, version, request, lambda *_: streamer.call_off(plan["epoch"]))
     t0 = time.monotonic()
     try:
         stats = run.streamer.send(

@@ -138,18 +138,25 @@ class StreamSender:
             log.warning("weight-sync port %d is in use; hosting the store on a free port instead", port)
             self.store = dist.TCPStore(host, 0, is_master=True, timeout=timeout, wait_for_workers=False)
         self.port = self.store.port
+        self._watch = weight_stream.store_client(host, self.port, timeout_s)  # a client for call-offs
         self._key: tuple | None = None
         self._group: dist.ProcessGroup | None = None
 
-    def group(self, epoch: int, servers: int, backend: str) -> dist.ProcessGroup:
+    def group(
+        self, epoch: int, servers: int, backend: str, off: weight_stream.CallOff | None = None
+    ) -> dist.ProcessGroup:
         """This rank's group of `epoch` (rank 0 in it, the servers 1..); blocks until they join."""
         key = (epoch, servers, backend)
         if key != self._key or self._group is None:
-            self._group = None
+            self._key, self._group = None, None
             prefixed = dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/{epoch}/{self.rank}", self.store)
-            self._group = weight_stream.make_group(prefixed, 0, 1 + servers, backend, self.timeout_s)
+            self._group = weight_stream.form_group(prefixed, 0, 1 + servers, backend, self.timeout_s, off)
             self._key = key
         return self._group
+
+    def call_off(self, epoch: int) -> None:
+        """Stop every member waiting on `epoch`'s stream (any thread)."""
+        weight_stream.CallOff(self._watch, epoch).call()
 
     def send(
         self,
@@ -162,13 +169,18 @@ class StreamSender:
         bucket_bytes: int,
         device: torch.device,
     ) -> SendStats:
+        """Form (or reuse) the epoch's group and stream `items`. A failure here calls the stream off
+        for every member; a call-off by another member ends this rank's part (StreamCancelled)."""
+        off = weight_stream.CallOff(self._watch, epoch)
         try:
             sender = weight_stream.BucketSender(
-                self.group(epoch, servers, backend), dtype, bucket_bytes, device
+                self.group(epoch, servers, backend, off), dtype, bucket_bytes, device, off
             )
             sender.send(items)
-        except Exception:
-            weight_stream.abort(self._group)  # released now; a retry forms new groups
+        except Exception as e:
+            if not isinstance(e, weight_stream.StreamCancelled):
+                off.call()
+            weight_stream.abort(self._group)  # NCCL: ends the transfer still queued on the GPU
             self._key, self._group = None, None  # a broken group is formed again next time
             raise
         sender.close()
