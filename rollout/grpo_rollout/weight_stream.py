@@ -13,17 +13,21 @@ Broadcasts are asynchronous and the sender fills one buffer while the other is o
 sender holds at most two buckets; a receiver holds one per sender group. A member that sees the
 stream break (its broadcast failed; the trainer saw a server fail) calls the epoch off in the store
 (`CallOff`), and every member stops waiting on it within a tenth of a second instead of at the
-groups' timeout: nobody blocks in a group where a call-off cannot reach it (members meet in the
-store before gloo connects them; transfers are polled, not waited on). The trainer then streams the
-version again in a new epoch. Groups are plain
+groups' timeout: nobody blocks where a call-off cannot reach them (members meet in the store before
+gloo connects them, the connect runs on a thread of its own, transfers are polled). The trainer
+then streams the version again in a new epoch. A group left with transfers in flight is `retire`d:
+gloo cannot abort them, and freeing a `ProcessGroupGloo` waits for them (up to the op timeout) in
+whichever thread drops the last reference, so a reaper thread holds it until they end. Groups are plain
 `ProcessGroupGloo`/`ProcessGroupNCCL` objects built on a `TCPStore` the trainer hosts, outside
 `torch.distributed`'s default group, so trainer processes keep their own world and servers can be
 added by forming new groups (a new `epoch`) without touching it.
 """
 
+import contextlib
 import datetime
 import json
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -140,11 +144,12 @@ class CallOff:
 
 def form_group(
     store: dist.Store, rank: int, size: int, backend: str, timeout_s: float, off: CallOff | None = None
-) -> dist.ProcessGroup:
+) -> "Group":
     """`make_group` once every member has said in the store that it is here: a member that never
     comes is then waited for here, where a call-off or the timeout ends the wait (with who is
-    missing), not in gloo's connect, which nothing interrupts; that connect, among members known to
-    be up, gets JOIN_TIMEOUT_S (a member dying in it holds the others that long, not `timeout_s`)."""
+    missing). gloo's connect that follows, among members known to be up, gets JOIN_TIMEOUT_S; nothing
+    interrupts it, and a member that dies in it after publishing its address holds the others five
+    times that long (75 s measured), so under a call-off it runs on a thread of its own (`_connect`)."""
     store.set(f"here/{rank}", b"1")
     keys = [f"here/{r}" for r in range(size)]
     deadline = time.monotonic() + timeout_s
@@ -155,12 +160,37 @@ def form_group(
             missing = [r for r in range(size) if not store.check([f"here/{r}"])]
             raise TimeoutError(f"weight group members {missing} did not join within {timeout_s:.0f}s")
         time.sleep(0.02)
-    return make_group(store, rank, size, backend, timeout_s, min(timeout_s, JOIN_TIMEOUT_S))
+    join_timeout_s = min(timeout_s, JOIN_TIMEOUT_S)
+    if off is None:
+        return Group(make_group(store, rank, size, backend, timeout_s, join_timeout_s))
+    return Group(_connect(lambda: make_group(store, rank, size, backend, timeout_s, join_timeout_s), off))
+
+
+def _connect(make: Callable[[], dist.ProcessGroup], off: CallOff) -> dist.ProcessGroup:
+    """`make()` on a daemon thread, waited for while the call-off is watched: a call-off leaves the
+    connect to end on its own (a group it forms after all has no transfers: freeing it is quick)."""
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append(make())
+        except BaseException as e:  # raised below, in the caller
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, name="weights-connect", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.05)
+        if thread.is_alive():
+            off.check()
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
 def wait(work: dist.Work, off: CallOff | None = None) -> None:
     """`work.wait()`, polled, so that a call-off ends it (StreamCancelled). The work itself may
-    stay pending in the group; `abort` the group afterwards (NCCL: frees the GPU)."""
+    stay pending in the group: `retire` the group afterwards."""
     if off is not None:
         pause = 5e-5
         while not work.is_completed():
@@ -170,22 +200,75 @@ def wait(work: dist.Work, off: CallOff | None = None) -> None:
     work.wait()
 
 
-def abort(group: dist.ProcessGroup | None) -> None:
-    """Release a group this side is done with (its connections, an NCCL communicator) now, not
-    whenever the object is collected; best effort. Its other members are not woken by it: over
-    gloo a server still waiting in a broken group waits for the group's timeout."""
+class Group:
+    """A weight group and the transfers it started, so that `retire` knows whether any is still in
+    flight (every broadcast of this module goes through `broadcast`)."""
+
+    def __init__(self, pg: dist.ProcessGroup) -> None:
+        self.pg = pg
+        self._works: list[dist.Work] = []
+
+    def broadcast(self, tensor: torch.Tensor) -> dist.Work:
+        """Broadcast `tensor` from rank 0 (asynchronous)."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        work = self.pg.broadcast([tensor], opts)
+        self.in_flight()
+        self._works.append(work)
+        return work
+
+    def in_flight(self) -> int:
+        """Transfers started here and not yet ended (done, failed or timed out); forgets the ended
+        ones, and with them the buffers they kept alive."""
+        self._works = [w for w in self._works if not w.is_completed()]
+        return len(self._works)
+
+
+_reaper_lock = threading.Lock()
+_reaper_inbox: "queue.SimpleQueue[Group] | None" = None
+_retiring = [0]
+
+
+def _reap(inbox: "queue.SimpleQueue[Group]") -> None:
+    """Hold retired groups until their transfers end, then drop them (a quick free by then). The
+    held list lives in this daemon thread only: at interpreter exit nobody frees what it holds."""
+    held: list[Group] = []
+    while True:
+        with contextlib.suppress(queue.Empty):
+            held.append(inbox.get(timeout=0.5))
+        busy = [g for g in held if g.in_flight()]
+        with _reaper_lock:
+            _retiring[0] -= len(held) - len(busy)
+        held = busy
+
+
+def retiring() -> int:
+    """Retired groups the reaper still holds (their transfers have not ended yet)."""
+    with _reaper_lock:
+        return _retiring[0]
+
+
+def retire(group: Group | None) -> None:
+    """Release a group this side is done with, without blocking on it: an NCCL communicator is
+    aborted now (its queued transfers end and the GPU memory is freed); a gloo group, whose transfers
+    nothing can abort, is handed to the reaper if any is still in flight, and freed once they end
+    (their peers' failure or the op timeout; the buckets they hold stay until then). Call it before
+    dropping the group anywhere else."""
+    global _reaper_inbox
     if group is None:
         return
     try:
-        group.abort()
+        group.pg.abort()
     except Exception as e:
         log.debug("aborting a weight group: %s", e)
-
-
-def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor):
-    opts = dist.BroadcastOptions()
-    opts.rootRank = 0
-    return group.broadcast([tensor], opts)
+    if not group.in_flight():
+        return
+    with _reaper_lock:
+        if _reaper_inbox is None:
+            _reaper_inbox = queue.SimpleQueue()
+            threading.Thread(target=_reap, args=(_reaper_inbox,), name="weights-reaper", daemon=True).start()
+        _retiring[0] += 1
+        _reaper_inbox.put(group)
 
 
 class BucketSender:
@@ -197,7 +280,7 @@ class BucketSender:
 
     def __init__(
         self,
-        group: dist.ProcessGroup,
+        group: Group,
         dtype: torch.dtype,
         bucket_bytes: int,
         device: torch.device,
@@ -240,7 +323,7 @@ class BucketSender:
         header.copy_(torch.tensor([1, len(manifest), fill], dtype=torch.int64))
         meta = self._alloc(len(manifest))
         meta.copy_(torch.frombuffer(bytearray(manifest), dtype=torch.uint8))
-        works = [_broadcast(self.group, t) for t in (header, meta, self._buffers[slot][:fill])]
+        works = [self.group.broadcast(t) for t in (header, meta, self._buffers[slot][:fill])]
         self._pending[slot] = (works, [header, meta])
         self.buckets += 1
         self.sent_bytes += fill
@@ -268,10 +351,11 @@ class BucketSender:
         if pieces:
             self._flush(slot, pieces, fill)
         end = self._alloc(HEADER_WORDS, torch.int64).zero_()
-        work = _broadcast(self.group, end)
+        work = self.group.broadcast(end)
         for s in (0, 1):
             self._wait(s)
         wait(work, self.off)
+        self.group.in_flight()  # the finished transfers let go of the buckets
         self._free([end])
 
     def close(self) -> None:
@@ -280,28 +364,29 @@ class BucketSender:
 
 
 def receive_buckets(
-    group: dist.ProcessGroup, device: torch.device, off: CallOff | None = None
+    group: Group, device: torch.device, off: CallOff | None = None
 ) -> Iterator[tuple[list[Piece], torch.Tensor]]:
     """(pieces, payload) per bucket of one sender's stream, until its end marker. The payload buffer
     is reused for the next bucket: consume each before asking for the next."""
     buffer = torch.empty(0, dtype=torch.uint8, device=device)
     while True:
         header = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=device)
-        wait(_broadcast(group, header), off)
+        wait(group.broadcast(header), off)
         kind, manifest_len, payload_len = (int(x) for x in header.tolist())
         if kind == 0:
+            group.in_flight()  # the finished transfers let go of the last payload
             return
         meta = torch.empty(manifest_len, dtype=torch.uint8, device=device)
-        wait(_broadcast(group, meta), off)
+        wait(group.broadcast(meta), off)
         if buffer.numel() < payload_len:
             buffer = torch.empty(payload_len, dtype=torch.uint8, device=device)
         payload = buffer[:payload_len]
-        wait(_broadcast(group, payload), off)
+        wait(group.broadcast(payload), off)
         yield decode_manifest(bytes(meta.cpu().numpy())), payload
 
 
 def receive_all(
-    groups: list[dist.ProcessGroup],
+    groups: list[Group],
     device: torch.device,
     apply: Callable[[list[Piece], torch.Tensor], None],
     off: CallOff | None = None,
@@ -313,7 +398,7 @@ def receive_all(
     errors: list[BaseException] = []
     received = [0]
 
-    def one(group: dist.ProcessGroup) -> None:
+    def one(group: Group) -> None:
         try:
             for pieces, payload in receive_buckets(group, device, off):
                 with lock:
@@ -342,7 +427,7 @@ class ReceiverLink:
 
     def __init__(self) -> None:
         self.key: tuple | None = None
-        self.groups: list[dist.ProcessGroup] = []
+        self.groups: list[Group] = []
         self._store: dist.Store | None = None
 
     def groups_for(
@@ -357,7 +442,7 @@ class ReceiverLink:
         rank: int,
         timeout_s: float,
         off: CallOff | None = None,
-    ) -> list[dist.ProcessGroup]:
+    ) -> list[Group]:
         key = (epoch, host, port, backend, senders, servers, rank)
         if key != self.key:
             self.reset()
@@ -380,5 +465,5 @@ class ReceiverLink:
         """Forget and release the groups (a broken stream leaves them unusable; a new epoch
         replaces them)."""
         for group in self.groups:
-            abort(group)
+            retire(group)
         self.key, self.groups, self._store = None, [], None

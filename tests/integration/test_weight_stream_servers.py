@@ -12,7 +12,9 @@ timeout), and a server told to stop mid-stream finishes the stream before it exi
 import asyncio
 import random
 import signal
+import sys
 import threading
+import traceback
 from pathlib import Path
 
 import pytest
@@ -86,7 +88,10 @@ def stream(senders, urls, version, epoch, model, *, skip: str | None = None, mid
     result = asyncio.run(tell())
     for t in threads:
         t.join(60)
-    assert not any(t.is_alive() for t in threads), "a sender still waits on its group"
+    stuck = [t for t in threads if t.is_alive()]
+    frames = sys._current_frames()
+    where = "".join(f"\n{t.name}:\n" + "".join(traceback.format_stack(frames[t.ident])) for t in stuck)
+    assert not stuck, f"a sender still waits on its group (errors: {errors}){where}"
     assert (midway is not None) or not errors, errors
     return result
 

@@ -7,6 +7,7 @@ sender has its own group with both receivers. What arrives is hashed against wha
 
 import hashlib
 import threading
+import time
 
 import pytest
 import torch
@@ -168,6 +169,79 @@ def test_a_call_off_ends_the_wait_for_a_member_that_never_comes_and_for_a_transf
     receiving.join(10)
     assert isinstance(outcome[0], weight_stream.StreamCancelled), outcome
     formed.clear()  # the root's group goes first: its connections close and end the member's broadcast
+
+
+MEMBER = """
+import sys
+import torch.distributed as dist
+from grpo_rollout import weight_stream
+
+port = int(sys.argv[1])
+client = weight_stream.store_client("127.0.0.1", port, 300)
+weight_stream.form_group(dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/9/0", client), 1, 2, "gloo", 300)
+"""
+
+
+def test_a_call_off_reaches_a_member_stuck_connecting_to_one_that_died_there():
+    """A member killed inside gloo's connect, after it published its address, holds the others in
+    theirs for five times the join timeout (75 s): a server scaled away as a new epoch formed hung
+    the trainer and the other servers past every deadline. A call-off ends that wait too."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    _server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # kept alive
+    client = weight_stream.store_client("127.0.0.1", port, 300)
+    member = subprocess.Popen([sys.executable, "-c", MEMBER, str(port)])
+    try:
+        client.wait([f"{weight_stream.STORE_PREFIX}/9/0/here/1"])
+        time.sleep(1.0)  # it is in gloo's connect now, its address published, waiting for the root's
+    finally:
+        member.kill()
+        member.wait()
+    at = dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/9/0", client)
+    off = weight_stream.CallOff(weight_stream.store_client("127.0.0.1", port, 300), 9)
+    root, outcome = _in_thread(lambda: weight_stream.form_group(at, 0, 2, "gloo", 300, off))
+    root.join(1.0)
+    assert root.is_alive()  # connecting to the dead member
+    weight_stream.CallOff(weight_stream.store_client("127.0.0.1", port, 300), 9).call()
+    root.join(10)
+    assert not root.is_alive(), "the call-off did not reach a member stuck in gloo's connect"
+    assert isinstance(outcome[0], weight_stream.StreamCancelled), outcome
+
+
+def test_a_retired_group_with_a_transfer_in_flight_never_blocks_the_thread_that_lets_it_go():
+    """gloo cannot abort a broadcast, and freeing a `ProcessGroupGloo` waits for its transfers (up
+    to the op timeout, 300 s here) in whichever thread drops the last reference: after a call-off
+    that thread was a server's request handler or the trainer's loop, which then hung. Retired, the
+    group is held by the reaper, and freed there once its transfer ends (here: the root leaves)."""
+    port = free_port()
+    _server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # kept alive
+
+    def at() -> dist.Store:
+        client = weight_stream.store_client("127.0.0.1", port, 300)
+        return dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/8/0", client)
+
+    root, formed = _in_thread(lambda: weight_stream.form_group(at(), 0, 2, "gloo", 300))
+    member = weight_stream.form_group(at(), 1, 2, "gloo", 300)
+    root.join(30)
+    before = weight_stream.retiring()
+
+    def give_up(group: weight_stream.Group) -> None:
+        group.broadcast(torch.zeros(4))  # the root never sends
+        weight_stream.retire(group)
+
+    leaving = threading.Thread(target=give_up, args=(member,), daemon=True)
+    del member
+    leaving.start()
+    leaving.join(20)  # the thread's frame, the last holder but the reaper, is gone once it ends
+    assert not leaving.is_alive(), "dropping a retired group blocked on its transfer"
+    assert weight_stream.retiring() == before + 1  # still in flight: the reaper holds it
+    formed.clear()  # the root's group goes: its connections close and end the member's broadcast
+    deadline = time.monotonic() + 30
+    while weight_stream.retiring() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert weight_stream.retiring() == before, "the reaper kept a group whose transfer ended"
 
 
 def test_coverage_names_gaps_overlaps_and_strangers():

@@ -140,14 +140,15 @@ class StreamSender:
         self.port = self.store.port
         self._watch = weight_stream.store_client(host, self.port, timeout_s)  # a client for call-offs
         self._key: tuple | None = None
-        self._group: dist.ProcessGroup | None = None
+        self._group: weight_stream.Group | None = None
 
     def group(
         self, epoch: int, servers: int, backend: str, off: weight_stream.CallOff | None = None
-    ) -> dist.ProcessGroup:
+    ) -> weight_stream.Group:
         """This rank's group of `epoch` (rank 0 in it, the servers 1..); blocks until they join."""
         key = (epoch, servers, backend)
         if key != self._key or self._group is None:
+            weight_stream.retire(self._group)
             self._key, self._group = None, None
             prefixed = dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/{epoch}/{self.rank}", self.store)
             self._group = weight_stream.form_group(prefixed, 0, 1 + servers, backend, self.timeout_s, off)
@@ -180,7 +181,7 @@ class StreamSender:
         except Exception as e:
             if not isinstance(e, weight_stream.StreamCancelled):
                 off.call()
-            weight_stream.abort(self._group)  # NCCL: ends the transfer still queued on the GPU
+            weight_stream.retire(self._group)  # before any other reference to it goes
             self._key, self._group = None, None  # a broken group is formed again next time
             raise
         sender.close()
