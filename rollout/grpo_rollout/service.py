@@ -367,7 +367,7 @@ class RolloutService:
                 )
         except Exception as e:
             broke = True
-            log.warning("weight version %d (stream %d) broke here: %s", req.version, req.epoch, e)
+            log.warning("weight version %d (stream %d) broke: %s", req.version, req.epoch, e)
             if not isinstance(e, weight_stream.StreamCancelled):
                 off.call()  # no member waits on groups this server left
             self.link.reset()  # the groups are broken: the trainer forms new ones next time

@@ -17,17 +17,16 @@ groups' timeout: nobody blocks where a call-off cannot reach them (members meet 
 gloo connects them, the connect runs on a thread of its own, transfers are polled). The trainer
 then streams the version again in a new epoch. A group left with transfers in flight is `retire`d:
 gloo cannot abort them, and freeing a `ProcessGroupGloo` waits for them (up to the op timeout) in
-whichever thread drops the last reference, so a reaper thread holds it until they end. Groups are plain
+whichever thread drops the last reference, so a thread of its own holds it until they end. Groups are plain
 `ProcessGroupGloo`/`ProcessGroupNCCL` objects built on a `TCPStore` the trainer hosts, outside
 `torch.distributed`'s default group, so trainer processes keep their own world and servers can be
 added by forming new groups (a new `epoch`) without touching it.
 """
 
-import contextlib
 import datetime
+import functools
 import json
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -160,10 +159,10 @@ def form_group(
             missing = [r for r in range(size) if not store.check([f"here/{r}"])]
             raise TimeoutError(f"weight group members {missing} did not join within {timeout_s:.0f}s")
         time.sleep(0.02)
-    join_timeout_s = min(timeout_s, JOIN_TIMEOUT_S)
-    if off is None:
-        return Group(make_group(store, rank, size, backend, timeout_s, join_timeout_s))
-    return Group(_connect(lambda: make_group(store, rank, size, backend, timeout_s, join_timeout_s), off))
+    make = functools.partial(
+        make_group, store, rank, size, backend, timeout_s, min(timeout_s, JOIN_TIMEOUT_S)
+    )
+    return Group(make() if off is None else _connect(make, off))
 
 
 def _connect(make: Callable[[], dist.ProcessGroup], off: CallOff) -> dist.ProcessGroup:
@@ -213,62 +212,46 @@ class Group:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         work = self.pg.broadcast([tensor], opts)
-        self.in_flight()
+        self.settle()
         self._works.append(work)
         return work
 
-    def in_flight(self) -> int:
-        """Transfers started here and not yet ended (done, failed or timed out); forgets the ended
-        ones, and with them the buffers they kept alive."""
+    def settle(self) -> int:
+        """Forget the transfers that ended (done, failed or timed out), and with them the buffers
+        they kept alive; return how many are still in flight."""
         self._works = [w for w in self._works if not w.is_completed()]
         return len(self._works)
 
 
-_reaper_lock = threading.Lock()
-_reaper_inbox: "queue.SimpleQueue[Group] | None" = None
-_retiring = [0]
+RETIRING = "weights-retiring"  # the name of a thread holding a retired group
 
 
-def _reap(inbox: "queue.SimpleQueue[Group]") -> None:
-    """Hold retired groups until their transfers end, then drop them (a quick free by then). The
-    held list lives in this daemon thread only: at interpreter exit nobody frees what it holds."""
-    held: list[Group] = []
-    while True:
-        with contextlib.suppress(queue.Empty):
-            held.append(inbox.get(timeout=0.5))
-        busy = [g for g in held if g.in_flight()]
-        with _reaper_lock:
-            _retiring[0] -= len(held) - len(busy)
-        held = busy
+def _hold_until_settled(group: Group) -> None:
+    """Keep `group` until its transfers end; it is then freed as this thread ends (quickly, by
+    then). A daemon thread: at interpreter exit nobody frees what it still holds."""
+    while group.settle():
+        time.sleep(0.5)
 
 
 def retiring() -> int:
-    """Retired groups the reaper still holds (their transfers have not ended yet)."""
-    with _reaper_lock:
-        return _retiring[0]
+    """Retired groups still held (their transfers have not ended yet)."""
+    return sum(t.name == RETIRING and t.is_alive() for t in threading.enumerate())
 
 
 def retire(group: Group | None) -> None:
     """Release a group this side is done with, without blocking on it: an NCCL communicator is
     aborted now (its queued transfers end and the GPU memory is freed); a gloo group, whose transfers
-    nothing can abort, is handed to the reaper if any is still in flight, and freed once they end
-    (their peers' failure or the op timeout; the buckets they hold stay until then). Call it before
-    dropping the group anywhere else."""
-    global _reaper_inbox
+    nothing can abort, is held by a thread of its own while any is in flight, and freed once they
+    end (their peers' failure or the op timeout; the buckets they hold stay until then). Call it
+    before dropping the group anywhere else."""
     if group is None:
         return
     try:
         group.pg.abort()
     except Exception as e:
         log.debug("aborting a weight group: %s", e)
-    if not group.in_flight():
-        return
-    with _reaper_lock:
-        if _reaper_inbox is None:
-            _reaper_inbox = queue.SimpleQueue()
-            threading.Thread(target=_reap, args=(_reaper_inbox,), name="weights-reaper", daemon=True).start()
-        _retiring[0] += 1
-        _reaper_inbox.put(group)
+    if group.settle():
+        threading.Thread(target=_hold_until_settled, args=(group,), name=RETIRING, daemon=True).start()
 
 
 class BucketSender:
@@ -355,7 +338,7 @@ class BucketSender:
         for s in (0, 1):
             self._wait(s)
         wait(work, self.off)
-        self.group.in_flight()  # the finished transfers let go of the buckets
+        self.group.settle()  # the finished transfers let go of the buckets
         self._free([end])
 
     def close(self) -> None:
@@ -374,7 +357,7 @@ def receive_buckets(
         wait(group.broadcast(header), off)
         kind, manifest_len, payload_len = (int(x) for x in header.tolist())
         if kind == 0:
-            group.in_flight()  # the finished transfers let go of the last payload
+            group.settle()  # the finished transfers let go of the last payload
             return
         meta = torch.empty(manifest_len, dtype=torch.uint8, device=device)
         wait(group.broadcast(meta), off)

@@ -6,6 +6,8 @@ sender has its own group with both receivers. What arrives is hashed against wha
 """
 
 import hashlib
+import subprocess
+import sys
 import threading
 import time
 
@@ -186,9 +188,6 @@ def test_a_call_off_reaches_a_member_stuck_connecting_to_one_that_died_there():
     """A member killed inside gloo's connect, after it published its address, holds the others in
     theirs for five times the join timeout (75 s): a server scaled away as a new epoch formed hung
     the trainer and the other servers past every deadline. A call-off ends that wait too."""
-    import subprocess
-    import sys
-
     port = free_port()
     _server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # kept alive
     client = weight_stream.store_client("127.0.0.1", port, 300)
@@ -214,7 +213,7 @@ def test_a_retired_group_with_a_transfer_in_flight_never_blocks_the_thread_that_
     """gloo cannot abort a broadcast, and freeing a `ProcessGroupGloo` waits for its transfers (up
     to the op timeout, 300 s here) in whichever thread drops the last reference: after a call-off
     that thread was a server's request handler or the trainer's loop, which then hung. Retired, the
-    group is held by the reaper, and freed there once its transfer ends (here: the root leaves)."""
+    group is held by a thread of its own, and freed there once its transfer ends (here: the root leaves)."""
     port = free_port()
     _server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # kept alive
 
@@ -234,14 +233,14 @@ def test_a_retired_group_with_a_transfer_in_flight_never_blocks_the_thread_that_
     leaving = threading.Thread(target=give_up, args=(member,), daemon=True)
     del member
     leaving.start()
-    leaving.join(20)  # the thread's frame, the last holder but the reaper, is gone once it ends
+    leaving.join(20)  # its frame, the last holder but the retiring thread, is gone once it ends
     assert not leaving.is_alive(), "dropping a retired group blocked on its transfer"
-    assert weight_stream.retiring() == before + 1  # still in flight: the reaper holds it
+    assert weight_stream.retiring() == before + 1  # still in flight: held by its own thread
     formed.clear()  # the root's group goes: its connections close and end the member's broadcast
     deadline = time.monotonic() + 30
     while weight_stream.retiring() > before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert weight_stream.retiring() == before, "the reaper kept a group whose transfer ended"
+    assert weight_stream.retiring() == before, "a group whose transfer ended is still held"
 
 
 def test_coverage_names_gaps_overlaps_and_strangers():
@@ -296,8 +295,6 @@ def test_a_sending_rank_holds_at_most_two_buckets_beyond_its_training_state():
     streams 96 MiB of bf16 from 192 MiB of fp32; a sender that converted or gathered the model
     first would grow by 96 MiB or more."""
     import json
-    import subprocess
-    import sys
 
     bucket, port = 8 << 20, free_port()
     proc = subprocess.Popen(
@@ -369,8 +366,6 @@ def test_a_stream_broken_halfway_and_sent_again_still_holds_at_most_two_buckets(
     and at 16 MiB buckets: the second group's connections and the first one's error): the broken
     attempt's two buckets are freed before the retry allocates its own, else it would be four."""
     import json
-    import subprocess
-    import sys
 
     bucket, port = 16 << 20, free_port()
     sender = subprocess.Popen(
