@@ -4,7 +4,7 @@ World 4, EP groups {0,1} and {2,3}, two ranks per "node". Test-only candidates, 
 every rank the same way:
 - `init_fails`: its constructor raises on world rank 3 only;
 - `trip_raises`: builds everywhere, its round trip raises on world rank 1 only, and it would
-  be the fastest (no communication at all) if it counted;
+  be the fastest (no communication at all) if it counted; it must be released;
 - `refused_there`: refused by layout for the second EP group only;
 - `slow_released`: works but loses, and must be released.
 Every rank must end on `alltoall`, with each failure's reason (naming the failing rank) in the
@@ -29,7 +29,7 @@ class _Moveless:
 
     name = "moveless"
 
-    def __init__(self, group, num_experts: int) -> None:
+    def __init__(self, group, num_experts: int, tokens: int | None = None) -> None:
         from grpo_trainer.moe.dispatch import ExchangeClock
 
         self.bytes_sent, self.clock = 0, ExchangeClock()
@@ -45,11 +45,15 @@ class _Moveless:
 
 class _NoExchange(_Moveless):
     name = "trip_raises"
+    released = False
 
     def dispatch(self, x, topk_idx, topk_weights):
         if dist.get_rank() == 1:
             raise RuntimeError("round trip broke on purpose")
         return super().dispatch(x, topk_idx, topk_weights)
+
+    def release(self) -> None:
+        _NoExchange.released = True
 
 
 class _SlowReleased(_Moveless):
@@ -66,7 +70,7 @@ class _SlowReleased(_Moveless):
         _SlowReleased.released = True
 
 
-def _init_fails(group, num_experts: int):
+def _init_fails(group, num_experts: int, tokens: int | None = None):
     if dist.get_rank() == 3:
         raise RuntimeError("init broke on purpose")
     return _NoExchange(group, num_experts)
@@ -94,10 +98,12 @@ def worker(rank: int, world: int, store: str) -> None:
         assert dispatcher.name == "alltoall" and selection.backend == "alltoall"
         assert "rank 3: RuntimeError: init broke on purpose" in selection.failures["init_fails"]
         assert "rank 1: RuntimeError: round trip broke on purpose" in selection.failures["trip_raises"]
-        assert "rank 2: second group" in selection.failures["refused_there"]
+        assert "rank 2: second group" in selection.skipped["refused_there"]
+        assert "refused_there" not in selection.failures  # refused by layout: no failure Event
         assert set(selection.seconds) == {"alltoall", "slow_released"}
         assert selection.seconds["slow_released"] > selection.seconds["alltoall"]
         assert _SlowReleased.released  # the losers' buffers are dropped on every rank
+        assert _NoExchange.released  # and so are those of a candidate whose round trip failed
         assert autoselect.FAILURES["init_fails"] == autoselect.FAILURES["trip_raises"] == 1
         assert dispatcher.bytes_sent == 0 and dispatcher.clock.take() == 0.0
         everyone: list = [None] * world

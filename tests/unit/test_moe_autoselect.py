@@ -68,10 +68,9 @@ def test_v2_serves_groups_that_span_nodes() -> None:
 
 
 def test_missing_versions_are_refused_with_the_import_error() -> None:
-    if not deepep_v1.AVAILABLE:
-        assert "Buffer" in deepep_v1.requires(layout(0, 8), 64)
-    if not deepep_v2.AVAILABLE:
-        assert "ElasticBuffer" in deepep_v2.requires(layout(0, 16), 64)
+    for version, lay in ((deepep_v1, layout(0, 8)), (deepep_v2, layout(0, 16))):
+        if not version.AVAILABLE:
+            assert version.requires(lay, 64) == version.WHY and "deep_ep" in version.WHY
 
 
 def test_v2_settings_on_efa_pass_sms_explicitly() -> None:
@@ -89,5 +88,10 @@ def test_ep_shape_rejects_empty_sizes() -> None:
 
 def test_selection_summary_lists_times_and_failures() -> None:
     failed = {"deepep_v2": "rank 3: RuntimeError: no GIN"}
-    sel = autoselect.Selection("alltoall", {"alltoall": 0.0012}, failed)
-    assert sel.summary() == {"alltoall": "1.200 ms", "deepep_v2": "failed: rank 3: RuntimeError: no GIN"}
+    skipped = {"deepep_v1": "rank 0: the EP group spans 2 nodes"}
+    sel = autoselect.Selection("alltoall", {"alltoall": 0.0012}, skipped, failed)
+    assert sel.summary() == {
+        "alltoall": "1.200 ms",
+        "deepep_v1": "skipped: rank 0: the EP group spans 2 nodes",
+        "deepep_v2": "failed: rank 3: RuntimeError: no GIN",
+    }

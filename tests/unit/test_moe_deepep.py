@@ -14,16 +14,26 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from grpo_trainer.moe.deepep import DeepEPDispatcher, local_expert_order, row_dtype
+from grpo_trainer.moe import deepep_v2
+from grpo_trainer.moe.autoselect import EPShape, round_trip_seconds
+from grpo_trainer.moe.deepep import (
+    DeepEPDispatcher,
+    chunk_count,
+    comm_ptr_problem,
+    local_expert_order,
+    row_dtype,
+)
 from grpo_trainer.moe.dispatch import ExchangeClock, LocalDispatcher, expand_by_local_expert
 
 
 class FakeExchange:
-    def __init__(self) -> None:
+    def __init__(self, max_tokens: int | None = None) -> None:
         self.calls: list[str] = []
+        self.max_tokens = max_tokens  # DeepEP v2's buffer cap; None: v1, any count
 
     def dispatch(self, x, topk_idx, topk_weights, num_experts):
         self.calls.append("dispatch")
+        assert self.max_tokens is None or x.shape[0] <= self.max_tokens, "above the buffer's cap"
         assert x.dtype == torch.bfloat16 and topk_idx.dtype == torch.int64
         assert topk_weights.dtype == torch.float32
         counts = torch.bincount(topk_idx.reshape(-1), minlength=num_experts).tolist()  # DeepEP's host list
@@ -41,9 +51,9 @@ class FakeExchange:
 
 
 class OneRank(DeepEPDispatcher):
-    def __init__(self, num_experts: int) -> None:  # no process group: one rank
+    def __init__(self, num_experts: int, max_tokens: int | None = None) -> None:  # no group: one rank
         self.world, self.num_experts, self.num_local = 1, num_experts, num_experts
-        self.bytes_sent, self.clock, self.fake = 0, ExchangeClock(), FakeExchange()
+        self.bytes_sent, self.clock, self.fake = 0, ExchangeClock(), FakeExchange(max_tokens)
 
     def exchange(self, hidden: int, top_k: int) -> FakeExchange:
         return self.fake
@@ -140,3 +150,84 @@ def test_rows_stay_bf16_under_bf16_autocast(autocast: bool) -> None:
         x, idx, w = routed(3)
         sent = OneRank(6).dispatch(x, idx, w)
         assert sent.rows.dtype == (torch.bfloat16 if autocast else torch.float32)
+
+
+def test_a_layer_above_the_buffer_cap_is_dispatched_in_chunks_and_matches_the_reference() -> None:
+    x, idx, w = routed(4, tokens=9)
+    ref = run(LocalDispatcher(None, 6), x, idx, w)
+    dispatcher = OneRank(6, max_tokens=4)  # 9 tokens: 3 chunks of at most 4
+    got = run(dispatcher, x, idx, w)
+    assert dispatcher.fake.calls.count("dispatch") == 3 and dispatcher.fake.calls.count("redispatch") == 3
+    assert got[0] == ref[0]  # rows per expert over all chunks: the experts still run once
+    for a, b, what in zip(got[1:], ref[1:], ("output", "x grad", "weight grad"), strict=True):
+        torch.testing.assert_close(a, b, atol=3e-2, rtol=2e-2, msg=what)
+
+
+def test_auto_measures_a_micro_batch_above_the_v2_cap() -> None:
+    """The issue's case: 4 x 8192 = 32,768 tokens per rank against a 16,384-token buffer."""
+    tokens, cap = 4 * 8192, deepep_v2.DEFAULT_MAX_TOKENS
+    dispatcher = OneRank(6, max_tokens=deepep_v2.buffer_tokens(tokens, cap))
+    shape = EPShape(hidden=8, top_k=2, tokens=tokens)
+    assert round_trip_seconds(dispatcher, shape, 6, "cpu", iters=1) > 0
+    assert dispatcher.fake.calls.count("dispatch") == 2 * 2  # warm-up + 1 timed, 2 chunks each
+
+
+@pytest.mark.parametrize(
+    ("most", "cap", "chunks"),
+    [(9, 4, 3), (8, 4, 2), (1, 4, 1), (0, 4, 1), (32768, 16384, 2), (10**6, None, 1)],
+)
+def test_chunk_count_covers_the_busiest_rank(most: int, cap: int | None, chunks: int) -> None:
+    assert chunk_count(most, cap) == chunks
+
+
+def test_v2_buffer_is_sized_for_one_dispatch_at_most_the_cap() -> None:
+    assert deepep_v2.buffer_tokens(32768, 16384) == 16384
+    assert deepep_v2.buffer_tokens(4096, 16384) == 4096
+    assert deepep_v2.buffer_tokens(None, 16384) == 16384
+
+
+# ElasticBuffer's keyword parameters at the Dockerfile's DEEPEP_COMMIT (dd758ca,
+# deep_ep/buffers/elastic.py), read from the source: what our calls may pass.
+V2_DISPATCH_PARAMS = {
+    "topk_idx", "topk_weights", "cumulative_local_expert_recv_stats", "num_experts",
+    "num_max_tokens_per_rank", "expert_alignment", "num_sms", "num_qps", "previous_event",
+    "previous_event_before_epilogue", "async_with_compute_stream", "allocate_on_comm_stream",
+    "handle", "do_handle_copy", "do_cpu_sync", "do_expand", "do_zero_padding",
+    "use_tma_aligned_col_major_sf",
+}  # fmt: skip
+V2_COMBINE_PARAMS = {
+    "topk_weights", "bias", "num_sms", "num_qps", "previous_event", "previous_event_before_epilogue",
+    "async_with_compute_stream", "allocate_on_comm_stream",
+}  # fmt: skip
+
+
+def test_every_v2_call_passes_a_positive_sm_count() -> None:
+    """Upstream's dispatch runs `get_theoretical_num_sms(num_experts, ...)` when num_sms is 0, and
+    a cached dispatch (our backward of combine) leaves num_experts None there: TypeError."""
+    first = deepep_v2.dispatch_kwargs(128, 16384, 12, 33)
+    cached = deepep_v2.cached_dispatch_kwargs(12, 33)
+    combine = deepep_v2.combine_kwargs(12, 33)
+    for kwargs in (first, cached, combine):
+        assert kwargs["num_sms"] == 12 and kwargs["num_qps"] == 33
+    assert set(first) | set(cached) <= V2_DISPATCH_PARAMS and set(combine) <= V2_COMBINE_PARAMS
+    assert first["num_experts"] == 128 and first["do_cpu_sync"] is True
+    with pytest.raises(ValueError, match="positive SM and QP"):
+        deepep_v2.cached_dispatch_kwargs(0, 33)
+
+
+def test_sm_and_qp_counts_are_the_setting_or_v2s_estimate_never_zero() -> None:
+    def unused() -> int:
+        raise AssertionError("a configured count needs no estimate")
+
+    assert deepep_v2.resolve_count("sms", 12, unused) == 12
+    assert deepep_v2.resolve_count("sms", None, lambda: 24) == 24
+    with pytest.raises(ValueError, match="GRPO_DEEPEP_NUM_SMS"):
+        deepep_v2.resolve_count("sms", None, lambda: 0)
+
+
+def test_v2_refuses_a_communicator_torch_has_not_created() -> None:
+    why = comm_ptr_problem(0, reuse_torch_comm=True)
+    assert why is not None and "_comm_ptr() is 0" in why and "device_id" in why
+    assert comm_ptr_problem(0x7F00, reuse_torch_comm=True) is None
+    assert comm_ptr_problem(0, reuse_torch_comm=False) is None  # EP_REUSE_NCCL_COMM=0: DeepEP's own
+    assert comm_ptr_problem(None, reuse_torch_comm=True) is None  # no _comm_ptr: DeepEP's own

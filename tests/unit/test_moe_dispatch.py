@@ -12,8 +12,8 @@ from grpo_trainer.moe.dispatch import LocalDispatcher, expand_by_local_expert
 
 def test_registry_lists_builtin_backends_and_rejects_unknown_names() -> None:
     names = available_backends()
-    assert {"local", "alltoall", "auto"} <= set(names)
-    assert ("deepep" in names) == (importlib.util.find_spec("deep_ep") is not None)
+    assert {"local", "alltoall", "auto", "deepep"} <= set(names)  # deepep: to say why it cannot serve
+    assert ("deepep_v2" in names) == (importlib.util.find_spec("deep_ep") is not None)
     with pytest.raises(ValueError, match="unknown EP backend"):
         make_dispatcher("carrier-pigeon", None, 4)
 

@@ -97,11 +97,12 @@ def pack_dtype(dtype: torch.dtype, num_local: int) -> torch.dtype:
 
 @register_backend("alltoall")
 class AllToAllDispatcher:
-    """Dropless expert parallelism over `group`, each token sent once per destination rank."""
+    """Dropless expert parallelism over `group`, each token sent once per destination rank.
+    No buffers: `tokens` is taken for the factory interface and not needed."""
 
     name = "alltoall"
 
-    def __init__(self, group: dist.ProcessGroup | None, num_experts: int) -> None:
+    def __init__(self, group: dist.ProcessGroup | None, num_experts: int, tokens: int | None = None) -> None:
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)

@@ -6,13 +6,17 @@ order (the collectives below are over the WORLD, so all EP groups end up on one 
 
 1. Candidates: every registered candidate (`register_candidate`) in a fixed order, `alltoall`
    first. Each one's `requires(layout)` says why it cannot work on this rank's layout (device,
-   EP group inside one node or across nodes, installed library); a candidate refused on any
-   rank is refused everywhere (one all-reduce of a 0/1 vector).
-2. For each remaining candidate: build it (guarded), all-reduce "built everywhere"; time a few
-   dispatch+combine round trips with the model's real shapes (guarded), all-reduce the slowest
-   rank's time (MAX; a rank that failed reports +inf). A candidate that failed on any rank is
-   excluded everywhere; the reasons of all ranks are gathered, logged and kept.
-3. The fastest remaining candidate wins; `alltoall` is always a candidate, so the fallback exists.
+   EP group inside one node or across nodes, installed library and why it does not import); a
+   candidate refused on any rank is skipped everywhere (one all-reduce of a 0/1 vector).
+2. For each remaining candidate: build it for the tokens one dispatch carries (guarded),
+   all-reduce "built everywhere"; time a few dispatch+combine round trips with the model's real
+   shapes, as many tokens as a micro-batch (guarded), all-reduce the slowest rank's time (MAX; a
+   rank that failed reports +inf). A candidate that failed on any rank is excluded everywhere and
+   its buffers freed; the reasons of all ranks are gathered, logged and kept.
+3. The fastest remaining candidate wins, the others' buffers are freed; `alltoall` is always a
+   candidate, so the fallback exists. `Selection` says what was chosen and why (each candidate's
+   time, or why it was skipped or failed): the start-up log line and the step report's
+   `ep_backend`/`ep_candidates`, which become the job's `status.progress`.
 
 Caveat: a backend that fails on some ranks *inside* a collective (DeepEP's constructor is one)
 leaves its peers waiting until that collective's timeout raises there; the guard then catches
@@ -29,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -49,7 +54,8 @@ class EPShape:
     top_k: int = 4
     """Experts per token."""
     tokens: int = 1024
-    """Tokens per micro-batch on one rank (sequences x their length)."""
+    """Tokens one MoE layer dispatches at once on one rank (a micro-batch: sequences x their
+    length); DeepEP buffers are sized for it (`make_dispatcher(..., tokens)`)."""
 
     def __post_init__(self) -> None:
         if min(self.hidden, self.top_k, self.tokens) < 1:
@@ -124,11 +130,14 @@ class Selection:
     backend: str
     seconds: dict[str, float] = field(default_factory=dict)
     """Slowest rank's seconds per round trip of each measured candidate."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Why each candidate refused by layout or library (on some rank) was not measured."""
     failures: dict[str, str] = field(default_factory=dict)
-    """Why each refused or failed candidate was not measured or not chosen."""
+    """Why each candidate that failed to build or to round-trip (on some rank) was not chosen."""
 
     def summary(self) -> dict[str, str]:
         out = {n: f"{s * 1e3:.3f} ms" for n, s in self.seconds.items()}
+        out |= {n: f"skipped: {r}" for n, r in self.skipped.items()}
         return out | {n: f"failed: {r}" for n, r in self.failures.items()}
 
 
@@ -170,7 +179,13 @@ def _reasons(local: str | None) -> str:
 def _fail(name: str, why: str, failures: dict[str, str]) -> None:
     FAILURES[name] += 1
     failures[name] = why
-    log.warning("EP backend %s skipped: %s", name, why)
+    log.warning("EP backend %s failed, not chosen: %s", name, why)
+
+
+def _release(dispatcher: object) -> None:
+    """Free what a candidate holds (DeepEP buffers); every rank calls it at the same point."""
+    if hasattr(dispatcher, "release"):
+        dispatcher.release()
 
 
 def _try(name: str, step: Callable[[], object]) -> tuple[object, str | None]:
@@ -196,17 +211,20 @@ def choose_backend(
     selection = Selection(backend="")
     for name, ok in zip(names, agreed, strict=True):
         if not ok:  # refused on some rank: every rank skips it, with the reasons of all ranks
-            _fail(name, _reasons(refused.get(name)), selection.failures)
+            selection.skipped[name] = _reasons(refused.get(name))
+            log.info("EP backend %s skipped: %s", name, selection.skipped[name])
     built: dict[str, Dispatcher] = {}
     for name in (n for n, ok in zip(names, agreed, strict=True) if ok):
-        dispatcher, why = _try(name, lambda name=name: make_dispatcher(name, group, num_experts))
+        dispatcher, why = _try(name, partial(make_dispatcher, name, group, num_experts, shape.tokens))
         (built_everywhere,) = _world_reduce([float(why is None)], dist.ReduceOp.MIN, layout.device)
         if not built_everywhere:  # no round trip: a rank whose peer has no dispatcher would hang
+            # nor a release: DeepEP frees a buffer collectively, and some rank has none to free
             _fail(name, _reasons(why), selection.failures)
             continue
         timed, why = _try(name, lambda d=dispatcher: round_trip_seconds(d, shape, num_experts, layout.device))
         (slowest,) = _world_reduce([timed if why is None else math.inf], dist.ReduceOp.MAX, layout.device)
         if math.isinf(slowest):
+            _release(dispatcher)  # e.g. a DeepEP buffer built before its round trip failed
             _fail(name, _reasons(why), selection.failures)
             continue
         built[name] = dispatcher  # type: ignore[assignment]
@@ -215,12 +233,20 @@ def choose_backend(
         raise RuntimeError(f"no EP backend works here: {selection.failures}")
     selection.backend = min(selection.seconds, key=selection.seconds.__getitem__)
     for name, loser in built.items():  # e.g. DeepEP buffers: GPU memory the chosen one may need
-        if name != selection.backend and hasattr(loser, "release"):
-            loser.release()
+        if name != selection.backend:
+            _release(loser)
     best = built[selection.backend]
     best.bytes_sent = 0
     best.clock.take()  # the measurement is not training time
-    log.info("EP backend: %s chosen for the gang; candidates %s", selection.backend, selection.summary())
+    log.info(
+        "EP backend: %s chosen for the gang, the fastest round trip of %d tokens per rank (hidden %d, "
+        "top-%d); candidates %s",
+        selection.backend,
+        shape.tokens,
+        shape.hidden,
+        shape.top_k,
+        selection.summary(),
+    )
     return best, selection
 
 
@@ -233,13 +259,16 @@ def auto_dispatcher(
     num_experts: int,
     shape: EPShape | None = None,
     ranks_per_node: int | None = None,
+    tokens: int | None = None,
 ) -> Dispatcher:
-    """`local` for one rank, otherwise the gang's measured choice (see `choose_backend`)."""
+    """`local` for one rank, otherwise the gang's measured choice (see `choose_backend`);
+    `tokens` (per dispatch) stands in for `shape` when only that is known (`make_dispatcher`)."""
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return make_dispatcher("local", None, num_experts)
-    key = (dist.get_world_size(group), num_experts, shape or EPShape())
+    shape = shape or (EPShape(tokens=tokens) if tokens else EPShape())
+    key = (dist.get_world_size(group), num_experts, shape)
     if key in _CHOSEN:
-        dispatcher = make_dispatcher(_CHOSEN[key].backend, group, num_experts)
+        dispatcher = make_dispatcher(_CHOSEN[key].backend, group, num_experts, shape.tokens)
     else:
         dispatcher, _CHOSEN[key] = choose_backend(group, num_experts, shape, ranks_per_node)
     dispatcher.selection = _CHOSEN[key]  # type: ignore[attr-defined]

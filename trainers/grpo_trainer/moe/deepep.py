@@ -1,10 +1,13 @@
 """DeepEP behind the Dispatcher interface: the part DeepEP v1 (`Buffer`) and v2 (`ElasticBuffer`) share.
 
 The versions live in `grpo_trainer.moe.deepep_v1` (inside one NVLink node) and
-`grpo_trainer.moe.deepep_v2` (EP groups across EFA nodes, over NCCL GIN); each registers itself,
-and `deepep_dispatcher` as `deepep`, only when its `deep_ep` class imports, so nothing here runs
-or registers on the CPU machines. `deepep` (the GRPOJob's `epBackend: deepep`) picks v1 for a
-group inside one node and v2 for one that spans nodes, and says why when that one is missing.
+`grpo_trainer.moe.deepep_v2` (EP groups across EFA nodes, over NCCL GIN). Each registers itself
+as a backend only when its `deep_ep` class imports (`import_deep_ep`: a DeepEP that fails its own
+import checks raises AssertionError, not ImportError, and must not crash registration), and as
+an `auto` candidate always, refused with the import's reason when it is missing. `deepep` (the
+GRPOJob's `epBackend: deepep`) is always registered: it picks v1 for a group inside one node and
+v2 for one that spans nodes, and fails naming the component and what to change when that one
+cannot serve the group.
 
 Both versions send a token once per destination rank (not once per chosen expert), with its
 top-k ids translated to local expert ids (-1 elsewhere) and its weights, and report the rows
@@ -15,20 +18,71 @@ DeepEP's combine adds the partial sums of all ranks. Backward of dispatch is com
 same handle (which also reduces the weight gradients); backward of combine is a dispatch with
 that handle. DeepEP moves bf16 rows (combine is bf16 only); see `row_dtype` for what the
 experts get.
+
+A buffer holds at most `Exchange.max_tokens` tokens per rank (v2; v1 pipelines any count). A
+layer that sees more is dispatched in chunks, as many on every rank of the group (the count is
+agreed with one all-reduce of the token count), each chunk's rows merged into one set grouped
+by local expert, so the experts still run once per layer.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
+import math
+import os
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from grpo_trainer.moe.dispatch import Dispatched, ExchangeClock, sum_per_token
+from grpo_trainer.moe.dispatch import Dispatched, ExchangeClock, register_backend, sum_per_token
+
+log = logging.getLogger(__name__)
+
+
+def import_deep_ep(attr: str) -> tuple[Any, str]:
+    """(`deep_ep.<attr>`, "") or (None, why). DeepEP's import runs its own checks, which raise
+    AssertionError (`check_nccl_so`: two NCCL libraries loaded; `find_cuda_home`: no CUDA), so any
+    exception means "not usable here", with its type and text as the reason."""
+    try:
+        module = importlib.import_module("deep_ep")
+    except Exception as e:
+        return None, f"deep_ep does not import ({type(e).__name__}: {e})"
+    if not hasattr(module, attr):
+        return None, f"this deep_ep has no {attr} (installed version {getattr(module, '__version__', '?')})"
+    return getattr(module, attr), ""
+
+
+def comm_ptr_problem(comm_ptr: int | None, reuse_torch_comm: bool) -> str | None:
+    """Why DeepEP v2 cannot use the EP group's NCCL communicator, or None (pure). v2 reuses the
+    group's communicator through `_comm_ptr()`, which is 0 while torch has not created it (a
+    group made without `device_id` creates it at its first collective)."""
+    if not reuse_torch_comm or comm_ptr is None:
+        return None  # DeepEP then creates a communicator of its own
+    if comm_ptr == 0:
+        return (
+            "the EP group's NCCL communicator does not exist yet (_comm_ptr() is 0): create the group "
+            "with device_id (grpo_trainer.parallel.make_groups does on CUDA) or run one collective on it "
+            "before building a DeepEP buffer"
+        )
+    return None
+
+
+def check_communicator(group: dist.ProcessGroup) -> None:
+    """Raise before DeepEP v2 builds a buffer over a communicator that does not exist yet."""
+    backend = group._get_backend(torch.device("cuda"))
+    ptr = backend._comm_ptr() if hasattr(backend, "_comm_ptr") else None
+    problem = comm_ptr_problem(ptr, os.environ.get("EP_REUSE_NCCL_COMM", "1") != "0")
+    if problem:
+        raise RuntimeError(f"DeepEP v2: {problem}")
 
 
 class Exchange(Protocol):
     """One DeepEP version's calls, in the shape this module needs."""
+
+    max_tokens: int | None
+    """Tokens per rank one dispatch may carry (None: any)."""
 
     def dispatch(
         self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int
@@ -47,6 +101,10 @@ class Exchange(Protocol):
         """bf16 partial sums (R, H) → (T, H) sums (and reduced weights when given)."""
         ...
 
+    def destroy(self) -> None:
+        """Free the buffer now (collective over the group)."""
+        ...
+
 
 def row_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype the experts get DeepEP's bf16 rows in: bf16 under bf16 autocast (the expert GEMMs
@@ -63,6 +121,13 @@ def local_expert_order(recv_idx: torch.Tensor, counts: list[int], num_local: int
     valid (token, slot) pairs sorted by local expert. No host sync: the length is the host sum."""
     key = torch.where(recv_idx >= 0, recv_idx, num_local).reshape(-1)
     return torch.sort(key, stable=True)[1][: sum(counts)]
+
+
+def chunk_count(most_tokens: int, max_tokens: int | None) -> int:
+    """Dispatches a layer needs when the group's busiest rank has `most_tokens` tokens (pure)."""
+    if max_tokens is None:
+        return 1
+    return max(1, math.ceil(most_tokens / max_tokens))
 
 
 class _Dispatch(torch.autograd.Function):
@@ -102,10 +167,15 @@ class _Combine(torch.autograd.Function):
 
 
 def release_exchanges(cache: dict, group: object) -> None:
-    """Drop the cached exchanges of `group` (keys start with its id); DeepEP frees a buffer with
-    its last reference, so nothing else is asked of it."""
+    """Free the cached exchanges of `group` (keys start with its id) now, on every rank in the same
+    order (DeepEP's destroy is collective); a buffer that cannot be freed is logged, not raised:
+    releasing runs while `auto` moves on to another backend."""
     for key in [k for k in cache if k[0] == id(group)]:
-        del cache[key]
+        exchange = cache.pop(key)
+        try:
+            exchange.destroy()
+        except Exception as e:
+            log.warning("DeepEP buffer %s could not be freed: %s: %s", key[1:], type(e).__name__, e)
 
 
 class DeepEPDispatcher:
@@ -115,13 +185,14 @@ class DeepEPDispatcher:
 
     name = "deepep"
 
-    def __init__(self, group: dist.ProcessGroup | None, num_experts: int) -> None:
+    def __init__(self, group: dist.ProcessGroup | None, num_experts: int, tokens: int | None = None) -> None:
         self.group = group if group is not None else dist.group.WORLD
         self.world = dist.get_world_size(self.group)
         if num_experts % self.world:
             raise ValueError(f"{num_experts} experts do not divide over {self.world} ranks")
         self.num_experts = num_experts
         self.num_local = num_experts // self.world
+        self.tokens = tokens  # tokens per rank per dispatch the buffers are sized for (None: default)
         self.bytes_sent = 0
         self.clock = ExchangeClock()
 
@@ -129,28 +200,65 @@ class DeepEPDispatcher:
         raise NotImplementedError
 
     def release(self) -> None:
-        """Drop this group's DeepEP buffers (called on every rank when `auto` chose another backend)."""
+        """Free this group's DeepEP buffers (called on every rank when `auto` does not keep this one)."""
+
+    def _chunks(self, tokens: int, max_tokens: int | None) -> int:
+        """Dispatches for this layer, the same on every rank of the group (collective when capped)."""
+        if max_tokens is None or self.world == 1:
+            return chunk_count(tokens, max_tokens)
+        device = "cuda" if dist.get_backend(self.group) == "nccl" else "cpu"
+        most = torch.tensor([tokens], dtype=torch.int64, device=device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.group)
+        return chunk_count(int(most.item()), max_tokens)
+
+    def _dispatch_chunk(self, exchange: Exchange, send, idx, weights, dtype) -> tuple:
+        """One DeepEP dispatch → (rows by local expert, their weights, rows per expert, chunk handle)."""
+        meta: dict[str, Any] = {}
+        recv_x, recv_w = _Dispatch.apply(send, weights, idx, exchange, self.num_experts, meta, self.clock)
+        recv_idx, counts = meta["recv_idx"], list(meta["counts"])  # (R, K) local ids; rows per expert
+        order = local_expert_order(recv_idx, counts, self.num_local)
+        token = order // recv_idx.shape[1]
+        rows = recv_x.index_select(0, token).to(dtype)
+        weights = recv_w.reshape(-1).index_select(0, order)
+        return rows, weights, counts, (meta["handle"], token, recv_x.shape[0])
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         send = x.to(torch.bfloat16).contiguous()  # DeepEP moves bf16 rows
         exchange = self.exchange(send.shape[1], topk_idx.shape[1])
-        meta: dict[str, Any] = {}
-        recv_x, recv_weights = _Dispatch.apply(
-            send, topk_weights.float(), topk_idx.to(torch.int64), exchange, self.num_experts, meta, self.clock
+        n = self._chunks(send.shape[0], exchange.max_tokens)
+        pieces = zip(
+            send.tensor_split(n),
+            topk_idx.to(torch.int64).tensor_split(n),
+            topk_weights.float().tensor_split(n),
+            strict=True,
         )
-        recv_idx, counts = meta["recv_idx"], list(meta["counts"])  # (R, K) local ids; rows per expert
-        order = local_expert_order(recv_idx, counts, self.num_local)
-        token = order // recv_idx.shape[1]
-        rows = recv_x.index_select(0, token).to(row_dtype(x))
-        weights = recv_weights.reshape(-1).index_select(0, order)
+        dtype = row_dtype(x)
+        parts = [self._dispatch_chunk(exchange, *(t.contiguous() for t in p), dtype) for p in pieces]
         self.bytes_sent += send.numel() * send.element_size()  # upper bound: local tokens counted too
-        return Dispatched(rows, counts, weights, (exchange, meta["handle"], token, recv_x.shape[0]))
+        chunks = [p[3] for p in parts]
+        if n == 1:
+            rows, row_weights, counts, _ = parts[0]
+            return Dispatched(rows, counts, row_weights, (exchange, chunks, None, None))
+        # rows of all chunks, grouped by local expert (stable: chunk order within an expert)
+        local = torch.arange(self.num_local)
+        expert = torch.cat([torch.repeat_interleave(local, torch.tensor(p[2])) for p in parts])
+        merge = torch.sort(expert.to(x.device), stable=True)[1]
+        unmerge = torch.empty_like(merge)
+        unmerge[merge] = torch.arange(merge.numel(), device=merge.device)
+        rows = torch.cat([p[0] for p in parts]).index_select(0, merge)
+        row_weights = torch.cat([p[1] for p in parts]).index_select(0, merge)
+        counts = [sum(c) for c in zip(*(p[2] for p in parts), strict=True)]
+        return Dispatched(rows, counts, row_weights, (exchange, chunks, unmerge, [sum(p[2]) for p in parts]))
 
     def combine(self, rows: torch.Tensor, handle: Any) -> torch.Tensor:
-        exchange, deepep_handle, token, num_recv = handle
-        partial = sum_per_token(rows, token, num_recv).to(torch.bfloat16)
-        self.bytes_sent += partial.numel() * partial.element_size()
-        combined = _Combine.apply(partial, exchange, deepep_handle, self.clock)
+        exchange, chunks, unmerge, sizes = handle
+        pieces = [rows] if unmerge is None else rows.index_select(0, unmerge).split(sizes)
+        out = []
+        for piece, (deepep_handle, token, num_recv) in zip(pieces, chunks, strict=True):
+            partial = sum_per_token(piece, token, num_recv).to(torch.bfloat16)
+            self.bytes_sent += partial.numel() * partial.element_size()
+            out.append(_Combine.apply(partial, exchange, deepep_handle, self.clock))
+        combined = out[0] if len(out) == 1 else torch.cat(out)
         return combined.to(rows.dtype)  # the layer casts to its input's dtype
 
 
@@ -161,12 +269,23 @@ def spans_nodes(group: dist.ProcessGroup, ranks_per_node: int | None = None) -> 
     return autoselect.layout_of(group, ranks_per_node).spans_nodes
 
 
-def deepep_dispatcher(group: dist.ProcessGroup | None, num_experts: int) -> DeepEPDispatcher:
-    """`epBackend: deepep`: v1 inside one node, v2 across nodes; a clear error when that one is missing."""
-    from grpo_trainer.moe import deepep_v1, deepep_v2
+@register_backend("deepep")
+def deepep_dispatcher(
+    group: dist.ProcessGroup | None, num_experts: int, tokens: int | None = None
+) -> DeepEPDispatcher:
+    """`epBackend: deepep`: v1 inside one node, v2 across nodes; a clear error when that one cannot
+    serve the group (not installed, its import failed, no CUDA, a size it has no config for)."""
+    from grpo_trainer.moe import autoselect, deepep_v1, deepep_v2
 
     group = group if group is not None else dist.group.WORLD
-    version = deepep_v2 if spans_nodes(group) else deepep_v1
-    if not version.AVAILABLE:
-        raise RuntimeError(f"epBackend deepep needs {version.NAME} here, which is missing: {version.WHY}")
-    return version.Dispatcher(group, num_experts)
+    layout = autoselect.layout_of(group)
+    version = deepep_v2 if layout.spans_nodes else deepep_v1
+    why = version.requires(layout, num_experts)
+    if why:
+        where = f"across {layout.nodes} nodes" if layout.spans_nodes else "inside one node"
+        raise RuntimeError(
+            f"epBackend deepep: an EP group {where} needs {version.NAME} ({version.API}), which cannot "
+            f"serve it here: {why}. Install DeepEP in the trainer image (docs/deepep-efa.md) or set "
+            "spec.trainer.epBackend to auto or nccl"
+        )
+    return version.Dispatcher(group, num_experts, tokens)

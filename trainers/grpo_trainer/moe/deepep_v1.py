@@ -1,11 +1,12 @@
 """DeepEP v1 (`deep_ep.Buffer`, normal mode) for EP groups inside one NVLink node.
 
-Registered as `deepep_v1` (and an `auto` candidate) by `grpo_trainer.moe.deepep` only when
-`deep_ep.Buffer` imports. Never for a group that spans nodes: v1's internode kernels need
-InfiniBand IBGDA (with more than one RDMA rank `Buffer.__init__` forces
-`NVSHMEM_IB_ENABLE_IBGDA=1`), which EFA lacks; `requires` refuses such a group with that reason.
-The sizes it supports are probed from the installed library (its config getters raise for a
-size they have no config for), not copied into a table.
+Registered as the backend `deepep_v1` by `grpo_trainer.moe.dispatch` only when `deep_ep.Buffer`
+imports; always an `auto` candidate, refused with the import's reason when it does not. Never for
+a group that spans nodes: v1's internode kernels need InfiniBand IBGDA (with more than one RDMA
+rank `Buffer.__init__` forces `NVSHMEM_IB_ENABLE_IBGDA=1`), which EFA lacks; `requires` refuses
+such a group with that reason. The sizes it supports are probed from the installed library (its
+config getters raise for a size they have no config for), not copied into a table. v1's normal
+mode pipelines any token count through its buffer, so it needs no token cap.
 """
 
 from __future__ import annotations
@@ -16,16 +17,12 @@ import torch
 import torch.distributed as dist
 
 from grpo_trainer.moe import autoselect
-from grpo_trainer.moe.deepep import DeepEPDispatcher, deepep_dispatcher, release_exchanges
+from grpo_trainer.moe.deepep import DeepEPDispatcher, import_deep_ep, release_exchanges
 from grpo_trainer.moe.dispatch import register_backend
 
 NAME = "deepep_v1"
-try:
-    from deep_ep import Buffer
-except ImportError as e:  # CPU images, or a v2-only build
-    Buffer, WHY = None, f"deep_ep.Buffer does not import ({e})"
-else:
-    WHY = ""
+API = "deep_ep.Buffer"
+Buffer, WHY = import_deep_ep("Buffer")  # None and the reason on CPU images or a v2-only build
 AVAILABLE = Buffer is not None
 
 
@@ -52,7 +49,10 @@ def requires(layout: autoselect.Layout, num_experts: int, buffer_cls: Any = None
 
 
 class V1Exchange:
-    """One `Buffer` per (group, row width), NVLink only (no RDMA bytes), sized by DeepEP's hints."""
+    """One `Buffer` per (group, row width), NVLink only (no RDMA bytes), sized by DeepEP's hints;
+    freed by `destroy` (collective), not by the garbage collector at some rank-dependent moment."""
+
+    max_tokens = None  # normal mode pipelines any count
 
     def __init__(self, group: dist.ProcessGroup, hidden_bytes: int) -> None:
         size = group.size()
@@ -60,7 +60,7 @@ class V1Exchange:
             config.get_nvl_buffer_size_hint(hidden_bytes, size)
             for config in (Buffer.get_dispatch_config(size), Buffer.get_combine_config(size))
         )
-        self.buffer = Buffer(group, nvl_bytes, 0)
+        self.buffer = Buffer(group, nvl_bytes, 0, explicitly_destroy=True)
 
     def dispatch(self, x, topk_idx, topk_weights, num_experts):  # see deepep.Exchange
         layout = self.buffer.get_dispatch_layout(topk_idx, num_experts)
@@ -83,6 +83,9 @@ class V1Exchange:
         combined, weights, _ = self.buffer.combine(x, handle, topk_weights=topk_weights)
         return combined, weights
 
+    def destroy(self) -> None:
+        self.buffer.destroy()
+
 
 _EXCHANGES: dict[tuple[int, int], V1Exchange] = {}
 
@@ -104,5 +107,4 @@ class Dispatcher(DeepEPDispatcher):
 
 if AVAILABLE:
     register_backend(NAME)(Dispatcher)
-    register_backend("deepep")(deepep_dispatcher)  # v1 inside a node, v2 across nodes
-    autoselect.register_candidate(NAME, requires)
+autoselect.register_candidate(NAME, requires)

@@ -1,39 +1,47 @@
 """DeepEP v2 (`deep_ep.ElasticBuffer`, "EPv2") for EP groups across EFA nodes, over NCCL GIN.
 
-Registered as `deepep_v2` (and an `auto` candidate) by `grpo_trainer.moe.deepep` only when
-`deep_ep.ElasticBuffer` imports. Offered for groups that span nodes (inside one node v1 and
-`alltoall` serve). Run-time needs (see docs/deepep-efa.md): NCCL >= 2.31 with GIN, aws-ofi-nccl
->= 1.21 as the NCCL net and GIN plugin, GDRCopy's `gdrdrv`, and the pod env the renderer sets
-(`NCCL_GIN_TYPE`, never IBGDA/GDAKI). Written against the upstream v2 API, not yet run here.
+Registered as the backend `deepep_v2` by `grpo_trainer.moe.dispatch` only when
+`deep_ep.ElasticBuffer` imports; always an `auto` candidate, refused with the import's reason when
+it does not. Offered for groups that span nodes (inside one node v1 and `alltoall` serve).
+Run-time needs (see docs/deepep-efa.md): NCCL >= 2.31 with GIN, aws-ofi-nccl >= 1.21 as the NCCL
+net and GIN plugin, GDRCopy's `gdrdrv`, and the pod env the renderer sets (`NCCL_GIN_TYPE`, never
+IBGDA/GDAKI). Written against the upstream v2 API at the Dockerfile's DEEPEP_COMMIT, not yet run
+here.
+
+Sizes: the buffer holds `buffer_tokens(tokens, cap)` tokens per rank, the tokens one MoE layer
+dispatches at once (the trainer passes a micro-batch's tokens) but at most the cap; a layer that
+sees more is dispatched in chunks by `grpo_trainer.moe.deepep`. The SM and QP counts are resolved
+once, always positive, and passed to every dispatch and combine: with `num_sms=0` v2 estimates them
+per call, and a cached (backward) dispatch then calls `get_theoretical_num_sms(num_experts=None,
+...)`, which raises TypeError.
 
 Settings (pod env, the same on every rank):
-- GRPO_DEEPEP_MAX_TOKENS: `num_max_tokens_per_rank` (default 16384): sizes the buffer; every
-  rank passes the same value, and a dispatch of more tokens is refused with this name in the error.
-- GRPO_DEEPEP_NUM_SMS / GRPO_DEEPEP_NUM_QPS: SMs and QPs per dispatch/combine. v2 sizes them
-  itself by parsing `ibstat` for mlx5 NICs, which EFA does not have, so on EFA (FI_PROVIDER=efa)
-  they are always passed: 12 SMs (the AWS launcher's value) and v2's own QP estimate for them.
+- GRPO_DEEPEP_MAX_TOKENS: the cap on tokens per rank per dispatch (default 16384), which bounds the
+  buffer's memory (it grows with tokens x hidden x nodes).
+- GRPO_DEEPEP_NUM_SMS / GRPO_DEEPEP_NUM_QPS: SMs and QPs per dispatch/combine. v2 estimates them by
+  parsing `ibstat` for mlx5 NICs, which EFA does not have, so on EFA (FI_PROVIDER=efa) SMs are
+  always given: 12 (the AWS launcher's value); elsewhere v2's own estimate, taken once. QPs: v2's
+  estimate for that SM count unless given.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from grpo_trainer.moe import autoselect
-from grpo_trainer.moe.deepep import DeepEPDispatcher, deepep_dispatcher, release_exchanges
+from grpo_trainer.moe.deepep import DeepEPDispatcher, check_communicator, import_deep_ep, release_exchanges
 from grpo_trainer.moe.dispatch import register_backend
 
 NAME = "deepep_v2"
+API = "deep_ep.ElasticBuffer"
 MAX_LOCAL_EXPERTS = 256  # upstream's documented bound on experts per rank
-try:
-    from deep_ep import ElasticBuffer
-except ImportError as e:  # CPU images, or a v1-only build
-    ElasticBuffer, WHY = None, f"deep_ep.ElasticBuffer does not import ({e})"
-else:
-    WHY = ""
+DEFAULT_MAX_TOKENS = 16384
+ElasticBuffer, WHY = import_deep_ep("ElasticBuffer")  # None and the reason on CPU images or a v1 build
 AVAILABLE = ElasticBuffer is not None
 
 
@@ -55,52 +63,98 @@ def requires(layout: autoselect.Layout, num_experts: int, buffer_cls: Any = None
 
 
 def settings(env: dict[str, str] | None = None) -> tuple[int, int | None, int | None]:
-    """(max tokens per rank, SMs or None for v2's choice, QPs or None for v2's estimate)."""
+    """(cap on tokens per rank per dispatch, SMs or None for v2's estimate, QPs or None)."""
     env = dict(os.environ) if env is None else env
-    max_tokens = int(env.get("GRPO_DEEPEP_MAX_TOKENS", "16384"))
+    max_tokens = int(env.get("GRPO_DEEPEP_MAX_TOKENS", str(DEFAULT_MAX_TOKENS)))
+    if max_tokens < 1:
+        raise ValueError(f"GRPO_DEEPEP_MAX_TOKENS must be positive, got {max_tokens}")
     efa = env.get("FI_PROVIDER") == "efa"
     sms = env.get("GRPO_DEEPEP_NUM_SMS", "12" if efa else "")
     qps = env.get("GRPO_DEEPEP_NUM_QPS", "")
     return max_tokens, int(sms) if sms else None, int(qps) if qps else None
 
 
-class V2Exchange:
-    """One `ElasticBuffer` per (group, hidden, top-k), sized by v2 from the MoE settings."""
+def buffer_tokens(tokens: int | None, cap: int) -> int:
+    """Tokens per rank the buffer is sized for: what one dispatch carries (`tokens`, a layer's
+    tokens; unknown: the cap), at most the cap (pure). Every rank must pass the same value."""
+    return cap if tokens is None else max(1, min(tokens, cap))
 
-    def __init__(self, group: dist.ProcessGroup, hidden: int, top_k: int) -> None:
-        self.max_tokens, sms, qps = settings()
+
+def resolve_count(name: str, configured: int | None, estimate: Callable[[], int]) -> int:
+    """A positive SM or QP count: the configured one, else v2's estimate, taken once (pure apart
+    from `estimate`)."""
+    count = configured if configured is not None else int(estimate())
+    if count < 1:
+        setting = f"GRPO_DEEPEP_NUM_{name.upper()}"
+        raise ValueError(f"DeepEP v2 needs a positive {name} count ({setting}), got {count}")
+    return count
+
+
+def dispatch_kwargs(num_experts: int, max_tokens: int, num_sms: int, num_qps: int) -> dict[str, Any]:
+    """Keyword arguments of a first `ElasticBuffer.dispatch` (exact receive counts: the one host
+    sync the exchange needs)."""
+    first = {"num_experts": num_experts, "num_max_tokens_per_rank": max_tokens, "do_cpu_sync": True}
+    return first | combine_kwargs(num_sms, num_qps)
+
+
+def cached_dispatch_kwargs(num_sms: int, num_qps: int) -> dict[str, Any]:
+    """Keyword arguments of a dispatch with a cached handle (the backward of combine): the SM count
+    must be given, as v2 would estimate it from `num_experts`, which a cached call leaves None."""
+    return combine_kwargs(num_sms, num_qps)
+
+
+def combine_kwargs(num_sms: int, num_qps: int) -> dict[str, Any]:
+    """SM and QP counts of every call (positive: 0 asks v2 to estimate them, see the docstring)."""
+    if num_sms < 1 or num_qps < 1:
+        raise ValueError(f"DeepEP v2 calls need positive SM and QP counts, got {num_sms} and {num_qps}")
+    return {"num_sms": num_sms, "num_qps": num_qps}
+
+
+class V2Exchange:
+    """One `ElasticBuffer` per (group, hidden, top-k, experts, tokens), sized by v2 from the MoE
+    settings; freed by `destroy` (collective), not by the garbage collector."""
+
+    def __init__(
+        self, group: dist.ProcessGroup, hidden: int, top_k: int, num_experts: int, tokens: int | None
+    ) -> None:
+        cap, sms, qps = settings()
+        self.max_tokens = buffer_tokens(tokens, cap)
+        check_communicator(group)  # v2 reuses torch's communicator of the group
         self.buffer = ElasticBuffer(
-            group, num_max_tokens_per_rank=self.max_tokens, hidden=hidden, num_topk=top_k
+            group,
+            num_max_tokens_per_rank=self.max_tokens,
+            hidden=hidden,
+            num_topk=top_k,
+            explicitly_destroy=True,
         )
-        self.num_sms = sms or 0  # 0: v2 decides (only off EFA, see the module docstring)
-        self.num_qps = qps or (self.buffer.get_theoretical_num_qps(sms) if sms else 0)
+        self.num_experts = num_experts
+        buffer = self.buffer
+        self.num_sms = resolve_count("sms", sms, lambda: buffer.get_theoretical_num_sms(num_experts, top_k))
+        self.num_qps = resolve_count("qps", qps, lambda: buffer.get_theoretical_num_qps(self.num_sms))
 
     def dispatch(self, x, topk_idx, topk_weights, num_experts):  # see deepep.Exchange
-        if x.shape[0] > self.max_tokens:
-            raise ValueError(f"{x.shape[0]} tokens on this rank > GRPO_DEEPEP_MAX_TOKENS={self.max_tokens}")
+        if x.shape[0] > self.max_tokens:  # the dispatcher chunks: reaching this is a bug
+            raise ValueError(f"{x.shape[0]} tokens on this rank > the DeepEP v2 buffer's {self.max_tokens}")
+        kwargs = dispatch_kwargs(num_experts, self.max_tokens, self.num_sms, self.num_qps)
         recv_x, recv_idx, recv_weights, handle, _ = self.buffer.dispatch(
-            x,
-            topk_idx=topk_idx,
-            topk_weights=topk_weights,
-            num_experts=num_experts,
-            num_max_tokens_per_rank=self.max_tokens,
-            num_sms=self.num_sms,
-            num_qps=self.num_qps,
-            do_cpu_sync=True,  # exact receive counts: the one host sync the exchange needs
+            x, topk_idx=topk_idx, topk_weights=topk_weights, **kwargs
         )
         return recv_x, recv_idx, recv_weights, handle.num_recv_tokens_per_expert_list, handle
 
     def redispatch(self, x: torch.Tensor, handle: Any) -> torch.Tensor:
-        return self.buffer.dispatch(x, handle=handle, num_sms=self.num_sms, num_qps=self.num_qps)[0]
+        return self.buffer.dispatch(x, handle=handle, **cached_dispatch_kwargs(self.num_sms, self.num_qps))[0]
 
     def combine(self, x, handle, topk_weights=None):
         combined, weights, _ = self.buffer.combine(
-            x, handle, topk_weights=topk_weights, num_sms=self.num_sms, num_qps=self.num_qps
+            x, handle, topk_weights=topk_weights, **combine_kwargs(self.num_sms, self.num_qps)
         )
         return combined, weights
 
+    def destroy(self) -> None:
+        self.buffer.destroy()
 
-_EXCHANGES: dict[tuple[int, int, int], V2Exchange] = {}
+
+_EXCHANGES: dict[tuple[int, int, int, int, int | None], V2Exchange] = {}
 
 
 class Dispatcher(DeepEPDispatcher):
@@ -109,9 +163,9 @@ class Dispatcher(DeepEPDispatcher):
     name = NAME
 
     def exchange(self, hidden: int, top_k: int) -> V2Exchange:
-        key = (id(self.group), hidden, top_k)
+        key = (id(self.group), hidden, top_k, self.num_experts, self.tokens)
         if key not in _EXCHANGES:
-            _EXCHANGES[key] = V2Exchange(self.group, hidden, top_k)
+            _EXCHANGES[key] = V2Exchange(self.group, hidden, top_k, self.num_experts, self.tokens)
         return _EXCHANGES[key]
 
     def release(self) -> None:
@@ -120,5 +174,4 @@ class Dispatcher(DeepEPDispatcher):
 
 if AVAILABLE:
     register_backend(NAME)(Dispatcher)
-    register_backend("deepep")(deepep_dispatcher)  # v1 inside a node, v2 across nodes
-    autoselect.register_candidate(NAME, requires)
+autoselect.register_candidate(NAME, requires)

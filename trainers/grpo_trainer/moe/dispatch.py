@@ -86,7 +86,9 @@ class Dispatcher(Protocol):
         ...
 
 
-BackendFactory = Callable[[dist.ProcessGroup | None, int], Dispatcher]
+BackendFactory = Callable[..., Dispatcher]
+"""(group, num_experts, tokens=None) → a dispatcher; `tokens` is what one dispatch carries per rank
+(a micro-batch's tokens), for backends that size buffers by it; None when unknown."""
 _BACKENDS: dict[str, BackendFactory] = {}
 
 
@@ -101,7 +103,8 @@ def register_backend(name: str) -> Callable[[BackendFactory], BackendFactory]:
 
 
 def _register_builtin() -> None:
-    """Import the backend modules, which register themselves (DeepEP's only when deep_ep imports)."""
+    """Import the backend modules, which register themselves (DeepEP's versions only when deep_ep
+    imports; `deepep` always, to say why it cannot serve)."""
     import grpo_trainer.moe.alltoall
     import grpo_trainer.moe.autoselect
     import grpo_trainer.moe.deepep_v1
@@ -113,12 +116,15 @@ def available_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
-def make_dispatcher(name: str, group: dist.ProcessGroup | None, num_experts: int) -> Dispatcher:
-    """Build the backend `name` for `num_experts` routed experts sharded evenly over `group`."""
+def make_dispatcher(
+    name: str, group: dist.ProcessGroup | None, num_experts: int, tokens: int | None = None
+) -> Dispatcher:
+    """Build the backend `name` for `num_experts` routed experts sharded evenly over `group`;
+    `tokens`: tokens per rank one dispatch carries (buffers are sized by it), None when unknown."""
     _register_builtin()
     if name not in _BACKENDS:
         raise ValueError(f"unknown EP backend {name!r}; available: {available_backends()}")
-    return _BACKENDS[name](group, num_experts)
+    return _BACKENDS[name](group, num_experts, tokens=tokens)
 
 
 def sort_by_expert(topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,11 +151,12 @@ def sum_per_token(rows: torch.Tensor, token: torch.Tensor, num_tokens: int) -> t
 
 @register_backend("local")
 class LocalDispatcher:
-    """EP = 1: all experts are here; dispatch is one sort and gather, combine one scatter-add."""
+    """EP = 1: all experts are here; dispatch is one sort and gather, combine one scatter-add.
+    No buffers: `tokens` is taken for the factory interface and not needed."""
 
     name = "local"
 
-    def __init__(self, group: dist.ProcessGroup | None, num_experts: int) -> None:
+    def __init__(self, group: dist.ProcessGroup | None, num_experts: int, tokens: int | None = None) -> None:
         if group is not None and dist.get_world_size(group) != 1:
             raise ValueError("the local backend needs a group of one rank")
         self.num_experts = num_experts

@@ -111,10 +111,11 @@ def _convert(
 def _dispatcher(
     backend: str, group: dist.ProcessGroup | None, block: nn.Module, tokens: int | None
 ) -> Dispatcher:
-    """The block's backend; `auto` measures with the block's real shapes."""
+    """The block's backend, its buffers sized for `tokens` per dispatch; `auto` measures with the
+    block's real shapes."""
     num_experts = block.gate.num_experts
     if backend != "auto":
-        return make_dispatcher(backend, group, num_experts)
+        return make_dispatcher(backend, group, num_experts, tokens)
     shape = autoselect.EPShape(
         hidden=block.gate.weight.shape[1],
         top_k=block.gate.top_k,
@@ -136,8 +137,9 @@ def expert_parallel(
     backend: a registered dispatch backend (`local`, `alltoall`, `deepep`, `auto`).
     aux_loss_coef: > 0 makes each router keep a balancing loss (see `moe_aux_loss`); HF's own
         `output_router_logits` path is rejected because its hooks target the replaced routers.
-    tokens_per_batch: tokens of one micro-batch on one rank, for `auto`'s measurement (which
-        also takes the blocks' hidden size and top-k); default `autoselect.EPShape().tokens`.
+    tokens_per_batch: tokens of one micro-batch on one rank (what one layer dispatches at once),
+        for `auto`'s measurement (which also takes the blocks' hidden size and top-k) and the size
+        of DeepEP's buffers; default `autoselect.EPShape().tokens` for `auto`, DeepEP's own cap.
     Call it before building the optimizer: expert parameters are new tensors.
     """
     if getattr(getattr(model, "config", None), "output_router_logits", False):
