@@ -70,7 +70,22 @@ def test_same_plan_as_the_cli(tmp_path, h100, monkeypatch):
     assert memory.check(c, INFO, h100).total == cli.trainer.total
 
 
-def test_no_local_config_no_check(tmp_path, h100):
+def test_no_config_no_check(tmp_path, h100, s3_server, caplog):
     c = contract(tmp_path, "qwen3-30b-a3b")
-    c.spec.model.path = "s3://bucket/model"
+    c.spec.model.path = str(tmp_path / "nowhere")
     assert memory.check(c, INFO, h100) is None
+    c.spec.model.path = f"{s3_server.make_bucket('memory-plan')}/absent"
+    with s3_server.environ():
+        assert memory.check(c, INFO, h100) is None
+    assert "cannot read" in caplog.text
+
+
+def test_an_s3_model_is_checked_from_its_config_json(tmp_path, h100, s3_server, monkeypatch):
+    """s3:// models: the config.json is read through the storage layer before any shard is fetched."""
+    monkeypatch.delenv(memory.ENV_MEMORY_PLAN, raising=False)
+    bucket = s3_server.make_bucket("memory-plan")
+    s3_server.fs().put(str(CONFIGS / "deepseek-v3.config.json"), f"{bucket[5:]}/deepseek/config.json")
+    c = contract(tmp_path, "deepseek-v3")
+    c.spec.model.path = f"{bucket}/deepseek"
+    with s3_server.environ(), pytest.raises(ConfigError, match=r"does NOT fit in 79\.6 GiB"):
+        memory.check(c, INFO, h100)

@@ -148,7 +148,9 @@ def test_cli_asks_for_the_config_of_a_remote_model(capsys):
     assert code == 2 and "--model-config" in err
 
 
-def test_validate_warns_when_the_local_model_cannot_fit(tmp_path, capsys):
+def test_validate_refuses_a_trainer_that_cannot_fit_and_warns_of_the_rollout(tmp_path, capsys):
+    """The trainer would refuse the job at start (grpo_trainer.memory): validate says so as an error;
+    the rollout's verdict stays a warning (vLLM measures its own room at start)."""
     model = tmp_path / "models" / "DeepSeek-V3"
     model.mkdir(parents=True)
     shutil.copy(CONFIGS / "deepseek-v3.config.json", model / "config.json")
@@ -157,12 +159,12 @@ def test_validate_warns_when_the_local_model_cannot_fit(tmp_path, capsys):
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(raw))
     warnings: list = []
-    assert validation.validate_file(job, warnings=warnings) == []
-    memory = [w for w in warnings if w.path in ("spec.trainer", "spec.rollout")]
-    assert {w.path for w in memory} == {"spec.trainer", "spec.rollout"}
-    assert "does NOT fit" in memory[0].message
-    assert main(["validate", str(job)]) == 0  # a warning, not an error
-    assert "warning: spec.trainer: trainer:" in capsys.readouterr().err
+    problems = validation.validate_file(job, warnings=warnings)
+    assert [p.path for p in problems] == ["spec.trainer"] and "does NOT fit" in problems[0].message
+    assert [w.path for w in warnings if w.path in ("spec.trainer", "spec.rollout")] == ["spec.rollout"]
+    assert main(["validate", str(job)]) == 1
+    err = capsys.readouterr().err
+    assert ": spec.trainer: trainer:" in err and "warning: spec.rollout: rollout:" in err
 
 
 def test_full_sharding_splits_experts_over_the_ranks_sharing_an_ep_block():

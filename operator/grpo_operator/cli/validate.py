@@ -5,13 +5,16 @@ line `FILE:LINE: field.path: message` per problem, `FILE: valid` otherwise, and 
 non-zero exit status when any file is invalid. Documents of other kinds are skipped. A valid job
 that asks for more than GRPOJob `create` grants (privilege, host access, Secrets...) gets one
 `FILE:LINE: warning: field.path: message` each: the chart's admission policy refuses it unless
-the requester holds the `escalate` verb (docs/security.md). A valid job whose model config.json is a
-local file also gets a `warning: spec.trainer: ...` (or `spec.rollout`) when `grpo-operator plan`
-says that role cannot fit in its GPUs' memory (docs/memory-plan.md).
+the requester holds the `escalate` verb (docs/security.md). A valid job is held to the memory plan
+(docs/memory-plan.md) when the model's config.json is given (`--model-config`) or is a local file: a
+trainer that cannot fit in its GPUs' memory makes the file invalid (`spec.trainer: ...`, the message
+the trainer's start-up check would stop the job with), a rollout that cannot fit is a warning, and
+a model whose config.json is not reachable from here gets a warning that the plan was not checked.
 """
 
 import argparse
 import sys
+from pathlib import Path
 
 from grpo_operator import validation
 
@@ -23,6 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="OLDFILE",
         help="the jobs as they are now: check FILEs as updates of them, so changes to immutable fields fail",
     )
+    parser.add_argument(
+        "--model-config",
+        type=Path,
+        help="the model's config.json, for jobs whose spec.model.path is not a local directory (s3://, pvc://)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
     for name in args.files:
         warnings: list[validation.Problem] = []
         try:
-            problems = validation.validate_file(name, old=args.old, warnings=warnings)
+            problems = validation.validate_file(
+                name, old=args.old, warnings=warnings, model_config=args.model_config
+            )
         except OSError as err:
             print(f"{name}: cannot read: {err.strerror or err}", file=sys.stderr)
             invalid += 1

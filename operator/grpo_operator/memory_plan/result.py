@@ -60,6 +60,13 @@ class RolePlan:
             line += f"; plus {self.host_total / GIB:.1f} GiB of host RAM per rank (offloaded)"
         return line
 
+    def refusal(self) -> str | None:
+        """Why the role is refused, None when it fits or has no fixed budget: the one message that
+        the trainer's start-up check raises and `grpo-operator validate` reports, word for word."""
+        if self.fits is not False:
+            return None
+        return f"{self.verdict()}; run `grpo-operator plan` on the job to see which settings fit"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "gib_per_gpu": round(self.total / GIB, 2),

@@ -8,8 +8,9 @@ from, in strict mode, and inside the embedded PodSpecs, plain dicts to the model
 CRD's schema itself: `structural`), then every `x-kubernetes-validations` rule of the CRD evaluated with
 cel-python on the defaulted object; transition rules (`oldSelf`) only when an old object is
 given. Rules are read from the CRD, never re-implemented here. Beyond the server's verdicts, a
-valid job whose model config.json is reachable from here gets the memory plan's warnings
-(`memory_warnings`, `grpo_operator.memory_plan`) when a role cannot fit on its GPUs.
+valid job is held to the memory plan when its model's config.json is reachable from here
+(`memory_problems`): a trainer that cannot fit on its GPUs is an error, as the trainer refuses it
+at start, with the same message.
 """
 
 import functools
@@ -22,6 +23,7 @@ import pydantic
 
 from grpo_operator import crd, instance_types, memory_plan
 from grpo_operator.api import job
+from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.validation import escalation
 from grpo_operator.validation.cel import cel_problems
 from grpo_operator.validation.schema import apply_defaults, metadata_problems, schema_problems
@@ -116,11 +118,21 @@ def escalation_warnings(text: str, file: str = "<stdin>") -> list[Problem]:
     return out
 
 
-def memory_warnings(text: str, file: str = "<stdin>") -> list[Problem]:
-    """One warning per role of each GRPOJob in `text` that `grpo-operator plan` says cannot fit,
-    when the model's config.json is a local file (relative paths: also to the manifest's folder)."""
+def memory_problems(
+    text: str, file: str = "<stdin>", model_config: Path | None = None
+) -> tuple[list[Problem], list[Problem]]:
+    """(errors, warnings) of the memory plan for each GRPOJob in `text`, against its instance types.
+
+    The model's config.json is `model_config`, else `spec.model.path` when that is a local directory
+    (relative paths: also to the manifest's folder). A trainer that cannot fit is an error with the
+    message the trainer's start-up check (`grpo_trainer.memory`) raises for the same job: both call
+    `memory_plan.plan_job` and `RolePlan.refusal`. A rollout that cannot fit is a warning: no
+    start-up plan refuses it (vLLM measures its own KV-cache room). A job with GPU instance types but
+    no config.json reachable here gets a warning that the plan did not run and how to make it."""
     docs, _ = load_documents(text, file)
-    table, out = instance_types.load(), []
+    table = instance_types.load()
+    errors: list[Problem] = []
+    warnings: list[Problem] = []
     for doc in docs:
         if not is_grpojob(doc.data):
             continue
@@ -128,27 +140,50 @@ def memory_warnings(text: str, file: str = "<stdin>") -> list[Problem]:
             spec = job.GRPOJob.model_validate(doc.data).spec
         except pydantic.ValidationError:
             continue  # validate_text says why
-        source = memory_plan.find_config(spec.model.path, Path(file).parent)
-        if source is None:
-            continue
+        source = model_config or memory_plan.find_config(spec.model.path, Path(file).parent)
         try:
-            plan = memory_plan.plan_job(
-                json.loads(source.read_text()),
-                spec,
-                trainer_gpu_bytes=_gpu_bytes(table, spec.trainer.instance_type),
-                rollout_gpu_bytes=_gpu_bytes(table, spec.rollout.instance_type),
-            )
-        except (OSError, ValueError, KeyError, instance_types.UnknownInstanceType) as e:
-            out.append(
-                Problem(file, doc.line(("spec", "model", "path")), "spec.model.path", f"no memory plan: {e}")
-            )
+            plan = _plan(spec, source, table)
+        except _NoPlan as e:
+            warnings.append(Problem(file, doc.line(("spec", "model", "path")), "spec.model.path", str(e)))
             continue
-        for role in (plan.trainer, plan.rollout):
-            if role.fits is False:
+        if plan is None:
+            continue
+        for role, found in ((plan.trainer, errors), (plan.rollout, warnings)):
+            refusal = role.refusal()
+            if refusal is not None:
                 where = ("spec", role.role)
-                message = f"{role.verdict()}; see grpo-operator plan"
-                out.append(Problem(file, doc.line(where), dotted(where), message))
-    return out
+                found.append(Problem(file, doc.line(where), dotted(where), refusal))
+    return errors, warnings
+
+
+class _NoPlan(Exception):
+    """The plan of a job with a GPU budget could not be made here; the message says why."""
+
+
+def _plan(
+    spec: GRPOJobSpec, source: Path | None, table: instance_types.InstanceTable
+) -> memory_plan.Plan | None:
+    """The job's plan; None when no role has a GPU budget to hold it to (CPU pods)."""
+    try:
+        trainer_gpu = _gpu_bytes(table, spec.trainer.instance_type)
+        rollout_gpu = _gpu_bytes(table, spec.rollout.instance_type)
+    except instance_types.UnknownInstanceType as e:
+        raise _NoPlan(f"no memory plan: {e}") from None
+    if trainer_gpu is None and rollout_gpu is None:
+        return None
+    if source is None:
+        raise _NoPlan(
+            f"no memory plan: {spec.model.path} is not a local directory with a config.json; pass "
+            "--model-config config.json to check that the trainer fits (it refuses a job that cannot "
+            "at start)"
+        )
+    try:
+        config = json.loads(source.read_text())
+        return memory_plan.plan_job(
+            config, spec, trainer_gpu_bytes=trainer_gpu, rollout_gpu_bytes=rollout_gpu
+        )
+    except (OSError, ValueError, TypeError, KeyError, ArithmeticError) as e:
+        raise _NoPlan(f"no memory plan: {e}") from None
 
 
 def _gpu_bytes(table: instance_types.InstanceTable, name: str | None) -> int | None:
@@ -156,14 +191,20 @@ def _gpu_bytes(table: instance_types.InstanceTable, name: str | None) -> int | N
 
 
 def validate_file(
-    path: str | Path, old: str | Path | None = None, warnings: list[Problem] | None = None
+    path: str | Path,
+    old: str | Path | None = None,
+    warnings: list[Problem] | None = None,
+    model_config: Path | None = None,
 ) -> list[Problem]:
-    """validate_text on a file (and its old version); `-` reads standard input. With `warnings`, the
-    escalation and memory warnings of a valid file are appended to it."""
+    """validate_text on a file (and its old version); `-` reads standard input. With `warnings`, a
+    valid file is also held to the memory plan (`memory_problems`, its errors returned with the
+    others) and its escalation and memory warnings are appended to `warnings`."""
     text = sys.stdin.read() if str(path) == "-" else Path(path).read_text(encoding="utf-8")
     old_text = Path(old).read_text(encoding="utf-8") if old is not None else None
     problems = validate_text(text, str(path), old_text, str(old))
     if warnings is not None and not problems:
         warnings += escalation_warnings(text, str(path))
-        warnings += memory_warnings(text, str(path))
+        errors, memory = memory_problems(text, str(path), model_config)
+        problems += errors
+        warnings += memory
     return problems
