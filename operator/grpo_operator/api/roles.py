@@ -162,6 +162,12 @@ class TrainerSpec(RoleCommon):
                 "epBackend deepep needs GPU nodes: set trainer.instanceType",
                 ".epBackend",
             ),
+            (
+                "self.epBackend != 'deepep' || self.expertParallelSize > 1",
+                "epBackend deepep needs trainer.expertParallelSize above 1 (at 1 no token leaves its rank): "
+                "raise expertParallelSize or set epBackend auto",
+                ".epBackend",
+            ),
             podspec.sidecars_need_images("trainer"),
         )
     )
