@@ -55,6 +55,7 @@ from grpo_trainer.parallel import (
     broadcast_bytes,
     broadcast_json,
     clip_gradients,
+    ep_tokens_per_dispatch,
     init_distributed,
     load_policy,
     make_groups,
@@ -104,8 +105,10 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     cache = spec.storage.cache_dir  # s3:// models: fetched once per pod into this emptyDir
     sharding = spec.trainer.effective_sharding
     load = dict(replay=replay, cache_dir=cache, sharding=sharding)  # each rank reads only its part
-    # what `auto` measures EP with: the tokens of one micro-batch
-    load["ep_tokens"] = algo.max_tokens_per_micro_batch or algo.micro_batch_size * algo.max_new_tokens
+    # tokens one MoE layer dispatches at once: what `auto` measures with and DeepEP's buffers hold
+    load["ep_tokens"] = ep_tokens_per_dispatch(
+        algo.micro_batch_size, algo.max_tokens_per_micro_batch, algo.max_new_tokens
+    )
     ac = spec.trainer.activation_checkpointing
     model = load_policy(spec.model.path, groups, backend, device, activation_checkpointing=ac, **load)
     ref = None

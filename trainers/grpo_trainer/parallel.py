@@ -60,22 +60,50 @@ def init_distributed(info: RankInfo, contract: RunContract) -> torch.device:
     return device
 
 
+def group_device(backend: str, cuda_index: int) -> torch.device | None:
+    """The device new groups are bound to: on NCCL this rank's GPU, so each group's communicator
+    is created with the group (DeepEP v2 takes it through `_comm_ptr()`, which is 0 for a group
+    torch creates lazily until its first collective); None for gloo (no device to bind)."""
+    return torch.device("cuda", cuda_index) if backend == "nccl" else None
+
+
 def make_groups(info: RankInfo) -> Groups:
     """EP groups of consecutive ranks and their transposes. Every rank creates every group, in
-    the same order, as torch.distributed requires."""
+    the same order, as torch.distributed requires; on NCCL each with its communicator at once."""
     ep, dp = info.ep_size, info.world_size // info.ep_size
+    backend = dist.get_backend()
+    device = group_device(backend, torch.cuda.current_device() if backend == "nccl" else 0)
     ep_group = expert_dp_group = None
     for k in range(dp):
-        g = dist.new_group(list(range(k * ep, (k + 1) * ep)))
+        g = dist.new_group(list(range(k * ep, (k + 1) * ep)), device_id=device)
         if info.rank // ep == k:
             ep_group = g
     for j in range(ep):
-        g = dist.new_group(list(range(j, info.world_size, ep)))
+        g = dist.new_group(list(range(j, info.world_size, ep)), device_id=device)
         if info.ep_rank == j:
             expert_dp_group = g
     return Groups(
         ep=ep_group if ep > 1 else None, expert_dp=expert_dp_group if dp > 1 else None, own_ep=ep_group
     )
+
+
+def ep_tokens_per_dispatch(
+    micro_batch_size: int, max_tokens_per_micro_batch: int | None, max_new_tokens: int
+) -> int:
+    """Tokens one MoE layer dispatches at once on one rank: a micro-batch's (its token budget, or
+    its sequences x the completion limit; prompts come on top and are not known at start-up).
+    `auto` measures with it and DeepEP sizes its buffers for it; a layer that sees more tokens is
+    dispatched in chunks (`grpo_trainer.moe.deepep`), so this need not be an upper bound."""
+    return max_tokens_per_micro_batch or micro_batch_size * max_new_tokens
+
+
+def check_ep_backend(backend: str, ep_size: int) -> None:
+    """Refuse an `epBackend` that cannot serve this layout before any weights are read."""
+    if backend == "deepep" and ep_size == 1:
+        raise ValueError(
+            "spec.trainer.epBackend deepep needs expert parallelism, but spec.trainer.expertParallelSize "
+            "is 1 (no tokens leave a rank): set expertParallelSize above 1 or epBackend to auto"
+        )
 
 
 def load_policy(
@@ -102,6 +130,7 @@ def load_policy(
     replay: kept for callers; MoE blocks are `MoELayer`s at EP = 1 too (over this rank's one-rank
     group), since only those take given expert choices and the loader fills their experts.
     activation_checkpointing: per decoder layer; None means on under "full"."""
+    check_ep_backend(backend, 1 if groups.ep is None else dist.get_world_size(groups.ep))
     local = storage.model_dir(path, cache_dir)
     model = loading.skeleton(local)
     if groups.ep is not None:
