@@ -47,3 +47,15 @@ def test_each_failure_is_announced_once_and_a_new_reason_is_news():
     kind, reason, message = ep_failures.event(("deepep_v2", "init raised"))
     assert (kind, reason) == ("Warning", "EPBackendFailed")
     assert "deepep_v2" in message and "init raised" in message
+
+
+def test_the_status_says_why_auto_chose_its_backend():
+    candidates = {
+        "alltoall": "1.250 ms",
+        "deepep_v1": "skipped: rank 0: the EP group spans 2 nodes",
+        "deepep_v2": "failed: rank 3: RuntimeError: NCCL GIN is unavailable",
+    }
+    progress = report(candidates).to_progress()
+    assert progress.ep_backend == "alltoall" and progress.ep_backend_candidates == candidates
+    assert progress.ep_backend_failures == {"deepep_v2": "rank 3: RuntimeError: NCCL GIN is unavailable"}
+    assert "epBackendCandidates" in progress.wire()  # the field the API server stores

@@ -70,7 +70,8 @@ class StepReport(BaseModel):
     )
     ep_candidates: dict[str, str] = Field(
         default_factory=dict,
-        description='Each `auto` candidate\'s seconds per round trip ("1.234 ms") or "failed: <reason>".',
+        description='Each `auto` candidate\'s seconds per round trip ("1.234 ms"), "skipped: <reason>" '
+        '(refused by layout or library) or "failed: <reason>" (failed to build or to round-trip).',
     )
     time: float = Field(description="Unix time of the report.")
     last_checkpoint: str | None = Field(default=None, description="Path of the newest checkpoint.")
@@ -109,6 +110,7 @@ class StepReport(BaseModel):
             ep_all_to_all_seconds=self.ep_all_to_all_s,
             ep_backend=self.ep_backend,
             ep_backend_failures=ep_failures(self.ep_candidates),
+            ep_backend_candidates={k: v[:MAX_REASON] for k, v in self.ep_candidates.items()},
             weight_version=self.weight_version,
             last_checkpoint=self.last_checkpoint,
             last_checkpoint_step=self.last_checkpoint_step,

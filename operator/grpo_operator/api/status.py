@@ -142,6 +142,13 @@ class Progress(ApiModel):
         "with its reason (the next candidate was tried); the operator emits one EPBackendFailed Event "
         "per candidate and counts it in grpo_operator_ep_backend_failures_total.",
     )
+    ep_backend_candidates: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="epBackendCandidates: why epBackend auto chose epBackend: each candidate's seconds per "
+        "dispatch+combine round trip at start-up (\"1.234 ms\", the slowest rank's; the fastest wins), or "
+        "\"skipped: <reason>\" (refused by the layout or the installed library) or \"failed: <reason>\".",
+    )
     rollout_wait_fraction: float | None = Field(
         default=None,
         ge=0,
