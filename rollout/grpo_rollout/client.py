@@ -136,6 +136,12 @@ class RolloutClient:
         self.resent_prompts = 0  # prompts re-sent after a server failed or handed them back
         self._turn = 0  # which server a call starts with: rotates, so no server (a new one) starves
 
+    @property
+    def request_timeout_s(self) -> float | None:
+        """How long one /generate call may take (the job's rollout.generateTimeoutSeconds, derived
+        from its decode length unless set)."""
+        return self._request_timeout.total
+
     def set_endpoints(self, endpoints: Sequence[str]) -> None:
         """Replace the server list (rollout replicas change while a job runs). A server that left
         gets no new work; its running requests get `leave_grace_s` to answer (see `generate`)."""

@@ -87,9 +87,12 @@ class Generator:
 
     @classmethod
     def for_contract(cls, contract: RunContract, token: str) -> "Generator":
-        """The job's servers, followed live through the best membership source available."""
+        """The job's servers, followed live through the best membership source available, each
+        /generate answer awaited as long as the job's decode may take (rollout.generateTimeoutSeconds)."""
         source = membership.choose_source(contract)
-        return cls(contract.rollout.endpoints, token, contract.spec.algorithm, source=source)
+        algo = contract.spec.algorithm
+        timeout = contract.spec.rollout.generate_timeout_s(algo)
+        return cls(contract.rollout.endpoints, token, algo, request_timeout_s=timeout, source=source)
 
     @property
     def members(self) -> list[str]:

@@ -10,12 +10,15 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field
 
 from grpo_operator.api import podspec
+from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_operator.api.base import MAX_SECONDS, ApiModel, cel, immutable
 
 Quantity = Annotated[str | int, Field(description="A Kubernetes quantity such as 4, '500m' or '16Gi'.")]
 # Bounds on strings, lists and maps keep the API server's CEL cost estimates within its limits.
 MAX_MAP = 64
 MAX_LIST = 64
+GENERATE_BASE_S = 600.0  # the /generate timeout's fixed part: queueing, prefill, rewards
+SLOW_DECODE_TOKENS_PER_S = 10.0  # one sequence's decode rate in a full batch, taken low on purpose
 INSTANCE_TYPE_PATTERN = r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$"
 # Images built from the repository's Dockerfile: vLLM lives only in the rollout image (it pins its own torch).
 TRAINER_IMAGE = "ghcr.io/grpo-operator/trainer:0.1.0"
@@ -438,6 +441,16 @@ class RolloutSpec(RoleCommon):
         le=65536,
         description="maxBatchSize: optional, default 256, [1, 65536]. Sequences one server decodes at once.",
     )
+    generate_timeout_seconds: int | None = Field(
+        default=None,
+        ge=60,
+        le=86400,
+        description="generateTimeoutSeconds: optional, [60, 86400], default derived from the job: 600 + "
+        "maxNewTokens / 10 x ceil(promptsPerStep x groupSize x (maxStaleness + 1) / (servers x "
+        "maxBatchSize)), servers = minReplicas if set, else replicas (the decode waves a server may run "
+        "at 10 tokens/s per sequence). How long the trainer waits for one /generate answer before it "
+        "gives that server's prompts to the others.",
+    )
     weight_sync: WeightSync = Field(
         default_factory=WeightSync,
         description="weightSync: optional. Transport and bucket size of the weight pushes.",
@@ -445,6 +458,17 @@ class RolloutSpec(RoleCommon):
     vllm: VllmSpec = Field(
         default_factory=VllmSpec, description="vllm: optional. The vLLM engine's knobs (engine vllm)."
     )
+
+    def generate_timeout_s(self, algo: AlgorithmSpec) -> float:
+        """generateTimeoutSeconds, else a bound that grows with the job: a server may hold a step's
+        sequences (and those of the steps overlapping it) and decode maxBatchSize of them at a time,
+        each wave as long as maxNewTokens at a slow rate, after a fixed allowance for queueing."""
+        if self.generate_timeout_seconds is not None:
+            return float(self.generate_timeout_seconds)
+        servers = max(1, self.min_replicas if self.min_replicas is not None else self.replicas)
+        in_flight = algo.prompts_per_step * algo.group_size * (algo.max_staleness + 1)
+        waves = -(-in_flight // (servers * self.max_batch_size))
+        return GENERATE_BASE_S + waves * algo.max_new_tokens / SLOW_DECODE_TOKENS_PER_S
 
     @property
     def gpus_per_server(self) -> int:
