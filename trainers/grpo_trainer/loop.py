@@ -153,18 +153,6 @@ def full_state_items(run: Run) -> Iterator[tuple[str, torch.Tensor]] | None:
     return moe.iter_full_state_dict(run.model, gather_experts=main)
 
 
-def full_state(run: Run) -> dict[str, torch.Tensor] | None:
-    """`full_state_items` as a dict on rank 0's EP group (None elsewhere): for the HF export."""
-    items = full_state_items(run)
-    if items is None:
-        return None
-    if run.info.rank >= run.info.ep_size:
-        for _ in items:  # take part in the gathers, keep nothing
-            pass
-        return None
-    return dict(items)
-
-
 def push_weights(run: Run, version: int) -> None:
     """Send weight `version` to the rollout servers over the job's transport (collective on
     every rank, see `stream_weights`), or over HTTP: gather the unsharded weights (collective,
@@ -247,7 +235,7 @@ def _stream_once(run: Run, version: int) -> dict[str, str] | None:
         stats = run.streamer.send(
             weight_sync.owned_items(run.model, info.rank, info.world_size, info.ep_size),
             epoch=plan["epoch"],
-            servers=len(plan["servers"]),
+            servers=plan["members"],  # receiving members in each group (all servers' ranks)
             backend=backend,
             dtype=getattr(torch, str(contract.spec.model.dtype)),
             bucket_bytes=sync.bucket_mb << 20,
@@ -533,13 +521,16 @@ def train(contract: RunContract, info: RankInfo) -> bool:
 
 
 def export(run: Run, name: str) -> None:
-    """Collective (see `full_state`): rank 0 writes the policy in HF format under checkpointDir/name."""
-    state = full_state(run)
+    """Collective: every rank writes its part of the policy in HF format, in the weights dtype,
+    under checkpointDir/name (`checkpoint.export_hf`; a complete export there is kept)."""
+    dest = storage.join(run.contract.checkpoint_dir, name)
+    dtype = getattr(torch, str(run.contract.spec.model.dtype))
+    done = checkpoint.export_hf(
+        run.model, dest, dtype=dtype, tokenizer_from=run.model.config._name_or_path, device=run.device
+    )
     if run.info.is_main:
-        dest = storage.join(run.contract.checkpoint_dir, name)
-        t0 = time.monotonic()
-        checkpoint.export_hf(dest, state, run.model, run.model.config._name_or_path)
-        log.info("exported the policy at step %d to %s in %.2fs", run.state.step, dest, time.monotonic() - t0)
+        log.info("policy at step %d %s %s in %.2fs", run.state.step,
+                 "already exported to" if done.skipped else "exported to", dest, done.seconds)  # fmt: skip
 
 
 def save(run: Run, *, wait: bool) -> None:

@@ -7,11 +7,11 @@ Public API (the training loop uses only this):
     checkpoint.Saver(root, info, group, ...)    .save(state, tensors) async, .wait(), .close(), .last
     checkpoint.gang_state(model, opt, info)     the tensors this rank writes, in the global key space
     checkpoint.resume(root, resume_from, ...)   collective: load the newest readable save, resharded
-    checkpoint.export_hf(dest, state, ...)      Hugging Face export (rank 0)
+    checkpoint.export_hf(model, dest, ...)      collective: Hugging Face export, every rank writing
 
 Modules: `layout` (names, marker, pure choices), `state` (the key space), `dcp_io` (DCP storage
-without pickle), `saver`, `resume`, `export`. The layout and guarantees are in `layout`'s
-docstring and docs/install-eks.md ("Checkpoints").
+without pickle), `saver`, `resume`, `export` (with `export_plan` and `safetensors_stream`). The
+layout and guarantees are in `layout`'s docstring and docs/install-eks.md ("Checkpoints").
 """
 
 from torch import nn
