@@ -285,7 +285,7 @@ async def _stream_request(urls: list[str], version: int, sync_port: int, spec: d
     reqs = {
         u: WeightStreamRequest(
             version=version, epoch=7, store_host="127.0.0.1", store_port=sync_port, backend="gloo",
-            senders=SENDERS, servers=SERVERS, server_rank=i, timeout_s=600, tensors=spec,
+            senders=SENDERS, members=SERVERS, first_member=i, timeout_s=600, tensors=spec,
         )
         for i, u in enumerate(urls)
     }  # fmt: skip

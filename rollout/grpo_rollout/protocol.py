@@ -277,9 +277,11 @@ class WeightStreamRequest(Versioned):
     """Join the trainer's weight groups (when `epoch` is new) and receive `version` over them.
 
     The trainer hosts a TCPStore at `store_host:store_port`; each of its `senders` ranks has its own
-    group of 1 + `servers` members in which this server is rank 1 + `server_rank`. `tensors` names
-    every tensor of the version with its full shape: the server checks them before anything
-    changes and makes the version live only when every element of each one arrived."""
+    group of 1 + `members` ranks: the sender, then every receiving member of every server. This
+    server's members (`HealthResponse.stream_members` of them: its process, or each worker of its
+    engine) are ranks 1 + `first_member` onwards. `tensors` names every tensor of the version with
+    its full shape: the server checks them before anything changes and makes the version live only
+    when every element of each one arrived at every member."""
 
     version: int = Field(ge=1, description="version: the new weight version.")
     epoch: int = Field(
@@ -289,15 +291,17 @@ class WeightStreamRequest(Versioned):
     store_port: int = Field(ge=1, le=65535)
     backend: Literal["gloo", "nccl"]
     senders: int = Field(ge=1, le=65536, description="senders: trainer ranks streaming, one group each.")
-    servers: int = Field(ge=1, le=4096, description="servers: rollout servers in every group.")
-    server_rank: int = Field(ge=0, description="server_rank: this server's index among them.")
+    members: int = Field(
+        ge=1, le=65536, description="members: receiving members in every group, all servers together."
+    )
+    first_member: int = Field(ge=0, description="first_member: this server's first member among them.")
     timeout_s: float = Field(default=300.0, gt=0, le=3600)
     tensors: dict[str, list[int]] = Field(description="tensors: HF name -> full shape, every tensor sent.")
 
     @model_validator(mode="after")
-    def _rank_in_range(self) -> "WeightStreamRequest":
-        if self.server_rank >= self.servers:
-            raise ValueError(f"server_rank {self.server_rank} out of range for {self.servers} servers")
+    def _member_in_range(self) -> "WeightStreamRequest":
+        if self.first_member >= self.members:
+            raise ValueError(f"first_member {self.first_member} out of range for {self.members} members")
         return self
 
 
@@ -317,6 +321,13 @@ class HealthResponse(Versioned):
     engine: str
     model: str
     in_flight: int = Field(ge=0, description="in_flight: generate requests being served or queued.")
+    stream_members: int = Field(
+        default=1,
+        ge=1,
+        le=4096,
+        description="stream_members: ranks this server takes in every weight group (its process for "
+        "the torch engine, each tensor-parallel worker for vLLM).",
+    )
 
 
 ErrorCode = Literal[

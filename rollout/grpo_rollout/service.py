@@ -20,11 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from grpo_operator.api.spec import RewardSpec
 
-from grpo_rollout import weight_stream
-from grpo_rollout.engines.base import Engine, EngineConfig, PromptSamples, create_engine, streamed_update
+from grpo_rollout import stream_member, weight_stream
+from grpo_rollout.engines.base import Engine, EngineConfig, PromptSamples, create_engine
 from grpo_rollout.gate import Gate
 from grpo_rollout.metrics import RolloutMetrics
 from grpo_rollout.protocol import (
@@ -39,9 +38,13 @@ from grpo_rollout.protocol import (
     WeightUpdateResponse,
 )
 from grpo_rollout.rewards.scorer import RewardScorer
-from grpo_rollout.weights import BadBucket, Coverage, WeightConflict, WeightStager
+from grpo_rollout.weights import BadBucket, WeightConflict, WeightStager
 
 log = logging.getLogger(__name__)
+
+
+class StreamBroken(RuntimeError):
+    """A member's weight groups failed mid-stream (a peer died, a transfer timed out)."""
 
 
 class ServiceError(Exception):
@@ -107,7 +110,16 @@ class RolloutService:
             engine=self.config.engine,
             model=self.config.engine_config.model_path,
             in_flight=self.in_flight,
+            stream_members=self.stream_members,
         )
+
+    @property
+    def stream_members(self) -> int:
+        """Ranks this server takes in every weight group (1 until the engine is loaded: a server
+        that is not ready is not put in the groups)."""
+        if self.engine is None:
+            return 1
+        return stream_member.stream_receiver(self.engine, self.link).stream_members
 
     def refuse_if_not_ready(self) -> None:
         if self.draining:
@@ -313,75 +325,29 @@ class RolloutService:
             self.receiving = False
 
     def _receive(self, req: WeightStreamRequest) -> int:
+        """The version through the engine's members (its workers, or this process): a version not
+        newer than the live one is refused but still consumed, so the senders never hang."""
         assert self.engine is not None
-        off = weight_stream.CallOff(
-            weight_stream.store_client(req.store_host, req.store_port, req.timeout_s), req.epoch
-        )
-        off.check()  # called off before this server started it: nobody is sending
         refusal: Exception | None = None
         if req.version <= self.stager.live_version:
             refusal = WeightConflict(
                 f"weight version {req.version} is not newer than the live {self.stager.live_version}"
             )
-        updater = streamed_update(self.engine)
-        coverage = Coverage(req.tensors)
-        if refusal is None:
-            try:
-                updater.begin_update(req.tensors)
-            except ValueError as e:
-                refusal = e
-        started, loaded = refusal is None, False
-
-        def apply(pieces: list[weight_stream.Piece], payload: torch.Tensor) -> None:
-            nonlocal refusal, loaded
-            if refusal is not None:
-                return  # consume and drop: the senders finish, the refusal is answered after
-            try:
-                for p in pieces:
-                    coverage.add(p.name, p.start, p.count)
-                loaded = True
-                updater.load_bucket(
-                    [(p.name, p.start, weight_stream.piece_values(payload, p)) for p in pieces]
-                )
-            except (ValueError, BadBucket) as e:
-                refusal = e
-
-        device = torch.device("cpu") if req.backend == "gloo" else getattr(self.engine, "device", "cuda")
-        broke = False
-        try:
-            groups = self.link.groups_for(
-                epoch=req.epoch,
-                host=req.store_host,
-                port=req.store_port,
-                backend=req.backend,
-                senders=req.senders,
-                servers=req.servers,
-                rank=req.server_rank,
-                timeout_s=req.timeout_s,
-                off=off,
-            )
-            weight_stream.receive_all(groups, torch.device(device), apply, off)
-            if refusal is None and (missing := coverage.missing()):
-                refusal = BadBucket(
-                    f"{len(missing)} tensor(s) incomplete after the stream, e.g. {missing[:3]}"
-                )
-        except Exception as e:
-            broke = True
-            log.warning("weight version %d (stream %d) broke: %s", req.version, req.epoch, e)
-            if not isinstance(e, weight_stream.StreamCancelled):
-                off.call()  # no member waits on groups this server left
-            self.link.reset()  # the groups are broken: the trainer forms new ones next time
-            raise
-        finally:
-            if (refusal is not None or broke) and started:
-                updater.abort_update()
-                self.torn = self.torn or loaded  # buckets may already be in the live weights
+        receiver = stream_member.stream_receiver(self.engine, self.link)
+        outcome = receiver.receive_stream(req, refusal is not None)
+        if outcome.kind != "live":
+            self.torn = self.torn or outcome.loaded  # buckets may already be in the live weights
+        if outcome.kind == "cancelled":
+            raise weight_stream.StreamCancelled(outcome.message)
+        if outcome.kind == "broken":
+            raise StreamBroken(f"weight version {req.version} (stream {req.epoch}) broke: {outcome.message}")
         if refusal is not None:
             raise refusal
-        updated = updater.finish_update()
+        if outcome.kind == "refused":
+            raise BadBucket(outcome.message)
         self.stager.applied(req.version)
         self.torn = False
-        return updated
+        return outcome.updated
 
     async def drain(self) -> None:
         """Refuse new work, give running work until the deadline, then hand back what is left; a

@@ -5,22 +5,24 @@ Both ends of the `collective` weight-sync transport use this module (the trainer
 pieces: a contiguous range of elements of one HF-named tensor, flattened (an FSDP2 shard's rows,
 an EP rank's experts, a slice of a replicated tensor). A trainer rank packs its pieces, converted
 to the rollout dtype, into a bucket of at most `bucket_bytes` and broadcasts, per bucket, in its
-own group (rank 0 = that trainer rank, ranks 1.. = the servers):
+own group (rank 0 = that trainer rank, ranks 1.. = the receiving members: a rollout server's
+process, or each worker of its engine):
   header   int64[3]  (1, manifest bytes, payload bytes), or (0, 0, 0) after the last bucket
   manifest uint8     JSON list of [name, first element, elements, byte offset, dtype]
   payload  uint8     the bucket
 Broadcasts are asynchronous and the sender fills one buffer while the other is on the wire, so a
-sender holds at most two buckets; a receiver holds one per sender group. A member that sees the
-stream break (its broadcast failed; the trainer saw a server fail) calls the epoch off in the store
-(`CallOff`), and every member stops waiting on it within a tenth of a second instead of at the
-groups' timeout: nobody blocks where a call-off cannot reach them (members meet in the store before
-gloo connects them, the connect runs on a thread of its own, transfers are polled). The trainer
-then streams the version again in a new epoch. A group left with transfers in flight is `retire`d:
-gloo cannot abort them, and freeing a `ProcessGroupGloo` waits for them (up to the op timeout) in
-whichever thread drops the last reference, so a thread of its own holds it until they end. Groups are plain
-`ProcessGroupGloo`/`ProcessGroupNCCL` objects built on a `TCPStore` the trainer hosts, outside
-`torch.distributed`'s default group, so trainer processes keep their own world and servers can be
-added by forming new groups (a new `epoch`) without touching it.
+sender holds at most two buckets; a receiver holds one per sender group and issues every group's
+transfers from one thread, in rounds every member derives identically (`receive_rounds`). A member
+that sees the stream break (its broadcast failed; the trainer saw a server fail) calls the epoch off
+in the store (`CallOff`), and every member stops waiting on it within a tenth of a second instead of
+at the groups' timeout: nobody blocks where a call-off cannot reach them (members meet in the store
+before gloo connects them, the connect runs on a thread of its own, transfers are polled). The
+trainer then streams the version again in a new epoch. A group left with transfers in flight is
+`retire`d: gloo cannot abort them, and freeing a `ProcessGroupGloo` waits for them (up to the op
+timeout) in whichever thread drops the last reference, so a thread of its own holds it until they
+end. Groups are plain `ProcessGroupGloo`/`ProcessGroupNCCL` objects built on a `TCPStore` the
+trainer hosts, outside `torch.distributed`'s default group, so trainer processes keep their own
+world and servers can be added by forming new groups (a new `epoch`) without touching it.
 """
 
 import datetime
@@ -346,26 +348,42 @@ class BucketSender:
         self._buffers = []
 
 
-def receive_buckets(
-    group: Group, device: torch.device, off: CallOff | None = None
-) -> Iterator[tuple[list[Piece], torch.Tensor]]:
-    """(pieces, payload) per bucket of one sender's stream, until its end marker. The payload buffer
-    is reused for the next bucket: consume each before asking for the next."""
-    buffer = torch.empty(0, dtype=torch.uint8, device=device)
-    while True:
-        header = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=device)
-        wait(group.broadcast(header), off)
-        kind, manifest_len, payload_len = (int(x) for x in header.tolist())
-        if kind == 0:
-            group.settle()  # the finished transfers let go of the last payload
-            return
-        meta = torch.empty(manifest_len, dtype=torch.uint8, device=device)
-        wait(group.broadcast(meta), off)
-        if buffer.numel() < payload_len:
-            buffer = torch.empty(payload_len, dtype=torch.uint8, device=device)
-        payload = buffer[:payload_len]
-        wait(group.broadcast(payload), off)
-        yield decode_manifest(bytes(meta.cpu().numpy())), payload
+def receive_rounds(
+    groups: list[Group], device: torch.device, off: CallOff | None = None
+) -> Iterator[tuple[int, list[Piece], torch.Tensor]]:
+    """(sender, pieces, payload) for every bucket of every sender's stream, issued from this one
+    thread in an order every member derives identically, because NCCL requires the operations of
+    different communicators to be issued in the same order on all ranks: round by round, the headers
+    of the senders still streaming (in sender order), then the manifest and payload of each that
+    sent a bucket; a sender whose header is the end marker drops out. Every member sees the same
+    headers, so the rounds are the same everywhere. A round's transfers overlap across senders,
+    and the next round's headers are on the wire while this round is consumed. One payload buffer
+    per sender, reused next round: consume each before asking for the next."""
+    live = list(range(len(groups)))
+    buffers = {s: torch.empty(0, dtype=torch.uint8, device=device) for s in live}
+    headers = {s: torch.zeros(HEADER_WORDS, dtype=torch.int64, device=device) for s in live}
+    pending = {s: groups[s].broadcast(headers[s]) for s in live}
+    while live:
+        for s in live:
+            wait(pending[s], off)
+        sizes = {s: [int(x) for x in headers[s].tolist()] for s in live}
+        for s in live:
+            if sizes[s][0] == 0:
+                groups[s].settle()  # the finished transfers let go of the last payload
+        live = [s for s in live if sizes[s][0] != 0]
+        metas: dict[int, torch.Tensor] = {}
+        works = []
+        for s in live:
+            _, manifest_len, payload_len = sizes[s]
+            if buffers[s].numel() < payload_len:
+                buffers[s] = torch.empty(payload_len, dtype=torch.uint8, device=device)
+            metas[s] = torch.empty(manifest_len, dtype=torch.uint8, device=device)
+            works += [groups[s].broadcast(metas[s]), groups[s].broadcast(buffers[s][:payload_len])]
+        for work in works:
+            wait(work, off)
+        pending = {s: groups[s].broadcast(headers[s]) for s in live}
+        for s in live:
+            yield s, decode_manifest(bytes(metas[s].cpu().numpy())), buffers[s][: sizes[s][2]]
 
 
 def receive_all(
@@ -374,39 +392,27 @@ def receive_all(
     apply: Callable[[list[Piece], torch.Tensor], None],
     off: CallOff | None = None,
 ) -> int:
-    """Receive every sender's stream at once (a thread per group; `apply` runs under one lock);
-    return the bytes received. A group that fails calls the stream off, so the other threads stop
-    too; the first real failure is raised once every thread stopped."""
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-    received = [0]
-
-    def one(group: Group) -> None:
-        try:
-            for pieces, payload in receive_buckets(group, device, off):
-                with lock:
-                    apply(pieces, payload)
-                    received[0] += payload.numel()
-        except BaseException as e:  # reported by the caller, with the other threads joined
-            if off is not None and not isinstance(e, StreamCancelled):
-                off.call()
-            errors.append(e)
-
-    threads = [
-        threading.Thread(target=one, args=(g,), name=f"weights-recv-{i}") for i, g in enumerate(groups)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise next((e for e in errors if not isinstance(e, StreamCancelled)), errors[0])
-    return received[0]
+    """Receive every sender's stream (`receive_rounds`), `apply` each bucket as it comes; return the
+    bytes received. A failure calls the stream off, so the other members stop too."""
+    received = 0
+    try:
+        for _, pieces, payload in receive_rounds(groups, device, off):
+            apply(pieces, payload)
+            received += payload.numel()
+    except StreamCancelled:
+        raise
+    except BaseException:
+        if off is not None:
+            off.call()
+        raise
+    return received
 
 
 class ReceiverLink:
-    """A rollout server's membership in the trainer's weight groups, kept across versions and
-    formed again when the trainer names a new epoch (servers joined or left, trainer restarted)."""
+    """One receiving member's place in the trainer's weight groups, kept across versions and
+    formed again when the trainer names a new epoch (servers joined or left, trainer restarted). A
+    member is a rollout server's process (torch engine) or one of its engine's workers (vLLM: every
+    tensor-parallel worker receives for itself)."""
 
     def __init__(self) -> None:
         self.key: tuple | None = None
@@ -421,20 +427,22 @@ class ReceiverLink:
         port: int,
         backend: str,
         senders: int,
-        servers: int,
-        rank: int,
+        members: int,
+        member: int,
         timeout_s: float,
         off: CallOff | None = None,
     ) -> list[Group]:
-        key = (epoch, host, port, backend, senders, servers, rank)
+        """This member's group with each sender: `members` receivers in each, this one at rank
+        1 + `member` (the sender is rank 0)."""
+        key = (epoch, host, port, backend, senders, members, member)
         if key != self.key:
             self.reset()
             tcp = store_client(host, port, timeout_s)
             self.groups = [
                 form_group(
                     dist.PrefixStore(f"{STORE_PREFIX}/{epoch}/{s}", tcp),
-                    1 + rank,
-                    1 + servers,
+                    1 + member,
+                    1 + members,
                     backend,
                     timeout_s,
                     off,

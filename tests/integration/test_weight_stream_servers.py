@@ -54,7 +54,7 @@ def stream(senders, urls, version, epoch, model, *, skip: str | None = None, mid
     shared = dict(**store, backend="gloo", timeout_s=timeout_s, senders=2)
     requests = {
         url: WeightStreamRequest(
-            version=version, epoch=epoch, servers=len(urls), server_rank=i, tensors=shapes, **shared
+            version=version, epoch=epoch, members=len(urls), first_member=i, tensors=shapes, **shared
         )
         for i, url in enumerate(urls)
     }
@@ -188,7 +188,7 @@ def test_a_server_lost_mid_stream_is_called_off_at_the_survivor_which_takes_the_
         called_off = random.getrandbits(40)
         shapes = {k: list(v.shape) for k, v in model.state_dict().items() if k not in tied_aliases(model)}
         request = WeightStreamRequest(
-            version=3, epoch=called_off, servers=1, server_rank=0, tensors=shapes, backend="gloo",
+            version=3, epoch=called_off, members=1, first_member=0, tensors=shapes, backend="gloo",
             store_host="127.0.0.1", store_port=senders[0].store.port, timeout_s=300, senders=2,
         )  # fmt: skip
 

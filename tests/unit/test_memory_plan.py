@@ -104,6 +104,7 @@ def test_the_vllm_knobs_move_the_rollout_budget_and_the_context_it_must_hold():
     assert tuned.parts["kv_cache"].bytes < base.parts["kv_cache"].bytes
     assert "vLLM gpu_memory_utilization 0.5" in tuned.notes
     raw["spec"]["rollout"]["vllm"] = {"gpuMemoryUtilization": 0.14}  # no room for one 40960-token context
+    raw["spec"]["rollout"]["weightSync"] = {"transport": "http"}  # no stream reserve in this room
     starved = plan("qwen3-30b-a3b", GRPOJob.model_validate(raw)).rollout
     raw["spec"]["rollout"]["vllm"]["maxModelLen"] = 1024  # a shorter context fits in the same room
     shorter = plan("qwen3-30b-a3b", GRPOJob.model_validate(raw)).rollout
@@ -131,7 +132,7 @@ def test_cli_json(capsys):
     assert code == 0
     assert got["trainer"]["fits"] is True and got["trainer"]["gpu_gib"] == pytest.approx(79.65, abs=0.01)
     assert set(got["trainer"]["parts"]) >= {"parameters", "gradients", "optimizer", "activations", "logits"}
-    assert set(got["rollout"]["parts"]) == {"weights", "runtime", "kv_cache"}
+    assert set(got["rollout"]["parts"]) == {"weights", "runtime", "weight_stream", "kv_cache"}
     code, out, _ = run_cli(capsys, EXAMPLE, "--model-config", CONFIGS / "deepseek-v3.config.json", "--json")
     assert code == 1 and json.loads(out)["trainer"]["fits_with_sharding"] == []
 

@@ -78,8 +78,8 @@ def stream(state: dict[str, torch.Tensor], dtype: torch.dtype, bucket_bytes: int
                 port=port,
                 backend="gloo",
                 senders=SENDERS,
-                servers=SERVERS,
-                rank=i,
+                members=SERVERS,
+                member=i,
                 timeout_s=30,
             )
 
@@ -163,7 +163,7 @@ def test_a_call_off_ends_the_wait_for_a_member_that_never_comes_and_for_a_transf
     root.join(30)
     off = weight_stream.CallOff(client(), 6)
     receiving, outcome = _in_thread(
-        lambda: next(weight_stream.receive_buckets(member, torch.device("cpu"), off))
+        lambda: next(weight_stream.receive_rounds([member], torch.device("cpu"), off))
     )
     receiving.join(0.5)
     assert receiving.is_alive()  # the root never sends
@@ -302,7 +302,7 @@ def test_a_sending_rank_holds_at_most_two_buckets_beyond_its_training_state():
     )
     link = weight_stream.ReceiverLink()
     where = dict(epoch=3, host="127.0.0.1", port=port, backend="gloo")
-    groups = link.groups_for(**where, senders=1, servers=1, rank=0, timeout_s=120)
+    groups = link.groups_for(**where, senders=1, members=1, member=0, timeout_s=120)
     got = {f"w{i}": torch.empty(2 << 20, dtype=torch.bfloat16) for i in range(24)}
 
     def apply(pieces, payload):
@@ -348,7 +348,7 @@ from grpo_rollout import weight_stream
 
 link = weight_stream.ReceiverLink()
 groups = link.groups_for(epoch=3, host="127.0.0.1", port=int(sys.argv[1]), backend="gloo",
-                         senders=1, servers=1, rank=0, timeout_s=30)
+                         senders=1, members=1, member=0, timeout_s=30)
 seen = [0]
 def apply(pieces, payload):
     seen[0] += 1
@@ -374,8 +374,8 @@ def test_a_stream_broken_halfway_and_sent_again_still_holds_at_most_two_buckets(
     dying = subprocess.run([sys.executable, "-c", DYING_RECEIVER, str(port)], timeout=120, check=False)
     assert dying.returncode == 9
     link = weight_stream.ReceiverLink()
-    groups = link.groups_for(epoch=4, host="127.0.0.1", port=port, backend="gloo", senders=1, servers=1,
-                             rank=0, timeout_s=60)  # fmt: skip
+    groups = link.groups_for(epoch=4, host="127.0.0.1", port=port, backend="gloo", senders=1, members=1,
+                             member=0, timeout_s=60)  # fmt: skip
     received = weight_stream.receive_all(groups, torch.device("cpu"), lambda pieces, payload: None)
     out, _ = sender.communicate(timeout=120)
     assert sender.returncode == 0

@@ -53,6 +53,16 @@ PUSH_DEADLINE_S = 600.0
 CATCH_UP_TRIES = 5  # catch-up rounds per poll for a joining server overtaken by new versions
 
 
+def member_ranks(members_per_server: list[int]) -> tuple[list[int], int]:
+    """Each server's first member rank among all receiving members (servers in plan order, each
+    taking its `stream_members` consecutive ranks), and the total."""
+    first, total = [], 0
+    for k in members_per_server:
+        first.append(total)
+        total += k
+    return first, total
+
+
 class Generator:
     """Rank 0's handle on every rollout server of the job."""
 
@@ -79,7 +89,8 @@ class Generator:
         self._push_lock = asyncio.Lock()
         self.version = 0
         self._wanted: list[str] = list(endpoints)  # the servers membership says exist
-        self._group: tuple[int, list[str]] | None = None  # (epoch, servers) of the weight groups
+        # (epoch, [(server, its stream members)]) of the weight groups
+        self._group: tuple[int, list[tuple[str, int]]] | None = None
         self._follow_task: concurrent.futures.Future | None = None
         if source is not None:
             follower = membership.Follower(source, list(endpoints))
@@ -256,23 +267,29 @@ class Generator:
         return result
 
     def stream_plan(self) -> dict:
-        """The servers the next streamed version goes to (members and ready joiners) and the
-        epoch of their groups: a new one whenever that set changed or the last stream failed."""
+        """The servers the next streamed version goes to (members and ready joiners), the epoch of
+        their groups (a new one whenever that set, or what the servers contribute, changed, or the
+        last stream failed), and the receiving members of each group: every server takes
+        `stream_members` ranks (its process, or each of its engine's workers), the first at
+        `first[i]`, `members` in all."""
         return self._run(self._stream_plan()).result(timeout=120)
 
     async def _stream_plan(self) -> dict:
         candidates = list(dict.fromkeys([*self._client.endpoints, *self._wanted]))
         async with RolloutClient(candidates, self._token) as probe:
             health = await probe.health()
-        servers = [
-            ep for ep in candidates if isinstance(health[ep], HealthResponse) and health[ep].state == "ready"
-        ]
-        if self._group is None or self._group[1] != servers:
-            before = self._group[1] if self._group is not None else []
-            self._group = (random.getrandbits(48), servers)
+        ready = {
+            ep: h for ep in candidates if isinstance(h := health[ep], HealthResponse) and h.state == "ready"
+        }
+        servers = list(ready)
+        shape = [(ep, ready[ep].stream_members) for ep in servers]
+        if self._group is None or self._group[1] != shape:
+            before = [ep for ep, _ in self._group[1]] if self._group is not None else []
+            self._group = (random.getrandbits(48), shape)
             for ep in (e for e in servers if e not in before):
                 log.info("rollout server %s joins the weight groups: the next version reaches it there", ep)
-        return {"epoch": self._group[0], "servers": servers}
+        first, total = member_ranks([k for _, k in shape])
+        return {"epoch": self._group[0], "servers": servers, "first": first, "members": total}
 
     def stream(
         self, plan: dict, version: int, request: dict, on_failure: Callable[[str, Exception], None]
@@ -281,12 +298,15 @@ class Generator:
         WeightStreamRequest fields shared by all); the caller sends meanwhile, then waits on the
         Future. `on_failure(server, error)` hears at once of a server that failed (the caller calls
         the stream off). Raises WeightSyncError (from the Future) when no server took it."""
-        servers = plan["servers"]
         requests = {
             ep: WeightStreamRequest(
-                version=version, epoch=plan["epoch"], servers=len(servers), server_rank=i, **request
+                version=version,
+                epoch=plan["epoch"],
+                members=plan["members"],
+                first_member=plan["first"][i],
+                **request,
             )
-            for i, ep in enumerate(servers)
+            for i, ep in enumerate(plan["servers"])
         }
         return self._run(self._stream(requests, version, on_failure))
 

@@ -69,6 +69,8 @@ class RolloutInputs:
     weight_bytes: int  # bytes per weight and per KV element (model.dtype)
     gpu_memory_utilization: float = 0.9  # rollout.vllm.gpuMemoryUtilization
     max_model_len: int | None = None  # rollout.vllm.maxModelLen; None: the model's own limit
+    stream_senders: int = 0  # trainer ranks streaming weights to every worker (0: weights over HTTP)
+    stream_bucket_bytes: int = 0  # rollout.weightSync.bucketMb
 
 
 def resolve_sharding(trainer: Any, override: str | None = None) -> Sharding:
@@ -114,5 +116,7 @@ def inputs_from_spec(
             weight_bytes=width,
             gpu_memory_utilization=rollout.vllm.gpu_memory_utilization,
             max_model_len=rollout.vllm.max_model_len,
+            stream_senders=trainer.replicas * trainer.processes_per_pod if rollout.streams_weights else 0,
+            stream_bucket_bytes=rollout.weight_sync.bucket_mb * MIB,
         ),
     )

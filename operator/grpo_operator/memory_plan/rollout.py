@@ -6,17 +6,29 @@ tensor-parallel ranks, and refuses to start unless the KV cache holds one sequen
 `max_model_len` tokens (`rollout.vllm.maxModelLen`, by default the model's
 `max_position_embeddings`); fewer full-length sequences than `maxBatchSize` only means vLLM
 preempts, which the plan reports as a note. The torch engine keeps the whole model on one device
-and a KV cache for every sequence of the batch at once.
+and a KV cache for every sequence of the batch at once. Streamed weights (the collective
+transport) reach every vLLM worker directly: its receive buffers and communicators
+(`stream_receive_reserve`) come out of the same budget, the engine gives vLLM that much less.
 """
 
 import math
 
-from grpo_operator.memory_plan.inputs import GIB, RolloutInputs
+from grpo_operator.memory_plan.inputs import GIB, MIB, RolloutInputs
 from grpo_operator.memory_plan.result import Part, RolePlan
 from grpo_operator.memory_plan.shapes import ModelShape
 
 RUNTIME_BYTES = 3 * GIB  # CUDA context, CUDA graphs, activations of a prefill chunk
 SAMPLER_FP32_COPIES = 3  # logits, probabilities, log-probs of one decode step
+# One NCCL communicator's GPU buffers for a broadcast (NCCL_BUFFSIZE 4 MiB per protocol, channel
+# and peer of the ring it connects; NCCL >= 2.22 connects lazily): an estimate, not measured here
+NCCL_COMM_BYTES = 256 * MIB
+
+
+def stream_receive_reserve(senders: int, bucket_bytes: int) -> int:
+    """GPU bytes every receiving vLLM worker holds outside vLLM's budget for streamed weights:
+    one bucket per sender's group (`grpo_rollout.weight_stream.receive_rounds`) and that group's
+    NCCL communicator. The vLLM engine lowers gpu_memory_utilization by it; the plan shows it."""
+    return senders * (bucket_bytes + NCCL_COMM_BYTES)
 
 
 def kv_bytes_per_token(shape: ModelShape, r: RolloutInputs) -> tuple[int, str]:
@@ -41,6 +53,14 @@ def plan(shape: ModelShape, r: RolloutInputs, gpu_bytes: int | None) -> RolePlan
     runtime = Part(RUNTIME_BYTES + sampler, f"3 GiB + maxBatchSize x V x {SAMPLER_FP32_COPIES} fp32 copies")
     per_token, kv_f = kv_bytes_per_token(shape, r)
     budget = int(gpu_bytes * r.gpu_memory_utilization) if gpu_bytes is not None and vllm else gpu_bytes
+    parts = {"weights": weights, "runtime": runtime}
+    if vllm and r.stream_senders:
+        reserve = stream_receive_reserve(r.stream_senders, r.stream_bucket_bytes)
+        parts["weight_stream"] = Part(
+            reserve,
+            f"{r.stream_senders} senders x (bucketMb {r.stream_bucket_bytes // MIB} MiB + NCCL "
+            f"communicator {NCCL_COMM_BYTES // MIB} MiB), outside vLLM's gpu_memory_utilization",
+        )
     notes: list[str] = []
     shortfall = None
     if vllm:
@@ -53,8 +73,8 @@ def plan(shape: ModelShape, r: RolloutInputs, gpu_bytes: int | None) -> RolePlan
     if budget is None:
         kv = Part(need_tokens * per_token, f"{need_what} x {kv_f}")
     else:
-        room = max(0, budget - weights.bytes - runtime.bytes)
-        kv = Part(room, f"room left: budget - weights - runtime; per token {kv_f}")
+        room = max(0, budget - sum(p.bytes for p in parts.values()))
+        kv = Part(room, f"room left: budget - {' - '.join(parts)}; per token {kv_f}")
         if room < need_tokens * per_token:
             need_gib = need_tokens * per_token / GIB
             shortfall = f"KV room {room / GIB:.1f} GiB < {need_gib:.1f} GiB for {need_what}"
@@ -69,7 +89,7 @@ def plan(shape: ModelShape, r: RolloutInputs, gpu_bytes: int | None) -> RolePlan
         notes.append(f"vLLM gpu_memory_utilization {r.gpu_memory_utilization}")
     return RolePlan(
         role="rollout",
-        parts={"weights": weights, "runtime": runtime, "kv_cache": kv},
+        parts={**parts, "kv_cache": kv},
         gpu_bytes=gpu_bytes,
         budget_bytes=budget,
         notes=notes,

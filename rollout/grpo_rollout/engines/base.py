@@ -5,6 +5,8 @@ new weight version, either whole (`load_weights`, safetensors buckets from HTTP)
 by bucket (`begin_update` / `load_bucket` / `finish_update`, the collective transport, see
 `grpo_rollout.weight_stream`). An engine without the streamed methods gets `StagedUpdate`, which
 assembles the version and calls `load_weights` at the end (the whole model in host memory once).
+Who receives a stream is one capability, `StreamReceiver`: an engine whose workers join the
+weight groups themselves (vLLM), or else the server's own process.
 The server calls it from one worker thread, so an engine never sees a generate and a weight
 load at the same time. Engines register by name with a "module:factory" path, so a heavy backend
 (vLLM) is imported only when a job chooses it.
@@ -19,6 +21,9 @@ from grpo_rollout.protocol import FinishReason, Routing, Sampling
 
 if TYPE_CHECKING:
     import torch
+
+    from grpo_rollout.protocol import WeightStreamRequest
+    from grpo_rollout.stream_member import Outcome
 
 # One piece of a streamed bucket: (HF name, first element of the flattened tensor, 1-D values).
 BucketPiece = tuple[str, int, "torch.Tensor"]
@@ -102,6 +107,22 @@ class StreamedUpdate(Protocol):
 
     def abort_update(self) -> None:
         """The stream broke: release what begin_update set up (the model may be half-updated)."""
+        ...
+
+
+class StreamReceiver(Protocol):
+    """How a streamed version is received (`grpo_rollout.stream_member`). An engine with this
+    capability receives it in its own workers, each a member of every weight group (vLLM: every
+    tensor-parallel worker takes the whole bucket on its own device and loads its shard), and
+    answers once all of them finished; for any other engine the server's process is the one
+    member (`LocalMember`) and applies buckets through `StreamedUpdate`."""
+
+    stream_members: int  # ranks this server takes in every weight group
+
+    def receive_stream(self, request: "WeightStreamRequest", refused: bool) -> "Outcome":
+        """Join (for a new epoch), receive and apply `request`'s version at members
+        `request.first_member` onwards; `refused`: consume it and drop it (the server refused
+        it already). The outcome combines every member's."""
         ...
 
 

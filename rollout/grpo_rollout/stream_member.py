@@ -1,0 +1,165 @@
+"""One receiving member's part of a streamed weight version: join the groups, receive, apply, judge.
+
+A member holds one rank in each of the trainer's weight groups (`grpo_rollout.weight_stream`):
+the rollout server's own process (`LocalMember`, for an engine that does not receive itself) or
+each worker of an engine that does (`engines.base.StreamReceiver`: vLLM's tensor-parallel workers,
+`engines.vllm_stream`), so a bucket lands on the device that uses it, with no host copy and no
+fan-out. Every member receives every bucket and applies it to its own model (vLLM's `load_weights`
+keeps the shard its worker needs). The semantics are the server's, per member: a version refused
+before the stream is still consumed (the senders never hang); it goes live only when every element
+of every announced tensor arrived exactly once (`Coverage`). The result is an `Outcome` record, not
+an exception, so a worker in another process can report it through vLLM's `collective_rpc` and the
+server `combine`s its members' outcomes into one answer.
+"""
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from grpo_rollout import weight_stream
+from grpo_rollout.engines.base import StreamedUpdate, streamed_update
+from grpo_rollout.protocol import WeightStreamRequest
+from grpo_rollout.weights import BadBucket, Coverage
+
+if TYPE_CHECKING:
+    from grpo_rollout.engines.base import Engine, StreamReceiver
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["live", "refused", "cancelled", "broken"]
+SEVERITY: dict[str, int] = {"live": 0, "refused": 1, "cancelled": 2, "broken": 3}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a member made of one streamed version. `loaded`: some bucket reached the model, which
+    is therefore mixed unless the version went live."""
+
+    kind: Kind
+    message: str = ""
+    loaded: bool = False
+    updated: int = 0  # tensors updated (when live)
+    received_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Outcome":
+        return cls(**data)
+
+
+def combine(outcomes: Sequence[Outcome]) -> Outcome:
+    """A server's outcome from its members': the worst one (a single member that broke or refused
+    keeps the version from going live on the server), loaded if any member loaded."""
+    if not outcomes:
+        raise ValueError("combine: no member outcomes (an engine with no stream members)")
+    worst = max(outcomes, key=lambda o: SEVERITY[o.kind])
+    return Outcome(
+        kind=worst.kind,
+        message=worst.message,
+        loaded=any(o.loaded for o in outcomes),
+        updated=worst.updated,
+        received_bytes=sum(o.received_bytes for o in outcomes),
+    )
+
+
+def receive(
+    link: weight_stream.ReceiverLink,
+    req: WeightStreamRequest,
+    member: int,
+    device: torch.device,
+    updater: StreamedUpdate | None,
+) -> Outcome:
+    """Receive `req`'s version as member `member` (0-based among all `req.members`) into `updater`,
+    or consume and drop it when `updater` is None (the caller refused the version already)."""
+    off = weight_stream.CallOff(
+        weight_stream.store_client(req.store_host, req.store_port, req.timeout_s), req.epoch
+    )
+    if off():  # called off before this member started it: nobody is sending
+        return Outcome("cancelled", f"weight stream {req.epoch} was called off by one of its members")
+    refusal = None if updater is not None else "refused before the stream"
+    coverage = Coverage(req.tensors)
+    if updater is not None:
+        try:
+            updater.begin_update(req.tensors)
+        except ValueError as e:
+            refusal, updater = str(e), None
+    loaded = False
+
+    def apply(pieces: list[weight_stream.Piece], payload: torch.Tensor) -> None:
+        nonlocal refusal, loaded
+        if refusal is not None:
+            return  # consume and drop: the senders finish, the refusal is answered after
+        try:
+            for p in pieces:
+                coverage.add(p.name, p.start, p.count)
+            loaded = True
+            assert updater is not None
+            updater.load_bucket([(p.name, p.start, weight_stream.piece_values(payload, p)) for p in pieces])
+        except (ValueError, BadBucket) as e:
+            refusal = str(e)
+
+    try:
+        groups = link.groups_for(
+            epoch=req.epoch,
+            host=req.store_host,
+            port=req.store_port,
+            backend=req.backend,
+            senders=req.senders,
+            members=req.members,
+            member=member,
+            timeout_s=req.timeout_s,
+            off=off,
+        )
+        received = weight_stream.receive_all(groups, device, apply, off)
+    except Exception as e:
+        cancelled = isinstance(e, weight_stream.StreamCancelled)
+        if not cancelled:
+            log.warning(
+                "weight version %d (stream %d, member %d) broke: %s", req.version, req.epoch, member, e
+            )
+            off.call()  # no member waits on groups this one left
+        link.reset()  # the groups are broken: the trainer forms new ones next time
+        if updater is not None:
+            updater.abort_update()
+        return Outcome("cancelled" if cancelled else "broken", str(e), loaded)
+    if refusal is None and (missing := coverage.missing()):
+        refusal = f"{len(missing)} tensor(s) incomplete after the stream, e.g. {missing[:3]}"
+    if refusal is not None:
+        if updater is not None:
+            updater.abort_update()
+        return Outcome("refused", refusal, loaded, received_bytes=received)
+    assert updater is not None
+    try:
+        updated = updater.finish_update()
+    except ValueError as e:  # refused before it changed anything (e.g. a tensor never completed)
+        updater.abort_update()
+        return Outcome("refused", str(e), loaded, received_bytes=received)
+    return Outcome("live", "", loaded, updated, received)
+
+
+class LocalMember:
+    """The server's own process as its one member, for an engine that does not receive streams
+    itself (the torch engine): buckets land on the engine's device (on the host over gloo) and go
+    into its `StreamedUpdate` (or a `StagedUpdate`)."""
+
+    stream_members = 1
+
+    def __init__(self, engine: "Engine", link: weight_stream.ReceiverLink) -> None:
+        self.engine, self.link = engine, link
+
+    def receive_stream(self, request: WeightStreamRequest, refused: bool) -> Outcome:
+        device = "cpu" if request.backend == "gloo" else getattr(self.engine, "device", "cuda")
+        updater = None if refused else streamed_update(self.engine)
+        return receive(self.link, request, request.first_member, torch.device(device), updater)
+
+
+def stream_receiver(engine: "Engine", link: weight_stream.ReceiverLink) -> "StreamReceiver":
+    """The engine itself when it receives streams in its workers, else the server's process."""
+    if hasattr(engine, "receive_stream") and hasattr(engine, "stream_members"):
+        return engine  # type: ignore[return-value]
+    return LocalMember(engine, link)
