@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from grpo_operator.api.contract import PERMANENT_EXIT_CODES
-from grpo_operator.api.status import Reason
+from grpo_operator.api.status import TRAINER_STATED, Reason
 
 
 class VerdictKind(StrEnum):
@@ -52,6 +52,13 @@ class Verdict:
         """A failure no restart can fix (a configuration error): the job fails at once."""
         return self.kind == VerdictKind.FAILED and self.exit_code in PERMANENT_EXIT_CODES
 
+    @property
+    def stated_reason(self) -> Reason | None:
+        """The reason the trainer stated for a configuration error ("<Reason>: ..." in its
+        termination message or its log), if it is one of `TRAINER_STATED`."""
+        found = [r for r in TRAINER_STATED if f"{r.value}: " in self.reason]
+        return min(found, key=lambda r: self.reason.index(f"{r.value}: ")) if found else None
+
     def describe(self) -> str:
         """Which pod, which ranks, and why: what an on-call engineer reads first."""
         text = f"{self.role} pod {self.pod} {_DESCRIBED[self.kind]}"
@@ -76,6 +83,7 @@ class GangDecision:
     outcome: Outcome
     reason: Reason | None = None
     culprit: Verdict | None = None
+    permanent: bool = False  # a failure no restart can fix: the job fails at once
 
 
 def gang_decision(verdicts: Sequence[Verdict], *, restarts: int, backoff_limit: int) -> GangDecision:
@@ -93,7 +101,8 @@ def gang_decision(verdicts: Sequence[Verdict], *, restarts: int, backoff_limit: 
         return GangDecision(Outcome.RUN)
     permanent = next((v for v in failures if v.permanent), None)
     if permanent is not None:
-        return GangDecision(Outcome.FAIL, Reason.PERMANENT_ERROR, permanent)
+        reason = permanent.stated_reason or Reason.PERMANENT_ERROR
+        return GangDecision(Outcome.FAIL, reason, permanent, permanent=True)
     first = failures[0]
     if restarts >= backoff_limit:
         return GangDecision(Outcome.FAIL, Reason.BACKOFF_LIMIT_EXCEEDED, first)

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from grpo_operator import render
 from grpo_operator.api.job import GRPOJob
+from grpo_operator.api.status import Reason
 from grpo_operator.validation import check_object
 from grpo_rollout.testing import build_tiny_model, free_port
 from grpo_trainer import checkpoint
@@ -194,3 +195,27 @@ def test_a_root_that_cannot_be_written_is_a_configuration_error(tmp_path: Path) 
     blocker.write_text("not a folder")
     with pytest.raises(ConfigError, match=r"rank 0 \(pod 0\) cannot write"):
         checkpoint.check_root(str(blocker / "ck"), INFO)
+
+
+def test_resume_from_a_checkpoint_path_loads_the_one_job_under_it_and_never_starts_fresh_silently(
+    gloo: dist.ProcessGroup, tiny: Path, tmp_path: Path
+) -> None:
+    model, opt = policy(tiny, 0)
+    old_path = tmp_path / "old"  # job A's checkpoint.path; its saves live in <path>/<ns>/<name>-<uid>
+    saver = checkpoint.Saver(str(old_path / "ns" / "a-uid"), INFO, gloo, keep_last=1, spec={})
+    saver.save(checkpoint.TrainState(3, 3, 12), checkpoint.gang_state(model, opt, INFO))
+    saver.close()
+    mine, cpu = str(tmp_path / "mine"), torch.device("cpu")
+    fresh, fresh_opt = policy(tiny, 1)
+    r = checkpoint.resume(mine, str(old_path), fresh, fresh_opt, INFO, cpu)
+    assert r is not None and r.state.step == 3 and r.path == f"{old_path}/ns/a-uid/step-00000003"
+
+    with pytest.raises(ConfigError, match="resumeFrom .*does not exist") as e:
+        checkpoint.find_saves(mine, str(tmp_path / "typo"), INFO, cpu)
+    assert e.value.reason == Reason.RESUME_FROM_NOT_FOUND
+
+    (old_path / "ns" / "a-uid" / "step-00000003" / "rank-00000.json").write_text("{}")  # damaged
+    with pytest.raises(ConfigError, match="none of its 1 complete checkpoint") as e:
+        checkpoint.resume(mine, str(old_path), fresh, fresh_opt, INFO, cpu)
+    assert e.value.reason == Reason.RESUME_FROM_UNREADABLE
+    assert e.value.stated().startswith("ResumeFromUnreadable: checkpoint.resumeFrom ")

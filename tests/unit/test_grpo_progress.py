@@ -34,6 +34,7 @@ REPORT = StepReport(
     last_checkpoint="/ckpt/step-00000002",
     last_checkpoint_step=2,
     resumed_from_step=1,
+    resumed_from="s3://b/ck/ns/j-u/step-00000001",
     checkpoint_warning="checkpoint /ckpt/step-00000002 is unreadable; falling back",
     metrics={"loss": 0.25, "grad_norm": 1.5, "kept": 1.0},
     evals=[  # the baseline rides on the first report; this one also carries the step's own

@@ -23,7 +23,18 @@ MAX_GRAD_NORM = 1.0  # global gradient-norm clip (TRL's default); not a GRPOJob 
 
 
 class ConfigError(Exception):
-    """A permanent error in the job's configuration or inputs (bad contract, bad dataset row)."""
+    """A permanent error in the job's configuration or inputs (bad contract, bad dataset row).
+
+    `reason`, when set, is one of the API's trainer-stated reasons (`api.status.TRAINER_STATED`):
+    the rank states it in its termination message and the job fails with it as its reason."""
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    def stated(self) -> str:
+        """The termination message: `<Reason>: <message>`, or the message alone."""
+        return f"{self.reason}: {self}" if self.reason else str(self)
 
 
 def load_contract(env: dict[str, str] | None = None) -> RunContract:

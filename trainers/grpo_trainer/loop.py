@@ -100,6 +100,8 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     torch.manual_seed(algo.seed)
     device = init_distributed(info, contract)
     memory.check(contract, info, device)  # refuse a job that cannot fit before loading weights
+    # a resumeFrom that names no save fails here, before any weights are read
+    saves = checkpoint.find_saves(contract.checkpoint_dir, spec.checkpoint.resume_from, info, device)
     groups = make_groups(info)
     backend, replay = str(spec.trainer.ep_backend), algo.routing_replay
     cache = spec.storage.cache_dir  # s3:// models: fetched once per pod into this emptyDir
@@ -130,13 +132,15 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
         spec=spec.wire(),
     )
     run.resumed = checkpoint.resume(
-        contract.checkpoint_dir, spec.checkpoint.resume_from, model, optimizer, info, device
+        contract.checkpoint_dir, spec.checkpoint.resume_from, model, optimizer, info, device, saves
     )
     if run.resumed is not None:
         run.state = run.resumed.state
     if info.is_main:
         run.generator = Generator.for_contract(contract, token)  # follows the rollout servers live
         run.reporter = ProgressReporter.from_env(contract)
+        run.reporter.attempt_started(run.resumed.state.step if run.resumed else None,
+                                     run.resumed.path if run.resumed else None)  # fmt: skip
         run.evaluator = evaluator
     sync_at_start(run, resumed=run.resumed is not None)
     return run
@@ -592,6 +596,7 @@ def loop(run: Run) -> bool:
                 metrics=stats,
                 checkpoint=run.saver.last if run.saver else None,
                 resumed_from_step=run.resumed.state.step if run.resumed else None,
+                resumed_from=run.resumed.path if run.resumed else None,
                 checkpoint_warning=warning,
                 evals=run.evaluator.take() if run.evaluator is not None else [],
             )

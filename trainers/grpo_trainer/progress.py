@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from grpo_operator.api.contract import RunContract
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
-from grpo_operator.api.report import ENV_PROGRESS_FILE, EvalScore, StepReport
+from grpo_operator.api.report import ENV_PROGRESS_FILE, AttemptStart, EvalScore, StepReport
 
 from grpo_trainer import exporter, tracking
 from grpo_trainer.batch import Rollouts
@@ -104,6 +104,16 @@ class ProgressReporter:
         path = os.environ.get(ENV_PROGRESS_FILE)
         return cls(contract, path, in_cluster="KUBERNETES_SERVICE_HOST" in os.environ)
 
+    def attempt_started(self, resumed_from_step: int | None, resumed_from: str | None) -> None:
+        """Say where this attempt starts, before its first step: in the log, the progress file (the
+        local runtime prints it) and, in a cluster, status.progress."""
+        start = AttemptStart(resumed_from_step=resumed_from_step, resumed_from=resumed_from, time=time.time())
+        log.info("attempt %s", start.describe())
+        self._out.write(start.model_dump_json() + "\n")
+        self._out.flush()
+        if self._patcher is not None:
+            self._patcher.submit(start.to_progress_patch())
+
     def report(self, report: StepReport) -> None:
         self._recent.append((report.rollout_s, report.step_s))
         total = sum(step for _, step in self._recent)
@@ -155,6 +165,7 @@ def step_report(
     metrics: dict[str, float],
     checkpoint: tuple[str, int] | None,
     resumed_from_step: int | None = None,
+    resumed_from: str | None = None,
     checkpoint_warning: str | None = None,
     evals: list[EvalScore] | None = None,
 ) -> StepReport:
@@ -183,6 +194,7 @@ def step_report(
         last_checkpoint=checkpoint[0] if checkpoint else None,
         last_checkpoint_step=checkpoint[1] if checkpoint else None,
         resumed_from_step=resumed_from_step,
+        resumed_from=resumed_from,
         checkpoint_warning=checkpoint_warning,
         metrics=metrics,
         evals=evals or [],

@@ -79,6 +79,7 @@ class StepReport(BaseModel):
     resumed_from_step: int | None = Field(
         default=None, ge=0, description="Step of the checkpoint this attempt resumed from; None when fresh."
     )
+    resumed_from: str | None = Field(default=None, description="Path of that checkpoint; None when fresh.")
     checkpoint_warning: str | None = Field(
         default=None,
         description="Newer checkpoints skipped as unreadable at resume, and why (first report after it).",
@@ -115,6 +116,28 @@ class StepReport(BaseModel):
             last_checkpoint=self.last_checkpoint,
             last_checkpoint_step=self.last_checkpoint_step,
             resumed_from_step=self.resumed_from_step,
+            resumed_from=self.resumed_from,
             checkpoint_warning=self.checkpoint_warning[:4096] if self.checkpoint_warning else None,
             updated_at=datetime.fromtimestamp(self.time, UTC).isoformat(timespec="seconds"),
         )
+
+
+class AttemptStart(BaseModel):
+    """Where an attempt starts, said by rank 0 once the checkpoint is loaded, before the first step
+    (which can take minutes at scale): the local runtime prints it, a cluster shows it in status."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    attempt_start: bool = Field(default=True, description="Marks the record kind in the progress file.")
+    resumed_from_step: int | None = Field(default=None, ge=0, description="Step loaded; None when fresh.")
+    resumed_from: str | None = Field(default=None, description="Path of the save loaded; None when fresh.")
+    time: float = Field(description="Unix time of the record.")
+
+    def describe(self) -> str:
+        if self.resumed_from_step is None:
+            return "starting fresh (no checkpoint to resume)"
+        return f"resumed from step {self.resumed_from_step} ({self.resumed_from})"
+
+    def to_progress_patch(self) -> dict[str, object]:
+        """The status.progress fields it sets (a merge patch: the step counters stay as they are)."""
+        return {"resumedFromStep": self.resumed_from_step, "resumedFrom": self.resumed_from}

@@ -59,6 +59,17 @@ class Reason(StrEnum):
     SPEC_ACCEPTED = "SpecAccepted"
     RECOVERED = "Recovered"
     RECONCILE_FAILED = "ReconcileFailed"
+    # Stated by the trainer when it exits with a configuration error (`TRAINER_STATED`).
+    RESUME_FROM_NOT_FOUND = "ResumeFromNotFound"
+    RESUME_FROM_UNREADABLE = "ResumeFromUnreadable"
+    CHECKPOINT_UNREADABLE = "CheckpointUnreadable"
+
+
+# Reasons a trainer states in its termination message ("<Reason>: <message>"); a permanent failure
+# that states one fails the job with it instead of the generic PermanentError.
+TRAINER_STATED = frozenset(
+    {Reason.RESUME_FROM_NOT_FOUND, Reason.RESUME_FROM_UNREADABLE, Reason.CHECKPOINT_UNREADABLE}
+)
 
 
 class Condition(ApiModel):
@@ -168,6 +179,12 @@ class Progress(ApiModel):
         le=MAX_COUNT,
         description="resumedFromStep: step of the checkpoint the running attempt resumed from "
         "(unset: fresh).",
+    )
+    resumed_from: str | None = Field(
+        default=None,
+        max_length=2048,
+        description="resumedFrom: path of the save the running attempt resumed from (its own checkpoint "
+        "folder, or what checkpoint.resumeFrom named); unset: fresh.",
     )
     checkpoint_warning: str | None = Field(
         default=None,

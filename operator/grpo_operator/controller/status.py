@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.api.status import (
     TERMINAL_PHASES,
+    TRAINER_STATED,
     Condition,
     ConditionType,
     GRPOJobStatus,
@@ -34,6 +35,7 @@ WARNING_REASONS = {
     Reason.PERMANENT_ERROR,
     Reason.INVALID_SPEC,
     Reason.DEADLINE_EXCEEDED,
+    *TRAINER_STATED,
 }
 
 
@@ -239,7 +241,7 @@ def _on_failure(
     if gang.outcome == Outcome.FAIL:
         msg = (
             f"{what}: a permanent error"
-            if gang.reason == Reason.PERMANENT_ERROR
+            if gang.permanent
             else f"{what}; {status.restarts} gang restarts reached backoffLimit={limit}"
         )
         _finish(status, Phase.FAILED, gang.reason, msg, now)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from grpo_operator.api.report import EvalScore, StepReport
+from grpo_operator.api.report import AttemptStart, EvalScore, StepReport
 
 
 class ProgressLog:
@@ -26,6 +26,8 @@ class ProgressLog:
         self._partial = b""
         self.by_step: dict[int, StepReport] = {}
         self.latest: StepReport | None = None
+        self.starts: list[AttemptStart] = []  # where each attempt started, in order
+        self._unseen_starts: list[AttemptStart] = []
 
     def poll(self) -> list[StepReport]:
         """Read what was appended since the last call; returns the new records in file order."""
@@ -42,14 +44,30 @@ class ProgressLog:
             try:
                 rec = StepReport.model_validate_json(line)
             except ValidationError:
-                continue  # a torn or foreign line (a library's print) must not stop the bookkeeping
+                start = _attempt_start(line)
+                if start is not None:
+                    self.starts.append(start)
+                    self._unseen_starts.append(start)
+                continue  # else a torn or foreign line (a library's print): it must not stop the bookkeeping
             self.by_step[rec.step] = rec
             self.latest = rec
             new.append(rec)
         return new
 
+    def new_starts(self) -> list[AttemptStart]:
+        """Attempt starts read since the last call."""
+        out, self._unseen_starts = self._unseen_starts, []
+        return out
+
     def steps(self) -> list[StepReport]:
         return [self.by_step[s] for s in sorted(self.by_step)]
+
+
+def _attempt_start(line: bytes) -> AttemptStart | None:
+    try:
+        return AttemptStart.model_validate_json(line)
+    except ValidationError:
+        return None
 
 
 def evaluations(records: list[StepReport]) -> list[EvalScore]:
@@ -62,7 +80,9 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def summarize(records: list[StepReport], *, wall_s: float, restarts: int) -> dict[str, float | int | None]:
+def summarize(
+    records: list[StepReport], *, wall_s: float, restarts: int, starts: list[AttemptStart] | None = None
+) -> dict[str, float | int | str | None]:
     """The run's summary: reward over the first/last 10% of steps, steady-state samples/s, and the
     held-out reward of the first (the baseline) and last evaluations (None without an eval set).
 
@@ -78,6 +98,8 @@ def summarize(records: list[StepReport], *, wall_s: float, restarts: int) -> dic
         samples = sum(r.samples for r in records[1:])
         samples_per_s = samples / (records[-1].time - records[0].time)
     evals = evaluations(records)
+    last_resumed = records[-1].resumed_from_step if records else None
+    last_resumed_path = records[-1].resumed_from if records else None
     return {
         "steps": records[-1].step if records else 0,
         "reward_first": first,
@@ -91,8 +113,9 @@ def summarize(records: list[StepReport], *, wall_s: float, restarts: int) -> dic
         ),
         "wall_s": round(wall_s, 3),
         "restarts": restarts,
-        # the checkpoint step the last attempt started from (a gang restart, or a rerun); None: fresh
-        "resumed_from_step": records[-1].resumed_from_step if records else None,
+        # where the last attempt started (a gang restart, or a rerun); None: fresh
+        "resumed_from_step": starts[-1].resumed_from_step if starts else last_resumed,
+        "resumed_from": starts[-1].resumed_from if starts else last_resumed_path,
     }
 
 

@@ -23,7 +23,7 @@ from rich.console import Console
 
 from grpo_operator import lifecycle
 from grpo_operator.api.report import StepReport
-from grpo_operator.api.status import Phase, Reason
+from grpo_operator.api.status import Phase
 from grpo_operator.lifecycle import GangDecision, Outcome, Verdict, VerdictKind
 from grpo_operator.local import scaling
 from grpo_operator.local.display import ProgressView, RunState, print_failure
@@ -123,7 +123,12 @@ class Supervisor:
             for s, handler in previous.items():
                 signal.signal(s, handler)
         records = self.progress.steps()
-        summary = summarize(records, wall_s=time.monotonic() - start, restarts=self.state.gang_restarts)
+        summary = summarize(
+            records,
+            wall_s=time.monotonic() - start,
+            restarts=self.state.gang_restarts,
+            starts=self.progress.starts,
+        )
         if failure is not None:
             print_failure(self.console, failure.reason, failure.tails)
         return RunResult(summary, records, self.state, failure, interrupted)
@@ -157,6 +162,8 @@ class Supervisor:
             self._replace_dead_rollout(view)
             self._scale_rollout(view)
             view.update(self.state, self.progress.poll())
+            for begun in self.progress.new_starts():
+                view.note(f"trainer attempt {self.state.gang_restarts}: {begun.describe()}")
             if self._gang_finished(view):
                 view.update(self.state, self.progress.poll())
                 return
@@ -270,8 +277,8 @@ class Supervisor:
         what = f"{culprit.command.name} {_exit_text(code)} at step {self._step()}: {culprit.why()}"
         failed = [p for p in self.trainer if p.poll() not in (None, 0)]
         tails = {p.command.name: (p.log_path, p.log_tail()) for p in failed}
-        if gang.reason == Reason.PERMANENT_ERROR:
-            raise RunFailed(f"permanent error, not retried: {what}", tails)
+        if gang.permanent:
+            raise RunFailed(f"permanent error ({gang.reason}), not retried: {what}", tails)
         if gang.outcome == Outcome.FAIL:
             raise RunFailed(f"backoffLimit ({limit}) exceeded: {what}", tails)
         self.state.phase = Phase.RESTARTING

@@ -105,6 +105,8 @@ def pod_template(
         "ports": _ports(role),
         "resources": _resources(job, spec, hw),
         "volumeMounts": mounts,
+        # why the container ended, for status: the stated message ("<Reason>: ..."), else the log's tail
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     security = _security(job, hw)
     if security:

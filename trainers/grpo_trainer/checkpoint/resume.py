@@ -1,8 +1,10 @@
 """Resume: the gang loads the newest readable save, resharded to its own shape.
 
-Called once at start-up by `grpo_trainer.loop.setup` on every rank. Rank 0 lists the saves
-(the job's own checkpointDir first; `checkpoint.resumeFrom` only when the job has none of its
-own) and broadcasts them as JSON. Every rank then reads the marker, checks each rank metadata
+Called once at start-up by `grpo_trainer.loop.setup` on every rank: `find_saves` before the model
+is loaded, so a wrong `resumeFrom` fails the pod in its first seconds, and `resume` after. Rank 0
+lists the saves (the job's own checkpointDir first; `checkpoint.resumeFrom` only when the job has
+none of its own, resolved by `checkpoint.find`) and broadcasts them, or the error, as JSON: every
+rank raises the same ConfigError. Every rank then reads the marker, checks each rank metadata
 file against the sha256 the marker recorded, merges them into one DCP `Metadata` and loads the
 keys it holds now (its experts, its ZeRO partition of the optimizer state), reading only their
 byte ranges and checking their CRC-32s. A save any rank cannot read is skipped with a warning
@@ -19,11 +21,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from grpo_operator import storage
+from grpo_operator.api.status import Reason
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from grpo_trainer.checkpoint import layout, state
+from grpo_trainer.checkpoint import find, layout, state
 from grpo_trainer.checkpoint.dcp_io import CorruptCheckpoint, MergedReader, merge, read_rank_meta
 from grpo_trainer.checkpoint.saver import list_saves
 from grpo_trainer.config import ConfigError, RankInfo
@@ -40,6 +43,14 @@ class Resumed:
     state: layout.TrainState
     path: str  # the save loaded
     warnings: list[str] = field(default_factory=list)  # saves skipped as unreadable, newest first
+
+
+@dataclass(frozen=True)
+class Saves:
+    """The saves a starting gang tries, newest first, and whether they came from resumeFrom."""
+
+    paths: list[str]
+    from_resume_from: bool = False
 
 
 def candidates(uri: str) -> list[str]:
@@ -85,6 +96,29 @@ def load_save(save_dir: str, model: nn.Module, optimizer: GangAdamW, info: RankI
     return train_state
 
 
+def _rank0_saves(root: str, resume_from: str | None) -> Saves:
+    own = candidates(root)
+    if own or not resume_from:
+        return Saves(own)
+    return Saves(find.resume_from_candidates(resume_from), from_resume_from=True)
+
+
+def find_saves(root: str, resume_from: str | None, info: RankInfo, device: torch.device) -> Saves:
+    """Collective: the saves to try, the same on every rank; ConfigError on every rank when
+    `resumeFrom` names none (never a silent fresh start)."""
+    doc: dict | None = None
+    if info.is_main:
+        try:
+            found = _rank0_saves(root, resume_from)
+            doc = {"paths": found.paths, "from_resume_from": found.from_resume_from}
+        except ConfigError as e:
+            doc = {"error": str(e), "reason": e.reason}
+    doc = broadcast_json(doc, device)
+    if "error" in doc:
+        raise ConfigError(doc["error"], reason=doc["reason"])
+    return Saves(doc["paths"], doc["from_resume_from"])
+
+
 def resume(
     root: str,
     resume_from: str | None,
@@ -92,14 +126,14 @@ def resume(
     optimizer: GangAdamW,
     info: RankInfo,
     device: torch.device,
+    saves: Saves | None = None,
 ) -> Resumed | None:
-    """Collective: load the newest readable save for the gang; None when there is none (fresh)."""
-    dirs = None
-    if info.is_main:
-        dirs = candidates(root) or (candidates(resume_from) if resume_from else [])
-    dirs = broadcast_json(dirs, device)
+    """Collective: load the newest readable save for the gang (of `saves`, found by `find_saves`
+    when not given); None when there is none and nothing named one (fresh)."""
+    if saves is None:
+        saves = find_saves(root, resume_from, info, device)
     warnings: list[str] = []
-    for d in dirs:
+    for d in saves.paths:
         error = ""
         try:
             loaded = load_save(d, model, optimizer, info)
@@ -113,9 +147,16 @@ def resume(
         msg = f"checkpoint {d} is unreadable ({why}); falling back to the save before it"
         log.warning(msg)
         warnings.append(msg)
-    if dirs:
+    if not saves.paths:
+        return None
+    if saves.from_resume_from:
         raise ConfigError(
-            f"none of the {len(dirs)} complete checkpoint(s) found for {root} "
-            f"can be read: {'; '.join(warnings)}. Delete them to start over, or set checkpoint.resumeFrom"
+            f"{find.FIELD} {resume_from}: none of its {len(saves.paths)} complete checkpoint(s) can be "
+            f"read: {'; '.join(warnings)}",
+            reason=Reason.RESUME_FROM_UNREADABLE,
         )
-    return None
+    raise ConfigError(
+        f"none of the {len(saves.paths)} complete checkpoint(s) found for {root} "
+        f"can be read: {'; '.join(warnings)}. Delete them to start over, or set checkpoint.resumeFrom",
+        reason=Reason.CHECKPOINT_UNREADABLE,
+    )
