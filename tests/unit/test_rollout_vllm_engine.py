@@ -108,7 +108,16 @@ def test_the_worker_extension_is_importable_by_its_name():
 
     module, _, cls = WORKER_EXTENSION.rpartition(".")
     loader = getattr(importlib.import_module(module), cls)
-    assert all(hasattr(loader, m) for m in ("grpo_begin_update", "grpo_load_bucket", "grpo_finish_update"))
+    steps = ("grpo_begin_update", "grpo_load_bucket", "grpo_finish_update", "grpo_abort_update")
+    assert all(hasattr(loader, m) for m in steps)
+
+
+def test_routing_replay_is_refused_where_vllm_has_no_triton_with_what_to_change():
+    from grpo_rollout.engines.vllm_engine import routed_experts_refusal
+
+    assert routed_experts_refusal(has_triton=True) is None
+    why = routed_experts_refusal(has_triton=False)
+    assert why is not None and "Model Runner V2" in why and "spec.algorithm.routingReplay: false" in why
 
 
 @pytest.mark.parametrize(

