@@ -68,13 +68,17 @@ def _worker(
         for p in model.parameters():
             (p.to_local() if isinstance(p, DTensor) else p).mul_(1.5).add_(0.01)
     dest, cpu = f"{out}/export", torch.device("cpu")
-    dtype = torch.bfloat16 if case == "bf16" else torch.float32
+    dtype = torch.bfloat16 if case in ("bf16", "memory") else torch.float32
     result: dict = {}
     if case == "memory":
         Path("/proc/self/clear_refs").write_text("5")
         before = _status("VmRSS")
         done = checkpoint.export_hf(model, dest, dtype=dtype, tokenizer_from=model_dir, device=cpu)
         result["extra"] = _status("VmHWM") - before
+        Path("/proc/self/clear_refs").write_text("5")  # the contrast: the export as it was
+        before = _status("VmRSS")
+        _reference(model, info, f"{out}/reference")
+        result["reference_extra"] = _status("VmHWM") - before
     elif case == "fail":
         real, calls = safetensors_stream.StreamWriter.write, [0]
         if rank == world - 1:  # the last rank fails on its third tensor
@@ -206,17 +210,21 @@ def _big_model(folder: Path) -> Path:
 
 
 def test_the_export_grows_a_rank_by_one_tensor_not_by_the_model(tmp_path: Path) -> None:
-    """The law, at world 2 / EP 2 / FSDP2 in fp32: each rank's VmHWM (reset just before) grows by
-    at most twice the largest checkpoint tensor plus SLACK, while the model is over 4x that; an
-    export that gathered the model on rank 0 (as before) would grow it by the whole model."""
+    """The law, at world 2 / EP 2 / FSDP2, exporting bf16 from fp32 weights: each rank's VmHWM
+    (reset just before) grows by at most twice the largest checkpoint tensor plus SLACK, while
+    the export is over 4x that. The export as it was (the model gathered on rank 0's EP group),
+    measured the same way in the same ranks, grows rank 0 by more than the bound: the
+    measurement sees a gather."""
     model_dir = _big_model(tmp_path / "big")
-    largest = max(t.numel() * t.element_size() for t in tensors(model_dir).values())
+    largest = max(t.numel() for t in tensors(model_dir).values()) * torch.bfloat16.itemsize
     results = run_gang(2, 2, model_dir, tmp_path / "run", "full", "memory")
     total = json.loads((tmp_path / "run" / "export" / "model.safetensors.index.json").read_text())["metadata"]
     bound = 2 * largest + SLACK
     assert total["total_size"] > 4 * bound, (total, bound)
     extras = [r["extra"] for r in results]
     peaks = ", +".join(f"{e / 2**20:.1f}" for e in extras)
-    print(f"\nexport of {total['total_size'] / 2**20:.0f} MiB at world 2: rank peaks +{peaks} MiB "
-          f"(largest tensor {largest / 2**20:.2f} MiB)")  # fmt: skip
+    print(f"\nbf16 export of {total['total_size'] / 2**20:.0f} MiB at world 2: rank peaks +{peaks} MiB "
+          f"(largest tensor {largest / 2**20:.2f} MiB); the gathering export: rank 0 "
+          f"+{results[0]['reference_extra'] / 2**20:.1f} MiB")  # fmt: skip
     assert max(extras) <= bound, (extras, bound)
+    assert results[0]["reference_extra"] > bound, results[0]
