@@ -80,15 +80,23 @@ def export_hf(
     fs, path = storage.filesystem(dest)
     if _agree(rank == 0 and _complete(fs, path), device):
         return Exported(skipped=True, files=0, nbytes=0, seconds=time.monotonic() - t0)
+    error: BaseException | None = None
     if rank == 0:
-        _clear(fs, path)  # before the holdings exchange below, which no rank passes without rank 0
-    units = export_units(model, _holders(model, device))
+        try:
+            _clear(fs, path)
+        except OSError as e:  # told to every rank: none is left waiting in a collective
+            error = e
+    if not _agree(rank != 0 or error is None, device):  # also: nobody writes before the clear
+        raise RuntimeError(
+            f"Hugging Face export to {dest}: rank 0 could not clear it (its log says why)"
+        ) from error
+    units = export_units(model, _holders(model, device), world)
     plan = export_plan.plan(units, world, dtype.itemsize, max_shard_bytes)
     error, nbytes = _write_files(model, units, plan, fs, path, dtype, rank)
     failed = _failed_ranks(error is None, device)
     if failed:
         raise RuntimeError(
-            f"Hugging Face export to {dest}: ranks {failed} failed to write their files"
+            f"Hugging Face export to {dest}: ranks {failed} failed to write their files (their logs say why)"
         ) from error
     if rank == 0:
         try:
@@ -105,9 +113,11 @@ def export_hf(
     return Exported(skipped=False, files=mine, nbytes=nbytes, seconds=seconds)
 
 
-def export_units(model: nn.Module, holders: dict[str, list[tuple[int, int]]]) -> list[export_plan.Unit]:
+def export_units(
+    model: nn.Module, holders: dict[str, list[tuple[int, int]]], world: int
+) -> list[export_plan.Unit]:
     """The export's units in state-dict order, named and shaped from meta tensors (no data).
-    `holders`: per MoE layer, each rank's (first expert, count) stored."""
+    `holders`: per MoE layer, each rank's (first expert, count) stored, over `world` ranks."""
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
     state = model.state_dict()
@@ -115,7 +125,6 @@ def export_units(model: nn.Module, holders: dict[str, list[tuple[int, int]]]) ->
         model._keys_to_ignore_on_save or ()
     )
     fused = _fused_experts(model)
-    world = dist.get_world_size()
     units = []
     for key, tensor in state.items():
         if key not in kept or not isinstance(tensor, torch.Tensor):
