@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from grpo_operator.api.status import Reason
 from grpo_trainer.config import ConfigError
 from grpo_trainer.data import PromptOrder, load_rows
 
@@ -33,7 +34,7 @@ def test_rows_keep_other_columns_and_line_numbers(tmp_path: Path) -> None:
 )
 def test_bad_row_is_reported_by_file_and_line(tmp_path: Path, line: str, reason: str) -> None:
     path = write(tmp_path, '{"prompt": "a"}\n{"prompt": "b"}\n' + line + "\n")
-    with pytest.raises(ConfigError, match=f"^{path}:3: {reason}"):
+    with pytest.raises(ConfigError, match=f"^spec.dataset.path {path}:3: {reason}"):
         load_rows(path)
 
 
@@ -42,11 +43,21 @@ def test_custom_prompt_field(tmp_path: Path) -> None:
     assert rows[0].prompt == "q" and rows[0].columns == {"prompt": "kept as a column"}
 
 
-def test_missing_and_empty_files_are_config_errors(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read"):
+def test_missing_and_empty_files_are_config_errors_naming_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=f"^spec.dataset.path {tmp_path}/nope.jsonl: does not exist") as e:
         load_rows(tmp_path / "nope.jsonl")
-    with pytest.raises(ConfigError, match="no rows"):
-        load_rows(write(tmp_path, "\n"))
+    assert e.value.reason == Reason.PATH_NOT_FOUND
+    with pytest.raises(ConfigError, match="^spec.dataset.eval.path .*: is an empty file") as e:
+        load_rows(write(tmp_path, ""), field="spec.dataset.eval.path")
+    assert e.value.reason == Reason.DATASET_EMPTY
+    with pytest.raises(ConfigError, match="^spec.dataset.path .*: the dataset has no rows") as e:
+        load_rows(write(tmp_path, "\n\n"))  # bytes, but no usable row
+    assert e.value.reason == Reason.DATASET_EMPTY
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "notes.txt").write_text("x")
+    with pytest.raises(ConfigError, match="is a folder with no .jsonl") as e:
+        load_rows(tmp_path / "d")
+    assert e.value.reason == Reason.PATH_WRONG_KIND
 
 
 def rows(n: int, tmp_path: Path) -> list:
@@ -89,7 +100,7 @@ def test_parquet_rows_across_row_groups_keep_columns_and_row_numbers(tmp_path: P
 
 def test_bad_parquet_row_is_reported_by_file_and_row(tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "d.parquet", [{"prompt": "a"}, {"prompt": "b"}, {"prompt": ""}])
-    with pytest.raises(ConfigError, match=f"^{path}: row 3: field 'prompt' missing or not a non-empty"):
+    with pytest.raises(ConfigError, match=f"^spec.dataset.path {path}: row 3: field 'prompt' missing or not a non-empty"):
         load_rows(path)
     other = write_parquet(tmp_path / "q.parquet", [{"question": "a", "answer": "1"}])
     with pytest.raises(ConfigError, match=r"no column 'prompt' \(columns: question, answer\)"):
@@ -107,5 +118,5 @@ def test_a_folder_reads_its_data_files_in_name_order(tmp_path: Path) -> None:
     (folder / "README.md").write_text("not data")
     assert [r.prompt for r in load_rows(folder)] == ["from jsonl", "from parquet"]
     (folder / "c.jsonl").write_text('{"prompt": 1}\n')
-    with pytest.raises(ConfigError, match=f"^{folder}/c.jsonl:1: field 'prompt'"):
+    with pytest.raises(ConfigError, match=f"^spec.dataset.path {folder}/c.jsonl:1: field 'prompt'"):
         load_rows(folder)

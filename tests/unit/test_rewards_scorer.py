@@ -164,3 +164,8 @@ def test_unknown_plugin_fails_at_start_with_its_name():
         scorer(("no_such_module_xyz:fn", 1.0))
     with pytest.raises(Exception, match="has no callable 'nope'"):
         scorer(("grpo_test_plugins:nope", 1.0))
+
+
+def test_a_bad_plugin_names_its_spec_field():
+    with pytest.raises(Exception, match=r"^spec\.reward\.functions\[1\]\.function: .*has no callable 'nope'"):
+        scorer(("exact_match", 1.0), ("grpo_test_plugins:nope", 1.0))

@@ -5,7 +5,9 @@ The order of epoch e is a permutation seeded by (shuffleSeed, e), so the prompt 
 position is a pure function of the position: a checkpoint stores the position of the first
 prompt not yet trained on, and a resumed run continues there, no prompt skipped or repeated,
 whatever was prefetched before the crash. Every row is validated on load; a bad one is a
-`ConfigError` naming `FILE:LINE` (JSON Lines) or `FILE: row N` (Parquet).
+`ConfigError` naming the spec field and `FILE:LINE` (JSON Lines) or `FILE: row N` (Parquet). The
+path is first judged by the rule `validate --check-paths` applies offline (`grpo_operator.storage.check`),
+and a dataset without a usable row fails the job with `DatasetEmpty`.
 
 Files are streamed through `grpo_operator.storage` (fsspec; s3fs for s3://): JSON Lines line by
 line, Parquet row group by row group (pyarrow reads the footer, then one group's byte ranges at
@@ -21,11 +23,13 @@ from typing import Any
 
 import torch
 from grpo_operator import storage
+from grpo_operator.api.status import Reason
+from grpo_operator.storage.check import DATA_SUFFIXES, PARQUET_SUFFIXES, POD_CREDENTIALS, Expect, PathError
+from grpo_operator.storage.check import check as check_path
 
 from grpo_trainer.config import ConfigError
 
-PARQUET_SUFFIXES = (".parquet", ".pq")
-DATA_SUFFIXES = (".jsonl", ".json", *PARQUET_SUFFIXES)
+DATASET_FIELD = "spec.dataset.path"
 
 
 @dataclass(frozen=True)
@@ -38,14 +42,20 @@ class Row:
     line: int
 
 
-def load_rows(path: str | Path, prompt_field: str = "prompt") -> list[Row]:
-    """Read and validate every row; raise ConfigError naming the file and line/row of the first bad one."""
+def load_rows(path: str | Path, prompt_field: str = "prompt", field: str = DATASET_FIELD) -> list[Row]:
+    """Read and validate every row; raise ConfigError naming `field`, the file and the line/row of the
+    first bad one."""
     uri = str(path)
     try:
+        check_path(field, uri, Expect.DATASET, credentials=POD_CREDENTIALS)
         fs, root = storage.filesystem(uri)
         files = _files(fs, root)
+    except PathError as e:
+        raise ConfigError(str(e), reason=e.reason) from None
     except (OSError, ValueError) as e:  # StorageError is a ValueError
-        raise ConfigError(f"{uri}: cannot read the dataset: {e}") from e
+        raise ConfigError(
+            f"{field} {uri}: cannot read the dataset: {e}", reason=Reason.PATH_UNREADABLE
+        ) from e
     rows = []
     for file in files:
         label = uri if file == root else storage.join(uri, file[len(root) :])
@@ -54,10 +64,14 @@ def load_rows(path: str | Path, prompt_field: str = "prompt") -> list[Row]:
                 rows += _parquet_rows(fs, file, label, prompt_field)
             else:
                 rows += _jsonl_rows(fs, file, label, prompt_field)
+        except ConfigError as e:
+            raise ConfigError(f"{field} {e}", reason=e.reason) from None
         except OSError as e:
-            raise ConfigError(f"{label}: cannot read the dataset: {e}") from e
+            why = f"{field} {label}: cannot read the dataset: {e}"
+            raise ConfigError(why, reason=Reason.PATH_UNREADABLE) from e
     if not rows:
-        raise ConfigError(f"{uri}: the dataset has no rows")
+        why = f"{field} {uri}: the dataset has no rows (only blank lines or empty row groups)"
+        raise ConfigError(why, reason=Reason.DATASET_EMPTY)
     return rows
 
 

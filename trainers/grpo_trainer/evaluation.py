@@ -66,7 +66,9 @@ class Evaluator:
         None without `dataset.eval`."""
         if dataset.eval is None:
             return None
-        return cls(dataset.eval, load_rows(dataset.eval.path, dataset.prompt_field), algo)
+        return cls(
+            dataset.eval, load_rows(dataset.eval.path, dataset.prompt_field, "spec.dataset.eval.path"), algo
+        )
 
     def due(self, step: int, max_steps: int) -> bool:
         return due(step, self.spec.every_steps, max_steps)

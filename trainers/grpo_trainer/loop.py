@@ -47,6 +47,7 @@ from grpo_trainer.config import MAX_GRAD_NORM, RankInfo, job_token
 from grpo_trainer.data import PromptOrder, load_rows
 from grpo_trainer.evaluation import Evaluator
 from grpo_trainer.generation import Generator, WeightSyncError
+from grpo_trainer.inputs import check_inputs
 from grpo_trainer.losses import LossConfig, Totals, chunked_token_stats, grpo_loss
 from grpo_trainer.optim import GangAdamW
 from grpo_trainer.parallel import (
@@ -94,6 +95,7 @@ class Run:
 
 def setup(contract: RunContract, info: RankInfo) -> Run:
     spec, algo = contract.spec, contract.spec.algorithm
+    check_inputs(contract, info)  # model and checkpoint folders: the field and the reason, before the GPU
     order = PromptOrder(load_rows(spec.dataset.path, spec.dataset.prompt_field), spec.dataset.shuffle_seed)
     evaluator = Evaluator.for_dataset(spec.dataset, algo) if info.is_main else None  # read before the model
     token = job_token() if info.is_main else ""

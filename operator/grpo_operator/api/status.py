@@ -63,12 +63,33 @@ class Reason(StrEnum):
     RESUME_FROM_NOT_FOUND = "ResumeFromNotFound"
     RESUME_FROM_UNREADABLE = "ResumeFromUnreadable"
     CHECKPOINT_UNREADABLE = "CheckpointUnreadable"
+    # A path or import path of the spec that does not resolve (`grpo_operator.storage.check`).
+    PATH_NOT_FOUND = "PathNotFound"
+    PATH_WRONG_KIND = "PathWrongKind"  # a file where a folder is expected, or the reverse
+    PATH_EMPTY = "PathEmpty"
+    PATH_UNREADABLE = "PathUnreadable"
+    PATH_UNWRITABLE = "PathUnwritable"
+    STORAGE_ACCESS_DENIED = "StorageAccessDenied"  # the credentials cannot read or write it
+    MODEL_INVALID = "ModelInvalid"  # a folder, but not a Hugging Face model
+    DATASET_EMPTY = "DatasetEmpty"  # no usable row
 
 
 # Reasons a trainer states in its termination message ("<Reason>: <message>"); a permanent failure
 # that states one fails the job with it instead of the generic PermanentError.
 TRAINER_STATED = frozenset(
-    {Reason.RESUME_FROM_NOT_FOUND, Reason.RESUME_FROM_UNREADABLE, Reason.CHECKPOINT_UNREADABLE}
+    {
+        Reason.RESUME_FROM_NOT_FOUND,
+        Reason.RESUME_FROM_UNREADABLE,
+        Reason.CHECKPOINT_UNREADABLE,
+        Reason.PATH_NOT_FOUND,
+        Reason.PATH_WRONG_KIND,
+        Reason.PATH_EMPTY,
+        Reason.PATH_UNREADABLE,
+        Reason.PATH_UNWRITABLE,
+        Reason.STORAGE_ACCESS_DENIED,
+        Reason.MODEL_INVALID,
+        Reason.DATASET_EMPTY,
+    }
 )
 
 
@@ -157,8 +178,8 @@ class Progress(ApiModel):
         default_factory=dict,
         max_length=16,
         description="epBackendCandidates: why epBackend auto chose epBackend: each candidate's seconds per "
-        "dispatch+combine round trip at start-up (\"1.234 ms\", the slowest rank's; the fastest wins), or "
-        "\"skipped: <reason>\" (refused by the layout or the installed library) or \"failed: <reason>\".",
+        'dispatch+combine round trip at start-up ("1.234 ms", the slowest rank\'s; the fastest wins), or '
+        '"skipped: <reason>" (refused by the layout or the installed library) or "failed: <reason>".',
     )
     rollout_wait_fraction: float | None = Field(
         default=None,

@@ -10,6 +10,10 @@ the requester holds the `escalate` verb (docs/security.md). A valid job is held 
 trainer that cannot fit in its GPUs' memory makes the file invalid (`spec.trainer: ...`, the message
 the trainer's start-up check would stop the job with), a rollout that cannot fit is a warning, and
 a model whose config.json is not reachable from here gets a warning that the plan was not checked.
+With `--check-paths` every path and reward import path of a valid job is checked from here
+(`grpo_operator.validation.paths`: relative to the manifest's folder, pvc:// through `--pvc CLAIM=DIR`
+as `grpo-operator run` reads them, s3:// with this environment's AWS credentials): one that does not
+resolve is an error naming the field and why, as the trainer would fail the job at its start.
 """
 
 import argparse
@@ -17,6 +21,9 @@ import sys
 from pathlib import Path
 
 from grpo_operator import validation
+from grpo_operator.cli.run import claims
+from grpo_operator.local.plan import PlanError
+from grpo_operator.validation import paths
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,15 +38,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="the model's config.json, for jobs whose spec.model.path is not a local directory (s3://, pvc://)",
     )
+    parser.add_argument(
+        "--check-paths",
+        action="store_true",
+        help="also check that every path (model, dataset, checkpoint, resumeFrom) and reward import path "
+        "resolves from here: relative to the file's folder, pvc:// through --pvc, s3:// with this "
+        "environment's AWS credentials",
+    )
+    parser.add_argument(
+        "--pvc",
+        action="append",
+        default=[],
+        metavar="CLAIM=DIR",
+        help="with --check-paths: a local folder standing in for a PersistentVolumeClaim (repeatable)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        checks = paths.Options(pvc=claims(args.pvc)) if args.check_paths else None
+    except PlanError as e:
+        print(f"grpo-operator validate: {e}", file=sys.stderr)
+        return 2
+    if args.pvc and checks is None:
+        print(
+            "grpo-operator validate: --pvc is read by --check-paths only; add --check-paths", file=sys.stderr
+        )
+        return 2
     invalid = 0
     for name in args.files:
         warnings: list[validation.Problem] = []
         try:
             problems = validation.validate_file(
-                name, old=args.old, warnings=warnings, model_config=args.model_config
+                name, old=args.old, warnings=warnings, model_config=args.model_config, paths=checks
             )
         except OSError as err:
             print(f"{name}: cannot read: {err.strerror or err}", file=sys.stderr)

@@ -11,6 +11,7 @@ never opens a URI, does without them.
 """
 
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from grpo_operator.storage.uri import PVC_SCHEME, StorageError, scheme, split_s3
@@ -19,14 +20,15 @@ if TYPE_CHECKING:
     import fsspec
 
 
-def s3_options() -> dict[str, Any]:
-    """s3fs keyword arguments from the environment: endpoint and region; credentials are left to
-    botocore's chain (env, web identity, container credentials, instance profile)."""
+def s3_options(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """s3fs keyword arguments from the environment (`env`, default os.environ): endpoint and region;
+    credentials are left to botocore's chain (env, web identity, container credentials, instance profile)."""
+    env = os.environ if env is None else env
     client: dict[str, Any] = {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     if endpoint:
         client["endpoint_url"] = endpoint
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
     if region:
         client["region_name"] = region
     return {"client_kwargs": client} if client else {}
@@ -42,7 +44,7 @@ def _require(module: str) -> Any:
         ) from e
 
 
-def filesystem(uri: str) -> "tuple[fsspec.AbstractFileSystem, str]":
+def filesystem(uri: str, env: Mapping[str, str] | None = None) -> "tuple[fsspec.AbstractFileSystem, str]":
     """(filesystem, path inside it) for `uri`: s3://bucket/key → (S3FileSystem, 'bucket/key'),
     a local path → (LocalFileSystem, absolute path). Raises StorageError for pvc:// (the operator
     resolves those before a workload sees them) and for schemes we do not serve."""
@@ -57,7 +59,7 @@ def filesystem(uri: str) -> "tuple[fsspec.AbstractFileSystem, str]":
         bucket, key = split_s3(uri)
         _require("fsspec")
         s3fs = _require("s3fs")
-        return s3fs.S3FileSystem(**s3_options()), f"{bucket}/{key}" if key else bucket
+        return s3fs.S3FileSystem(**s3_options(env)), f"{bucket}/{key}" if key else bucket
     if kind:
         raise StorageError(f"{uri!r}: scheme {kind}:// is not supported (use s3://, pvc:// or a local path)")
     fsspec = _require("fsspec")

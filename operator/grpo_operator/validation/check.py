@@ -25,6 +25,7 @@ from grpo_operator import crd, instance_types, memory_plan
 from grpo_operator.api import job
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.validation import escalation
+from grpo_operator.validation import paths as path_checks
 from grpo_operator.validation.cel import cel_problems
 from grpo_operator.validation.schema import apply_defaults, metadata_problems, schema_problems
 from grpo_operator.validation.structural import embedded_problems
@@ -195,16 +196,24 @@ def validate_file(
     old: str | Path | None = None,
     warnings: list[Problem] | None = None,
     model_config: Path | None = None,
+    paths: path_checks.Options | None = None,
 ) -> list[Problem]:
     """validate_text on a file (and its old version); `-` reads standard input. With `warnings`, a
     valid file is also held to the memory plan (`memory_problems`, its errors returned with the
-    others) and its escalation and memory warnings are appended to `warnings`."""
+    others) and its escalation and memory warnings are appended to `warnings`. With `paths`, a valid
+    file's paths and reward imports are checked from here too (`validation.paths`)."""
     text = sys.stdin.read() if str(path) == "-" else Path(path).read_text(encoding="utf-8")
     old_text = Path(old).read_text(encoding="utf-8") if old is not None else None
     problems = validate_text(text, str(path), old_text, str(old))
-    if warnings is not None and not problems:
+    valid = not problems
+    if warnings is not None and valid:
         warnings += escalation_warnings(text, str(path))
         errors, memory = memory_problems(text, str(path), model_config)
         problems += errors
         warnings += memory
+    if paths is not None and valid:
+        errors, unchecked = path_checks.path_problems(text, str(path), paths)
+        problems += errors
+        if warnings is not None:
+            warnings += unchecked
     return problems

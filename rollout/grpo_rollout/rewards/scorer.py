@@ -32,11 +32,15 @@ class RewardScorer:
         self.timeout = spec.timeout_seconds
         self._worker = worker or PluginWorker()
         self.functions: list[tuple[str, float, str]] = []  # (name in the spec, weight, module:function)
-        for entry in spec.functions:
+        for i, entry in enumerate(spec.functions):
             name = entry.builtin or entry.function
             assert name is not None  # the spec's CEL rule: exactly one of builtin/function
             target = BUILTINS.get(name, name)
-            self._worker.check(target)  # a missing module or function fails at start-up, by name
+            try:  # a missing module or function fails the server at start-up, by field and name
+                self._worker.check(target)
+            except (PluginError, PluginTimeout) as e:
+                field = f"spec.reward.functions[{i}].{'builtin' if entry.builtin else 'function'}"
+                raise type(e)(f"{field}: {e}") from None
             self.functions.append((name, entry.weight, target))
 
     def close(self) -> None:

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 from grpo_operator import storage
 from grpo_operator.api.status import Reason
+from grpo_operator.storage.check import POD_CREDENTIALS, Expect, PathError, check
 
 from grpo_trainer.checkpoint import layout
 from grpo_trainer.checkpoint.saver import list_saves
 from grpo_trainer.config import ConfigError
 
-FIELD = "checkpoint.resumeFrom"
+FIELD = "spec.checkpoint.resumeFrom"
 JOB_LEVELS = 2  # <checkpoint.path>/<namespace>/<name>-<uid>
 LOOKED_FOR = (
     "looked for {u}/meta.json (a save), {u}/step-*/meta.json (a job's save folder) and "
@@ -73,14 +74,12 @@ def not_found(uri: str, why: str) -> ConfigError:
 def resume_from_candidates(uri: str) -> list[str]:
     """The saves `uri` names, newest first; ConfigError (ResumeFromNotFound) when it names none, or
     several jobs (listed with their newest step, so the user picks one)."""
+    try:  # the rule validate --check-paths applies offline: an existing, non-empty folder
+        check(FIELD, uri, Expect.SAVES, credentials=POD_CREDENTIALS)
+    except PathError as e:
+        unresolved = e.reason in (Reason.PATH_NOT_FOUND, Reason.PATH_WRONG_KIND, Reason.PATH_EMPTY)
+        raise ConfigError(str(e), reason=Reason.RESUME_FROM_NOT_FOUND if unresolved else e.reason) from None
     fs, path = storage.filesystem(uri)
-    fs.invalidate_cache(path)
-    if not fs.exists(path):
-        raise not_found(uri, "does not exist")
-    if fs.isfile(path):
-        raise not_found(
-            uri, "is a file; expected a save (.../step-N), a job's save folder or a checkpoint.path"
-        )
     if fs.exists(f"{path}/{layout.MARKER}"):
         return [uri]
     if layout.step_of(uri) is not None:
