@@ -29,10 +29,16 @@ def build_char_tokenizer():
 
 
 def build_tiny_model(
-    directory: str | Path, *, arch: str = "qwen3_moe", seed: int = 0, tied: bool = False
+    directory: str | Path,
+    *,
+    arch: str = "qwen3_moe",
+    seed: int = 0,
+    tied: bool = False,
+    head_dim: int = 16,
 ) -> Path:
     """Save a tiny random `qwen3_moe` (4 experts, top-2) or `qwen2` causal LM and its tokenizer;
-    `tied`: the output head is the input embedding (`tie_word_embeddings`)."""
+    `tied`: the output head is the input embedding (`tie_word_embeddings`); `head_dim` (qwen3_moe):
+    vLLM's CPU attention refuses 16, the torch engine's tests keep it small."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config, Qwen3MoeConfig
 
@@ -55,7 +61,7 @@ def build_tiny_model(
             moe_intermediate_size=32,
             num_experts=4,
             num_experts_per_tok=2,
-            head_dim=16,
+            head_dim=head_dim,
             **common,
         )
     elif arch == "qwen2":
@@ -81,8 +87,11 @@ def write_contract(
     rewards: list[dict] | None = None,
     reward_timeout: float = 10.0,
     max_batch_size: int = 64,
+    engine: str = "torch",
+    vllm: dict | None = None,
 ) -> Path:
-    """A run contract (job.json) for rollout servers on loopback `ports` serving `model_dir`."""
+    """A run contract (job.json) for rollout servers on loopback `ports` serving `model_dir`
+    with `engine` (`vllm`: the `spec.rollout.vllm` fields in their YAML spelling)."""
     from grpo_operator.api.contract import RolloutTopology, RunContract, TrainerTopology
     from grpo_operator.api.spec import GRPOJobSpec
 
@@ -94,7 +103,12 @@ def write_contract(
                 "functions": rewards or [{"builtin": "exact_match"}],
                 "timeoutSeconds": reward_timeout,
             },
-            "rollout": {"engine": "torch", "replicas": len(ports), "maxBatchSize": max_batch_size},
+            "rollout": {
+                "engine": engine,
+                "replicas": len(ports),
+                "maxBatchSize": max_batch_size,
+                **({"vllm": vllm} if vllm else {}),
+            },
         }
     )
     contract = RunContract(
@@ -164,21 +178,28 @@ def start_server(
     drain_seconds: float = 10.0,
     extra_pythonpath: str | None = None,
     log_path: str | Path | None = None,
+    python: str | None = None,
+    env: dict[str, str] | None = None,
 ):
-    """Start `python -m grpo_rollout serve` as a real child process on 127.0.0.1:port."""
+    """Start `python -m grpo_rollout serve` as a real child process on 127.0.0.1:port, under
+    `python` (default: this interpreter; the vllm tests use the vllm venv's) with `env` added."""
     import os
     import subprocess
     import sys
 
-    env = dict(
+    child_env = dict(
         os.environ, GRPO_CONTRACT=str(contract), GRPO_TOKEN=token, HF_HUB_OFFLINE="1", GRPO_POD_INDEX="0"
     )
+    child_env.update(env or {})
     if extra_pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_pythonpath, env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "grpo_rollout", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (extra_pythonpath, child_env.get("PYTHONPATH")) if p
+        )
+    cmd = [python or sys.executable, "-m", "grpo_rollout", "serve"]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--threads", "1", "--drain-seconds", str(drain_seconds)]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 (owned by the child)
-    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return subprocess.Popen(cmd, env=child_env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def wait_ready(url: str, proc, timeout: float = 120.0) -> None:

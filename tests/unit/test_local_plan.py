@@ -37,3 +37,26 @@ def test_a_relative_workdir_gives_pods_absolute_paths(
     assert Path(plan.contract.spec.model.path).is_absolute()
     assert Path(plan.contract.checkpoint_dir).is_relative_to(tmp_path / "out" / "demo")
     assert os.path.isabs(plan.workdir)
+
+
+def test_rollout_pods_run_under_grpo_rollout_python_when_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The vllm engine has a venv of its own: rollout pods take its python, the trainer keeps ours."""
+    import sys
+
+    from grpo_operator.local.plan import ENV_ROLLOUT_PYTHON, PlanError
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "data.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (tmp_path / "job.yaml").write_text(JOB)
+    other = tmp_path / "python"
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    monkeypatch.setenv(ENV_ROLLOUT_PYTHON, str(other))
+    plan = build_plan(tmp_path / "job.yaml", tmp_path / "out")
+    assert [p.argv[0] for p in plan.rollout] == [str(other)]
+    assert {p.argv[0] for p in plan.trainer} == {sys.executable}
+    monkeypatch.setenv(ENV_ROLLOUT_PYTHON, str(tmp_path / "missing"))
+    with pytest.raises(PlanError, match=ENV_ROLLOUT_PYTHON):
+        build_plan(tmp_path / "job.yaml", tmp_path / "out")

@@ -39,6 +39,7 @@ class TinyConfig:
     experts: int = 8  # routed experts per layer
     top_k: int = 2  # experts per token
     expert_width: int = 64  # moe_intermediate_size
+    head_dim: int = 16  # attention head width; vLLM's CPU attention needs 32, 64, 80, ... (not 16)
     seed: int = 0  # seeds init, warm-up batches and the accuracy probe
     max_warmup_steps: int = 400  # upper bound on supervised steps
     target_accuracy: float = 0.3  # stop the warm-up at this sampled accuracy (temperature 1)
@@ -69,7 +70,7 @@ def build_model(cfg: TinyConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3Moe
         num_hidden_layers=cfg.layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=cfg.hidden // 4,
+        head_dim=cfg.head_dim,
         num_experts=cfg.experts,
         num_experts_per_tok=cfg.top_k,
         max_position_embeddings=256,
@@ -159,9 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--experts", type=int, default=TinyConfig.experts)
     parser.add_argument("--target-accuracy", type=float, default=TinyConfig.target_accuracy)
+    parser.add_argument("--head-dim", type=int, default=TinyConfig.head_dim)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    cfg = TinyConfig(seed=args.seed, experts=args.experts, target_accuracy=args.target_accuracy)
+    cfg = TinyConfig(
+        seed=args.seed, experts=args.experts, target_accuracy=args.target_accuracy, head_dim=args.head_dim
+    )
     print(json.dumps(build(args.dir, cfg)))
     return 0
 

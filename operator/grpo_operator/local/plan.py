@@ -4,10 +4,11 @@ Called by `grpo_operator.local.supervisor` (and so by `grpo-operator run`). The 
 from the operator's own renderer (`grpo_operator.render`): the same StatefulSets, the same
 container commands and env, the same run contract, with Service addresses replaced by
 loopback ports. What changes locally is only what a node would provide: `python` is this
-interpreter, the pod index comes from the StatefulSet ordinal, the token from a fresh
-secret, relative paths in the job are resolved against the YAML file's folder, `pvc://claim/...`
-against the folder `--pvc claim=DIR` stands in for the claim, the model cache is in the work
-directory, and the contract is a file in the work directory instead of a mounted ConfigMap.
+interpreter (for rollout pods `$GRPO_ROLLOUT_PYTHON` when set, e.g. the vllm venv's), the pod
+index comes from the StatefulSet ordinal, the token from a fresh secret, relative paths in the job
+are resolved against the YAML file's folder, `pvc://claim/...` against the folder `--pvc claim=DIR`
+stands in for the claim, the model cache is in the work directory, and the contract is a file in
+the work directory instead of a mounted ConfigMap.
 `s3://` paths stay as they are: the processes read them as pods do, with the AWS_* env of
 this process (or the job's storage.endpointUrl/region).
 """
@@ -37,6 +38,7 @@ from grpo_operator.render.storage import parse_pvc
 
 LOCAL_NAMESPACE = "local"
 MAX_LOCAL_GRACE_S = 20.0  # a pod's terminationGracePeriodSeconds, bounded so Ctrl-C stays prompt
+ENV_ROLLOUT_PYTHON = "GRPO_ROLLOUT_PYTHON"  # the rollout pods' interpreter (default: this one)
 # Cluster networking env that would misroute loopback traffic (interfaces, EFA/libfabric, NCCL GIN).
 _CLUSTER_ONLY_ENV_PREFIXES = (
     "NCCL_SOCKET_IFNAME",
@@ -187,13 +189,27 @@ def _literal_env(container: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def _argv(container: dict[str, Any]) -> list[str]:
+def _argv(container: dict[str, Any], role: str) -> list[str]:
     argv = [*container.get("command", []), *container.get("args", [])]
     if not argv:
         raise PlanError(f"container {container.get('name')!r} has no command to run locally")
     if argv[0] in ("python", "python3"):
-        argv[0] = sys.executable
+        argv[0] = role_python(role)
     return argv
+
+
+def role_python(role: str) -> str:
+    """The interpreter a role's pods run under: this one, or for rollout `$GRPO_ROLLOUT_PYTHON`
+    (the rollout image's packages differ from the trainer's: vLLM lives in a venv of its own,
+    `hack/vllm-venv.sh`)."""
+    chosen = os.environ.get(ENV_ROLLOUT_PYTHON) if role == names.ROLE_ROLLOUT else None
+    if not chosen:
+        return sys.executable
+    if not os.access(chosen, os.X_OK):
+        raise PlanError(
+            f"${ENV_ROLLOUT_PYTHON}={chosen!r} is not an executable python; unset it or fix the path"
+        )
+    return chosen
 
 
 def _role(obj: dict[str, Any]) -> str:
@@ -258,7 +274,7 @@ def build_plan(job_file: Path, workdir: Path, pvc: Mapping[str, Path] | None = N
             if role == "trainer":
                 env[ENV_PROGRESS_FILE] = str(progress_path)
             grace = min(float(pod_spec.get("terminationGracePeriodSeconds", 30)), MAX_LOCAL_GRACE_S)
-            pods[role].append(PodCommand(role, index, _argv(container), env, workdir, grace))
+            pods[role].append(PodCommand(role, index, _argv(container, role), env, workdir, grace))
     if not pods["trainer"]:
         raise PlanError(f"{job_file}: the rendered job has no trainer pods")
     return LocalPlan(
