@@ -101,4 +101,6 @@ def test_a_missing_plugin_stops_the_server_at_start_with_its_name(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert "cannot import module 'no_such_reward_module'" in (tmp_path / "server.log").read_text()
+    log = (tmp_path / "server.log").read_text()
+    assert "spec.reward.functions[0].function: " in log  # the field, as validate --check-paths names it
+    assert "cannot import module 'no_such_reward_module'" in log
