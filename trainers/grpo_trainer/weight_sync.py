@@ -115,11 +115,15 @@ class SendStats:
     buckets: int
     sent_bytes: int
     peak_bytes: int  # the most this rank's sender held at once (buffers), see BucketSender
+    waited_s: float = 0.0  # time spent waiting for the wire to free a buffer (the rest: filling)
 
 
 class StreamSender:
     """One trainer rank's end of the weight groups: the store (rank 0 hosts it) and the rank's
-    group with the servers of the current epoch, formed again when the epoch changes."""
+    group with the servers of the current epoch, formed again when the epoch changes. Its two
+    bucket buffers are kept from one version to the next (the trainer's memory plan counts them
+    for the whole step), so a version does not pay for fresh memory; a stream that fails drops
+    them (its transfers may still read them) and the next one allocates its own."""
 
     def __init__(self, host: str, port: int, rank: int, *, timeout_s: float = 300.0) -> None:
         import datetime
@@ -141,6 +145,7 @@ class StreamSender:
         self._watch = weight_stream.store_client(host, self.port, timeout_s)  # a client for call-offs
         self._key: tuple | None = None
         self._group: weight_stream.Group | None = None
+        self._kept: tuple[tuple, list[torch.Tensor]] = ((), [])  # (bucket bytes, device), buffers
 
     def group(
         self, epoch: int, servers: int, backend: str, off: weight_stream.CallOff | None = None
@@ -173,9 +178,12 @@ class StreamSender:
         """Form (or reuse) the epoch's group and stream `items`. A failure here calls the stream off
         for every member; a call-off by another member ends this rank's part (StreamCancelled)."""
         off = weight_stream.CallOff(self._watch, epoch)
+        fits = (bucket_bytes, torch.device(device))
+        kept = self._kept[1] if self._kept[0] == fits else []
+        self._kept = ((), [])  # a different bucket size or device frees the old buffers first
         try:
             sender = weight_stream.BucketSender(
-                self.group(epoch, servers, backend, off), dtype, bucket_bytes, device, off
+                self.group(epoch, servers, backend, off), dtype, bucket_bytes, device, off, kept
             )
             sender.send(items)
         except Exception as e:
@@ -184,8 +192,9 @@ class StreamSender:
             weight_stream.retire(self._group)  # before any other reference to it goes
             self._key, self._group = None, None  # a broken group is formed again next time
             raise
-        sender.close()
-        return SendStats(sender.buckets, sender.sent_bytes, sender.peak_bytes)
+        stats = SendStats(sender.buckets, sender.sent_bytes, sender.peak_bytes, sender.waited_s)
+        self._kept = (fits, sender.keep())
+        return stats
 
 
 def transport(contract: RunContract) -> str:
