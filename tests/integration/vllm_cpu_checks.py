@@ -1,0 +1,125 @@
+"""Checks that need vLLM itself, run by test_vllm_engine_cpu.py under the vllm venv's python (the
+main venv has no vllm): `signatures` pins every vLLM call the engine and its worker make;
+`routing MODEL_DIR` starts our engine with routing replay and prints the refusal it raises.
+A failed pin is an AssertionError naming the call and what changed."""
+
+import inspect
+import sys
+
+
+def params(fn: object) -> list[str]:
+    return list(inspect.signature(fn).parameters)  # type: ignore[arg-type]
+
+
+def signatures() -> None:
+    import vllm
+    from vllm.model_executor.layers.fused_moe.modular_kernel import FusedMoEExpertsModular
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+        UnquantizedFusedMoEMethod,
+    )
+    from vllm.model_executor.model_loader import reload
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+    from vllm.model_executor.model_loader.reload.types import LayerReloadingInfo
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    pins = {
+        "initialize_layerwise_reload": (params(reload.initialize_layerwise_reload), ["model"]),
+        "finalize_layerwise_processing": (
+            params(reload.finalize_layerwise_processing),
+            ["model", "model_config"],
+        ),
+        "get_layerwise_info": (params(get_layerwise_info), ["layer"]),
+        "AsyncLLM.collective_rpc": (
+            params(AsyncLLM.collective_rpc),
+            ["self", "method", "timeout", "args", "kwargs"],
+        ),
+        "AsyncLLM.reset_prefix_cache": (
+            params(AsyncLLM.reset_prefix_cache),
+            ["self", "reset_running_requests", "reset_connector"],
+        ),
+        "AsyncLLM.sleep": (params(AsyncLLM.sleep), ["self", "level", "mode"]),
+        "AsyncLLM.wake_up": (params(AsyncLLM.wake_up), ["self", "tags"]),
+        "AsyncLLM.generate": (
+            params(AsyncLLM.generate)[:4],
+            ["self", "prompt", "sampling_params", "request_id"],
+        ),
+        "FusedMoEExpertsModular.process_weights_after_loading": (
+            params(FusedMoEExpertsModular.process_weights_after_loading),
+            ["self", "layer"],
+        ),
+    }
+    for name, (got, want) in pins.items():
+        assert got == want, f"vLLM {vllm.__version__}: {name} takes {got}, the engine calls it with {want}"
+    # finalize_layerwise_reload forwards *args/**kwargs to finalize_layerwise_processing
+    assert params(reload.finalize_layerwise_reload) == ["args", "kwargs"], params(
+        reload.finalize_layerwise_reload
+    )
+    fields = set(LayerReloadingInfo.__dataclass_fields__)
+    assert {"load_numel", "load_numel_total", "kernel_tensors"} <= fields, fields
+    assert hasattr(UnquantizedFusedMoEMethod, "_setup_kernel")  # where the repack is skipped on reload
+    sampling = set(inspect.signature(vllm.SamplingParams).parameters)
+    want = {"n", "temperature", "top_p", "max_tokens", "logprobs", "seed", "output_kind"}
+    assert want <= sampling, f"SamplingParams lacks {want - sampling}"
+    engine_args = set(inspect.signature(vllm.AsyncEngineArgs).parameters)
+    want = {
+        "model", "dtype", "tensor_parallel_size", "data_parallel_size", "enable_expert_parallel",
+        "gpu_memory_utilization", "enforce_eager", "seed", "max_num_seqs", "logprobs_mode",
+        "worker_extension_cls", "enable_sleep_mode", "disable_log_stats", "max_model_len",
+        "enable_return_routed_experts", "enable_prefix_caching",
+    }  # fmt: skip
+    assert want <= engine_args, f"AsyncEngineArgs lacks {want - engine_args}"
+    print(f"vllm {vllm.__version__}: {len(pins) + 4} pins hold")
+
+
+def routing(model_dir: str) -> None:
+    from grpo_rollout.engines.vllm_engine import VllmEngine, VllmEngineConfig, VllmOptions
+
+    try:
+        VllmEngine(VllmEngineConfig(model_path=model_dir, vllm=VllmOptions(routed_experts=True)))
+    except RuntimeError as e:
+        print(f"refused: {e}")
+        return
+    raise AssertionError("the vllm engine started with routing replay on CPU")
+
+
+def abort(model_dir: str) -> None:
+    """Abort an update twice in one real engine: after part of one layer (its old tensors must
+    stay: the same samples) and after one whole layer (new weights in place: refused)."""
+    import json
+
+    from grpo_rollout.engines.vllm_engine import VllmEngine, VllmEngineConfig, VllmOptions
+    from grpo_rollout.protocol import Sampling
+    from transformers import AutoModelForCausalLM
+
+    state = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    shapes = {k: list(v.shape) for k, v in state.items()}
+    opts = VllmOptions(enforce_eager=True, max_model_len=256)
+    engine = VllmEngine(VllmEngineConfig(model_path=model_dir, dtype="float32", vllm=opts))
+    sampling = Sampling(temperature=1.0, max_new_tokens=8, seed=5)
+
+    def samples() -> list:
+        out = engine.generate(["1+2="], 4, sampling, lambda: False)
+        return [(s.token_ids, s.logprobs) for s in out[0].samples]  # type: ignore[union-attr]
+
+    before = samples()
+    q = "model.layers.0.self_attn.q_proj.weight"  # vLLM's qkv layer also waits for k and v
+    engine.begin_update(shapes)
+    engine.load_bucket([(q, 0, (state[q] + 1.0).flatten())])
+    engine.abort_update()
+    report = {"partial_same": samples() == before, "partial_torn": engine.torn}
+    engine.begin_update(shapes)
+    engine.load_bucket([("model.norm.weight", 0, (state["model.norm.weight"] * 2).flatten())])
+    engine.abort_update()
+    report["whole_torn"] = engine.torn
+    try:
+        samples()
+        report["refused"] = False
+    except RuntimeError:
+        report["refused"] = True
+    engine.llm.shutdown()
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    commands = {"signatures": signatures, "routing": routing, "abort": abort}
+    commands[sys.argv[1]](*sys.argv[2:])
