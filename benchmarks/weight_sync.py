@@ -17,7 +17,10 @@ Transports (each timed after one warm-up version, end to end: until every server
   whole model to bf16, `bucketize`s it and POSTs every bucket to each server. Link: rank 0 POSTs
   the same bytes, bucket-sized, to a plain aiohttp sink on each raw receiver.
 peak_extra_bytes_per_rank: the most any trainer rank's resident memory rose during the sync
-(VmHWM, reset through /proc/self/clear_refs just before), next to the bucket size.
+(VmHWM, reset through /proc/self/clear_refs just before; for the collective transport over both
+versions, as the buffers the first allocates are kept for the next), next to the bucket size.
+The table prints each transport's share of its link ("of link") and the machine's load average:
+on a shared machine both move with what else runs.
 """
 
 from __future__ import annotations
@@ -146,7 +149,7 @@ def run_raw(index: int, store_port: int, http_port: int, share_bytes: int) -> No
     ]
     bufs = [torch.empty(share_bytes, dtype=torch.uint8) for _ in groups]
     opts = dist.BroadcastOptions()
-    for _ in range(2):  # warm-up, then the measured one (timed by the senders)
+    for _ in range(3):  # warm-up, then the two measured ones (before and after the stream)
         works = [g.broadcast([b], opts) for g, b in zip(groups, bufs, strict=True)]
         for w in works:
             w.wait()
@@ -180,29 +183,24 @@ def run_rank(rank: int, args: argparse.Namespace) -> None:
 
     # 1. raw gloo broadcast: this rank's share as one tensor, to both raw receivers
     raw = weight_stream.make_group(dist.PrefixStore(f"raw/{rank}", ctl), 0, 1 + SERVERS, "gloo", 600)
-    buf = torch.ones(share_bytes, dtype=torch.uint8)
-    opts = dist.BroadcastOptions()
-    for _ in range(2):
-        ctl.add("raw-ready", 1)
-        while int(ctl.get("raw-ready")) % SENDERS:
-            time.sleep(0.001)
-        t0 = time.perf_counter()
-        raw.broadcast([buf], opts).wait()
-        out["raw_s"] = time.perf_counter() - t0
-    del buf, raw
+    raw_s = [_raw_broadcast(raw, ctl, share_bytes) for _ in range(2)][1:]  # after a warm-up
 
-    # 2. collective stream, as the trainer does it (rank 0 hosts the store the servers join)
+    # 2. collective stream, as the trainer does it (rank 0 hosts the store the servers join);
+    # memory over both versions: the buffers the first one allocates are kept for the second
     sender = StreamSender("127.0.0.1", args.sync_port, rank, timeout_s=600)
     items = [(k, rank * t.numel(), t.view(-1)) for k, t in shard.items()]
-    for version in (1, 2):
-        ctl.wait([f"stream-{version}"])
-        with PeakRss() as peak:
+    with PeakRss() as peak:
+        for version in (1, 2):
+            ctl.wait([f"stream-{version}"])
             t0 = time.perf_counter()
             stats = sender.send(iter(items), epoch=7, servers=SERVERS, backend="gloo", dtype=torch.bfloat16,
                                 bucket_bytes=args.bucket_bytes, device=torch.device("cpu"))  # fmt: skip
-            out["stream_s"] = time.perf_counter() - t0
-        out["stream_peak_rss"], out["stream_tracked"] = peak.extra, stats.peak_bytes
-        ctl.add(f"stream-{version}-sent", 1)
+            out["stream_s"], out["stream_waited_s"] = time.perf_counter() - t0, stats.waited_s
+            ctl.add(f"stream-{version}-sent", 1)
+    out["stream_peak_rss"], out["stream_tracked"] = peak.extra, stats.peak_bytes
+    raw_s.append(_raw_broadcast(raw, ctl, share_bytes))  # the link again, under the load of now
+    out["raw_s"] = sum(raw_s) / len(raw_s)
+    del raw
 
     if args.only == "collective":
         ctl.set(f"result-{rank}", json.dumps(out))
@@ -230,6 +228,17 @@ def run_rank(rank: int, args: argparse.Namespace) -> None:
         asyncio.run(_raw_post(args))
         out["rawhttp_s"] = time.perf_counter() - t0
     ctl.set(f"result-{rank}", json.dumps(out))
+
+
+def _raw_broadcast(raw: dist.ProcessGroup, ctl: dist.TCPStore, share_bytes: int) -> float:
+    """Seconds for this rank's share as one broadcast, started with the other rank's."""
+    buf = torch.ones(share_bytes, dtype=torch.uint8)  # touched before the clock starts
+    ctl.add("raw-ready", 1)
+    while int(ctl.get("raw-ready")) % SENDERS:
+        time.sleep(0.001)
+    t0 = time.perf_counter()
+    raw.broadcast([buf], dist.BroadcastOptions()).wait()
+    return time.perf_counter() - t0
 
 
 async def _http_push(shard: dict, world, args: argparse.Namespace, version: int) -> None:
@@ -352,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     rank_args = ["--store-port", str(ctl_port), "--sync-port", str(sync_port), "--servers", *urls]
     procs += [spawn("--role", "rank", "--index", str(r), *common, *rank_args, "--raw-urls", *raw_urls)
               for r in range(SENDERS)]  # fmt: skip
+    load_before = os.getloadavg()[0]
     try:
         stream_s = 0.0
         for version in (1, 2):
@@ -377,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
              seconds=stream_s, gb_per_s=mb / stream_s / 1e9,
              link_gb_per_s=mb / max(r["raw_s"] for r in res) / 1e9,
              peak_extra_bytes_per_rank=max(r["stream_peak_rss"] for r in res),
-             tracked_buffer_bytes_per_rank=max(r["stream_tracked"] for r in res)),
+             tracked_buffer_bytes_per_rank=max(r["stream_tracked"] for r in res),
+             sender_waited_s=[r["stream_waited_s"] for r in res]),
     ]  # fmt: skip
     rows += [
         dict(transport="http", servers=SERVERS, model_bytes=mb, bucket_bytes=args.bucket_bytes,
@@ -393,6 +404,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['link_gb_per_s']:>9.2f} {r['gb_per_s'] / r['link_gb_per_s']:>7.0%} "
               f"{r['peak_extra_bytes_per_rank'] / 2**20:>19.0f} "
               f"{r['peak_extra_bytes_per_rank'] / r['bucket_bytes']:>10.1f}")  # fmt: skip
+    for r in rows:
+        r["of_link"] = r["gb_per_s"] / r["link_gb_per_s"]
+        r["load_average_1min"] = [load_before, os.getloadavg()[0]]
+    waited = ", ".join(f"{w:.2f}" for w in rows[0]["sender_waited_s"])
+    print(f"collective: the trainer ranks waited on the wire {waited} s of the {rows[0]['seconds']:.2f} s "
+          f"(the rest: filling buckets); link measured before and after the stream, their mean")  # fmt: skip
+    print(f"load average (1 min) {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
+          f"on {os.cpu_count()} cores")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
