@@ -198,6 +198,8 @@ def _write_files(
     state = model.state_dict()
     first = {key: layer.experts.held()[0] for key, (_, layer) in _fused_experts(model).items()}
     files = iter(plan.of(rank))
+    if plan.of(rank):  # every writer: a pod-local path has no folder rank 0 made
+        fs.makedirs(path, exist_ok=True)
     out, writer, error, nbytes = None, None, None, 0
     for unit in units:
         owner = plan.writer[unit]
