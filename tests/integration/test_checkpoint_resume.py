@@ -31,6 +31,7 @@ from grpo_trainer.checkpoint.saver import ENV_SEAL_DELAY
 
 from tests.integration.test_trainer_run import (  # noqa: F401 (fixtures)
     assert_exported,
+    attempt_starts,
     children,
     finish,
     launch,
@@ -126,6 +127,10 @@ def test_s3_gang_killed_mid_save_resumes_from_the_last_sealed_save_at_ep2_and_at
     run_to_end(c, ep1)
     resharded = trajectory(ep1)
     assert progress(ep1)[0]["resumed_from_step"] == 2
+    # said before the first step, with the save's path: resumeFrom named the old job's folder
+    assert [(a["resumed_from_step"], a["resumed_from"]) for a in attempt_starts(ep1)] == [
+        (2, root + "/local/t-u/step-00000002")
+    ]
     assert sorted(resharded) == list(range(3, STEPS + 1))
 
     # the killed job itself, same shape: resumes from step 2, overwrites the unsealed step 4

@@ -70,7 +70,8 @@ class Run:
         path = self.workdir / "progress.jsonl"
         if not path.exists():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [r for r in lines if not r.get("attempt_start")]  # step reports only
 
     def wait_until(self, what: str, cond: Callable[[], bool], timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout

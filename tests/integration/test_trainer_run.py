@@ -117,9 +117,19 @@ def finish(proc: subprocess.Popen, work: Path, timeout: float = 300) -> int:
         pytest.fail(f"trainer did not finish in {timeout}s:\n{log_tail(work)}")
 
 
-def progress(work: Path) -> list[dict]:
+def records(work: Path) -> list[dict]:
     path = work / "progress.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def progress(work: Path) -> list[dict]:
+    """The step reports (attempt-start records left out)."""
+    return [r for r in records(work) if not r.get("attempt_start")]
+
+
+def attempt_starts(work: Path) -> list[dict]:
+    """Where each attempt started, in order."""
+    return [r for r in records(work) if r.get("attempt_start")]
 
 
 def live_version(url: str) -> int:
