@@ -115,7 +115,7 @@ def receive(
             timeout_s=req.timeout_s,
             off=off,
         )
-        received = weight_stream.receive_all(groups, device, apply, off)
+        received = weight_stream.receive_all(groups, device, apply, off, link.buffers)
     except Exception as e:
         cancelled = isinstance(e, weight_stream.StreamCancelled)
         if not cancelled:

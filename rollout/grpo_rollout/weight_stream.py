@@ -11,18 +11,19 @@ process, or each worker of its engine):
   manifest uint8     JSON list of [name, first element, elements, byte offset, dtype]
   payload  uint8     the bucket
 Broadcasts are asynchronous and the sender fills one buffer while the other is on the wire, so a
-sender holds at most two buckets; a receiver holds one per sender group and issues every group's
-transfers from one thread, in rounds every member derives identically (`receive_rounds`). A member
-that sees the stream break (its broadcast failed; the trainer saw a server fail) calls the epoch off
-in the store (`CallOff`), and every member stops waiting on it within a tenth of a second instead of
-at the groups' timeout: nobody blocks where a call-off cannot reach them (members meet in the store
-before gloo connects them, the connect runs on a thread of its own, transfers are polled). The
-trainer then streams the version again in a new epoch. A group left with transfers in flight is
-`retire`d: gloo cannot abort them, and freeing a `ProcessGroupGloo` waits for them (up to the op
-timeout) in whichever thread drops the last reference, so a thread of its own holds it until they
-end. Groups are plain `ProcessGroupGloo`/`ProcessGroupNCCL` objects built on a `TCPStore` the
-trainer hosts, outside `torch.distributed`'s default group, so trainer processes keep their own
-world and servers can be added by forming new groups (a new `epoch`) without touching it.
+sender holds at most two buckets; a receiver holds two per sender group (one applied while the next
+arrives) and issues every group's transfers from one thread, in rounds every member derives
+identically (`receive_rounds`). A member that sees the stream break (its broadcast failed; the
+trainer saw a server fail) calls the epoch off in the store (`CallOff`), and every member stops
+waiting on it within a tenth of a second instead of at the groups' timeout: nobody blocks where a
+call-off cannot reach them (members meet in the store before gloo connects them, the connect runs on
+a thread of its own, transfers are polled). The trainer then streams the version again in a new
+epoch. A group left with transfers in flight is `retire`d: gloo cannot abort them, and freeing a
+`ProcessGroupGloo` waits for them (up to the op timeout) in whichever thread drops the last
+reference, so a thread of its own holds it until they end. Groups are plain
+`ProcessGroupGloo`/`ProcessGroupNCCL` objects built on a `TCPStore` the trainer hosts, outside
+`torch.distributed`'s default group, so trainer processes keep their own world and servers can be
+added by forming new groups (a new `epoch`) without touching it.
 """
 
 import datetime
@@ -366,42 +367,75 @@ class BucketSender:
         return kept
 
 
+def _take(kept: dict[int, list[torch.Tensor]] | None, senders: int) -> list[list[torch.Tensor]]:
+    """Every sender's receive buffers out of `kept` (emptied): a stream that breaks keeps its
+    buffers out of it, since transfers still in flight may write into them."""
+    if kept is None:
+        return [[] for _ in range(senders)]
+    own = [kept.pop(s, []) for s in range(senders)]
+    kept.clear()
+    return own
+
+
+def _buffer(own: list[torch.Tensor], slot: int, size: int, device: torch.device) -> torch.Tensor:
+    """Slot `slot` of one sender's two receive buffers, at least `size` bytes, allocated once and
+    refilled after (a fresh CPU buffer costs its first-touch page faults). Rounded up to ALIGN: a
+    bucket but a stream's last falls short of the bucket size by less than ALIGN, so the first
+    allocation fits every later bucket."""
+    while len(own) <= slot:
+        own.append(torch.empty(0, dtype=torch.uint8, device=device))
+    if own[slot].numel() < size:
+        own[slot] = torch.empty(-(-size // ALIGN) * ALIGN, dtype=torch.uint8, device=device)
+    return own[slot][:size]
+
+
 def receive_rounds(
-    groups: list[Group], device: torch.device, off: CallOff | None = None
+    groups: list[Group],
+    device: torch.device,
+    off: CallOff | None = None,
+    kept: dict[int, list[torch.Tensor]] | None = None,
 ) -> Iterator[tuple[int, list[Piece], torch.Tensor]]:
     """(sender, pieces, payload) for every bucket of every sender's stream, issued from this one
     thread in an order every member derives identically, because NCCL requires the operations of
-    different communicators to be issued in the same order on all ranks: round by round, the headers
-    of the senders still streaming (in sender order), then the manifest and payload of each that
-    sent a bucket; a sender whose header is the end marker drops out. Every member sees the same
-    headers, so the rounds are the same everywhere. A round's transfers overlap across senders,
-    and the next round's headers are on the wire while this round is consumed. One payload buffer
-    per sender, reused next round: consume each before asking for the next."""
-    live = list(range(len(groups)))
-    buffers = {s: torch.empty(0, dtype=torch.uint8, device=device) for s in live}
-    headers = {s: torch.zeros(HEADER_WORDS, dtype=torch.int64, device=device) for s in live}
-    pending = {s: groups[s].broadcast(headers[s]) for s in live}
-    while live:
-        for s in live:
-            wait(pending[s], off)
-        sizes = {s: [int(x) for x in headers[s].tolist()] for s in live}
-        for s in live:
+    different communicators to be issued in the same order on all ranks. First the headers of every
+    sender (in sender order); then, per sender that sent a bucket, its manifest, payload and next
+    header. Round k+1 is posted (same shape: per sender whose round-k+1 header announced a bucket,
+    manifest, payload, next header) once round k's transfers are done and before round k is handed
+    out, so round k+1's payload is on the wire while round k is applied; a sender whose header is the
+    end marker drops out. Every member sees the same headers, so the sequence is the same everywhere.
+    Two payload buffers per sender, alternating rounds: consume each bucket before asking for the
+    next. `kept`: buffers of an earlier stream, reused and given back when this one ends."""
+    own = _take(kept, len(groups))
+    headers = {s: torch.zeros(HEADER_WORDS, dtype=torch.int64, device=device) for s in range(len(groups))}
+    posted: dict[int, list[dist.Work]] = {s: [groups[s].broadcast(headers[s])] for s in range(len(groups))}
+    current: list[int] = []  # senders whose round is posted but not yet handed out
+    metas: dict[int, torch.Tensor] = {}
+    payloads: dict[int, torch.Tensor] = {}
+    slot = 0
+    while True:
+        for s in posted:
+            for work in posted[s]:
+                wait(work, off)
+        now = {s: (metas[s], payloads[s]) for s in current}
+        sizes = {s: [int(x) for x in headers[s].tolist()] for s in posted}
+        for s in posted:
             if sizes[s][0] == 0:
-                groups[s].settle()  # the finished transfers let go of the last payload
-        live = [s for s in live if sizes[s][0] != 0]
-        metas: dict[int, torch.Tensor] = {}
-        works = []
-        for s in live:
+                groups[s].settle()  # the finished transfers let go of the last payloads
+        following = [s for s in posted if sizes[s][0] != 0]
+        posted = {}
+        for s in following:  # the next round, into the other buffer of each sender
             _, manifest_len, payload_len = sizes[s]
-            if buffers[s].numel() < payload_len:
-                buffers[s] = torch.empty(payload_len, dtype=torch.uint8, device=device)
             metas[s] = torch.empty(manifest_len, dtype=torch.uint8, device=device)
-            works += [groups[s].broadcast(metas[s]), groups[s].broadcast(buffers[s][:payload_len])]
-        for work in works:
-            wait(work, off)
-        pending = {s: groups[s].broadcast(headers[s]) for s in live}
-        for s in live:
-            yield s, decode_manifest(bytes(metas[s].cpu().numpy())), buffers[s][: sizes[s][2]]
+            payloads[s] = _buffer(own[s], slot, payload_len, device)
+            posted[s] = [groups[s].broadcast(t) for t in (metas[s], payloads[s], headers[s])]
+        for s in current:
+            meta, payload = now[s]
+            yield s, decode_manifest(bytes(meta.cpu().numpy())), payload
+        if not following:
+            break
+        current, slot = following, 1 - slot
+    if kept is not None:
+        kept.update({s: b for s, b in enumerate(own) if b})
 
 
 def receive_all(
@@ -409,12 +443,14 @@ def receive_all(
     device: torch.device,
     apply: Callable[[list[Piece], torch.Tensor], None],
     off: CallOff | None = None,
+    kept: dict[int, list[torch.Tensor]] | None = None,
 ) -> int:
-    """Receive every sender's stream (`receive_rounds`), `apply` each bucket as it comes; return the
-    bytes received. A failure calls the stream off, so the other members stop too."""
+    """Receive every sender's stream (`receive_rounds`, `kept` its buffers), `apply` each bucket as
+    it comes; return the bytes received. A failure calls the stream off, so the other members stop
+    too."""
     received = 0
     try:
-        for _, pieces, payload in receive_rounds(groups, device, off):
+        for _, pieces, payload in receive_rounds(groups, device, off, kept):
             apply(pieces, payload)
             received += payload.numel()
     except StreamCancelled:
@@ -430,11 +466,13 @@ class ReceiverLink:
     """One receiving member's place in the trainer's weight groups, kept across versions and
     formed again when the trainer names a new epoch (servers joined or left, trainer restarted). A
     member is a rollout server's process (torch engine) or one of its engine's workers (vLLM: every
-    tensor-parallel worker receives for itself)."""
+    tensor-parallel worker receives for itself). `buffers`: each sender's two receive buffers,
+    kept from one version to the next (`receive_all`'s `kept`) and dropped with the groups."""
 
     def __init__(self) -> None:
         self.key: tuple | None = None
         self.groups: list[Group] = []
+        self.buffers: dict[int, list[torch.Tensor]] = {}
         self._store: dist.Store | None = None
 
     def groups_for(
@@ -475,4 +513,4 @@ class ReceiverLink:
         replaces them)."""
         for group in self.groups:
             retire(group)
-        self.key, self.groups, self._store = None, [], None
+        self.key, self.groups, self.buffers, self._store = None, [], {}, None

@@ -46,7 +46,7 @@ def test_vllm_workers_are_numbered_as_vllms_own_weight_transfer_numbers_them():
 
 def test_the_reserve_lowers_what_vllm_is_given_and_refuses_when_nothing_is_left():
     reserve = stream_receive_reserve(16, 256 * MIB)
-    assert reserve == 16 * (256 * MIB + NCCL_COMM_BYTES)
+    assert reserve == 16 * (2 * 256 * MIB + NCCL_COMM_BYTES)  # two buckets per sender
     gpu = instance_types.BUILTIN.get("p5.48xlarge").gpu_memory_bytes
     opts = VllmOptions(gpu_memory_utilization=0.9, stream_reserve_bytes=reserve)
     assert memory_utilization(opts, gpu) == pytest.approx(0.9 - reserve / gpu)

@@ -3,8 +3,10 @@
 NCCL requires the operations of different communicators to be issued in the same order on every
 rank. Three real sender threads (streams of 5, 1 and 0 buckets) and two real receivers over gloo
 groups on a real TCPStore; each receiver's groups record the order of the broadcasts it issues.
-Checked: both receivers issue the same sequence, it is the documented rounds (headers of the live
-senders in sender order, then manifests and payloads), and every bucket arrives intact.
+Checked: both receivers issue the same sequence, it is the documented one (every sender's first
+header; then per round and sender with a bucket, manifest, payload and next header, the next round
+posted before this one is handed out, which the trace shows by noting each bucket as it is handed
+out), and every bucket arrives intact.
 """
 
 import threading
@@ -33,14 +35,19 @@ class Traced(weight_stream.Group):
 
 
 def expected_order(lengths: list[int], manifest_len: dict[tuple[int, int], int]) -> list:
-    """The rounds `receive_rounds` documents, for senders with these bucket counts."""
-    order, live, r = [(s, 3) for s in range(len(lengths))], list(range(len(lengths))), 0
-    while live:
-        live = [s for s in live if lengths[s] > r]
-        for s in live:
-            order += [(s, manifest_len[s, r]), (s, BUCKET)]
-        order += [(s, 3) for s in live]
-        r += 1
+    """The sequence `receive_rounds` documents, for senders with these bucket counts, with the
+    buckets handed out ("apply", sender, bucket) among the broadcasts: every sender's first header;
+    then per round and sender with a bucket, manifest, payload and next header; round r + 1 is
+    posted before round r is handed out (so it arrives while round r is applied)."""
+
+    def posts(r: int) -> list:
+        return [
+            x for s, n in enumerate(lengths) if n > r for x in ((s, manifest_len[s, r]), (s, BUCKET), (s, 3))
+        ]
+
+    order = [(s, 3) for s in range(len(lengths))] + posts(0)
+    for r in range(max(lengths, default=0)):
+        order += posts(r + 1) + [("apply", s, r) for s, n in enumerate(lengths) if n > r]
     return order
 
 
@@ -75,6 +82,7 @@ def test_every_member_issues_the_same_rounds_and_uneven_streams_arrive_whole():
             for s, pieces, payload in weight_stream.receive_rounds(groups, torch.device("cpu")):
                 for p in pieces:
                     got[m][p.name] = (s, weight_stream.piece_values(payload, p).clone())
+                    traces[m].append(("apply", s, int(p.name.split(".b")[1])))
         except BaseException as e:
             errors.append(e)
 

@@ -26,9 +26,10 @@ NCCL_COMM_BYTES = 256 * MIB
 
 def stream_receive_reserve(senders: int, bucket_bytes: int) -> int:
     """GPU bytes every receiving vLLM worker holds outside vLLM's budget for streamed weights:
-    one bucket per sender's group (`grpo_rollout.weight_stream.receive_rounds`) and that group's
-    NCCL communicator. The vLLM engine lowers gpu_memory_utilization by it; the plan shows it."""
-    return senders * (bucket_bytes + NCCL_COMM_BYTES)
+    two buckets per sender's group (`grpo_rollout.weight_stream.receive_rounds`: one applied while
+    the next arrives, both kept across versions) and that group's NCCL communicator. The vLLM
+    engine lowers gpu_memory_utilization by it; the plan shows it."""
+    return senders * (2 * bucket_bytes + NCCL_COMM_BYTES)
 
 
 def kv_bytes_per_token(shape: ModelShape, r: RolloutInputs) -> tuple[int, str]:
@@ -58,7 +59,7 @@ def plan(shape: ModelShape, r: RolloutInputs, gpu_bytes: int | None) -> RolePlan
         reserve = stream_receive_reserve(r.stream_senders, r.stream_bucket_bytes)
         parts["weight_stream"] = Part(
             reserve,
-            f"{r.stream_senders} senders x (bucketMb {r.stream_bucket_bytes // MIB} MiB + NCCL "
+            f"{r.stream_senders} senders x (2 x bucketMb {r.stream_bucket_bytes // MIB} MiB + NCCL "
             f"communicator {NCCL_COMM_BYTES // MIB} MiB), outside vLLM's gpu_memory_utilization",
         )
     notes: list[str] = []

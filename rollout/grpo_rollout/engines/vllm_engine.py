@@ -87,7 +87,7 @@ def memory_utilization(opts: VllmOptions, device_bytes: int | None) -> float:
         raise ValueError(
             f"spec.rollout.vllm.gpuMemoryUtilization {opts.gpu_memory_utilization} leaves {left:.2f} of the "
             f"GPU to vLLM after the weight stream's reserve of {opts.stream_reserve_bytes / 2**30:.1f} GiB "
-            "(one bucket and one NCCL communicator per trainer rank): lower rollout.weightSync.bucketMb, "
+            "(two buckets and one NCCL communicator per trainer rank): lower rollout.weightSync.bucketMb, "
             "raise gpuMemoryUtilization, or set rollout.weightSync.transport: http"
         )
     return left
