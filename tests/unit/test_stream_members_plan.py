@@ -10,8 +10,8 @@ import yaml
 from grpo_operator import instance_types, memory_plan
 from grpo_operator.api.job import GRPOJob
 from grpo_operator.memory_plan.rollout import NCCL_COMM_BYTES, stream_receive_reserve
-from grpo_rollout.engines.vllm_engine import VllmOptions, memory_utilization, stream_members
-from grpo_rollout.engines.vllm_stream import DeviceAssembler, member_index
+from grpo_rollout.engines.vllm_engine import Assembler, VllmOptions, memory_utilization, stream_members
+from grpo_rollout.engines.vllm_stream import member_index
 from grpo_rollout.protocol import WeightStreamRequest
 from grpo_trainer.generation import member_ranks
 from pydantic import ValidationError
@@ -76,7 +76,7 @@ def test_the_plan_shows_the_same_reserve_and_takes_it_from_the_kv_room():
 def test_every_assembled_tensor_owns_its_storage_as_vllms_reload_keeps_it_past_the_bucket():
     import torch
 
-    assembler = DeviceAssembler({"a": [2, 3], "b": [4]})
+    assembler = Assembler({"a": [2, 3], "b": [4]})
     whole = torch.arange(6, dtype=torch.float32)
     out = assembler.add([("a", 0, whole), ("b", 0, torch.tensor([1.0, 2.0]))])
     assert set(out) == {"a"} and out["a"].shape == (2, 3)

@@ -220,17 +220,19 @@ class RoutingLayout:
 
 
 class Assembler:
-    """Streamed pieces → whole tensors: vLLM's loaders take whole checkpoint tensors, while a streamed
-    bucket may hold a slice of one. A tensor leaves as soon as its last element arrived, so only
-    tensors split across buckets wait here (on the host)."""
+    """Streamed pieces → whole tensors of their own on the pieces' device (vLLM's loaders take
+    whole checkpoint tensors; a bucket may hold a slice of one). A tensor leaves as soon as its last
+    element arrived, so only tensors split across buckets wait here. Always copies: vLLM's layerwise
+    reload keeps the tensors it is given until their layer is complete (attention layers until the
+    reload ends) and the bucket they came in is reused for the next one."""
 
     def __init__(self, shapes: Mapping[str, Sequence[int]]) -> None:
         self.shapes = {k: tuple(v) for k, v in shapes.items()}
-        self._partial: dict[str, tuple[Any, int]] = {}  # name -> (flat buffer, elements received)
+        self._partial: dict[str, tuple[Any, int]] = {}  # name -> (flat buffer, elements in)
         self.done: set[str] = set()
 
     def add(self, pieces: Sequence[BucketPiece]) -> dict[str, Any]:
-        """The tensors these pieces completed, full-shaped, on the host (copies: pieces die after)."""
+        """The tensors these pieces completed, full-shaped, in storage of their own."""
         import torch
 
         out = {}
@@ -241,12 +243,12 @@ class Assembler:
             if start < 0 or start + values.numel() > numel:
                 raise ValueError(f"piece [{start}, {start + values.numel()}) outside {name!r} of {numel}")
             if start == 0 and values.numel() == numel:
-                out[name] = values.detach().to("cpu", copy=True).view(self.shapes[name])
+                out[name] = values.clone().view(self.shapes[name])
                 self.done.add(name)
                 continue
             buf, got = self._partial.get(name, (None, 0))
             if buf is None:
-                buf = torch.empty(numel, dtype=values.dtype)
+                buf = torch.empty(numel, dtype=values.dtype, device=values.device)
             buf[start : start + values.numel()].copy_(values)
             got += values.numel()
             if got == numel:
@@ -435,7 +437,7 @@ class VllmEngine:
 
         if self._assembler is None:
             raise ValueError("load_bucket without begin_update")
-        whole = self._checkpoint_named(self._assembler.add(pieces))
+        whole = self._checkpoint_named({k: v.cpu() for k, v in self._assembler.add(pieces).items()})
         if whole:
             self._rpc("grpo_load_bucket", save(whole))
 

@@ -11,7 +11,6 @@ groups of an epoch are formed once). The outcome goes back as a plain dict (`Out
 vLLM's RPC carries no exception types.
 """
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,7 +19,7 @@ import torch
 from grpo_rollout import stream_member, weight_stream
 from grpo_rollout.engines.base import BucketPiece
 from grpo_rollout.engines.hf_names import CheckpointNames
-from grpo_rollout.engines.vllm_engine import checkpoint_named
+from grpo_rollout.engines.vllm_engine import Assembler, checkpoint_named
 from grpo_rollout.protocol import WeightStreamRequest
 
 
@@ -32,58 +31,17 @@ def member_index(parallel_config: Any) -> int:
     )
 
 
-class DeviceAssembler:
-    """Streamed pieces → whole tensors of their own on the receiving device (vLLM's loaders take
-    whole checkpoint tensors; a bucket may hold a slice of one). Always copies: vLLM's layerwise
-    reload keeps the tensors it is given until their layer is complete (attention layers until the
-    reload ends) and the bucket they came in is reused for the next one."""
-
-    def __init__(self, shapes: Mapping[str, Sequence[int]]) -> None:
-        self.shapes = {k: tuple(v) for k, v in shapes.items()}
-        self._partial: dict[str, tuple[torch.Tensor, int]] = {}  # name -> (flat buffer, elements in)
-        self.done: set[str] = set()
-
-    def add(self, pieces: Sequence[BucketPiece]) -> dict[str, torch.Tensor]:
-        """The tensors these pieces completed, full-shaped, in storage of their own."""
-        out = {}
-        for name, start, values in pieces:
-            if name not in self.shapes or name in self.done:
-                raise ValueError(f"piece of {name!r}, which the update did not announce or already completed")
-            numel = math.prod(self.shapes[name])
-            if start < 0 or start + values.numel() > numel:
-                raise ValueError(f"piece [{start}, {start + values.numel()}) outside {name!r} of {numel}")
-            if start == 0 and values.numel() == numel:
-                out[name] = values.clone().view(self.shapes[name])
-                self.done.add(name)
-                continue
-            buf, got = self._partial.get(name, (None, 0))
-            if buf is None:
-                buf = torch.empty(numel, dtype=values.dtype, device=values.device)
-            buf[start : start + values.numel()].copy_(values)
-            got += values.numel()
-            if got == numel:
-                del self._partial[name]
-                out[name] = buf.view(self.shapes[name])
-                self.done.add(name)
-            else:
-                self._partial[name] = (buf, got)
-        return out
-
-    def missing(self) -> list[str]:
-        return sorted(set(self.shapes) - self.done)
-
-
 class WorkerUpdate:
     """`StreamedUpdate` inside one vLLM worker, over the `WeightLoader` steps (reload begin,
     load, finish or abort); names are checked and mapped to the checkpoint's as in the engine."""
 
     def __init__(self, worker: Any, names: CheckpointNames) -> None:
         self.worker, self.names = worker, names
-        self._assembler: DeviceAssembler | None = None
+        self._assembler: Assembler | None = None
 
     def begin_update(self, tensors: Mapping[str, Sequence[int]]) -> None:
         checkpoint_named(self.names, {k: torch.empty(tuple(v), device="meta") for k, v in tensors.items()})
-        self._assembler = DeviceAssembler(tensors)
+        self._assembler = Assembler(tensors)
         self.worker.grpo_begin_update()
 
     def load_bucket(self, pieces: Sequence[BucketPiece]) -> None:
