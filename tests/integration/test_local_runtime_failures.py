@@ -41,6 +41,11 @@ def test_killed_trainer_rank_restarts_the_gang_from_its_checkpoint(tmp_path: Pat
     if resumed:  # the gang went back to its last checkpoint, not to step 1
         assert resumed[0] > 1 and (resumed[0] - 1) % EVERY == 0, seq
     assert "restarting the trainer gang from its last checkpoint (1/2)" in run.output()
+    # each attempt says where it starts, before its first step
+    step = summary["resumed_from_step"]
+    assert summary["resumed_from"].endswith(f"/step-{step:08d}"), summary
+    assert "trainer attempt 0: starting fresh (no checkpoint to resume)" in run.output()
+    assert f"trainer attempt 1: resumed from step {step} ({summary['resumed_from']})" in run.output()
     assert "attempt 1" in (run.workdir / "logs" / "trainer-0.log").read_text()
     assert run.pod_pids() == {}
 
