@@ -87,6 +87,7 @@ def test_missing_empty_incomplete_and_wrong_kind_are_errors_not_a_fresh_start(tr
     not_found(f"{root}/a-file", "is a file")
     save(put, "ns/crashed-u9", 7, complete=False)
     not_found(f"{root}/ns/crashed-u9/{layout.step_name(7)}", "is an incomplete save")
-    not_found(f"{root}/ns/crashed-u9", r"no complete checkpoint under it \(looked for .*meta\.json.*1 incomplete")
+    looked = r"no complete checkpoint under it \(looked for .*meta\.json.*1 incomplete"
+    not_found(f"{root}/ns/crashed-u9", looked)
     put("empty/.keep", b"")
     not_found(f"{root}/empty", "no complete checkpoint under it")

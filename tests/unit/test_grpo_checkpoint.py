@@ -210,7 +210,7 @@ def test_resume_from_a_checkpoint_path_loads_the_one_job_under_it_and_never_star
     r = checkpoint.resume(mine, str(old_path), fresh, fresh_opt, INFO, cpu)
     assert r is not None and r.state.step == 3 and r.path == f"{old_path}/ns/a-uid/step-00000003"
 
-    with pytest.raises(ConfigError, match="resumeFrom .*does not exist") as e:
+    with pytest.raises(ConfigError, match=r"resumeFrom .*does not exist") as e:
         checkpoint.find_saves(mine, str(tmp_path / "typo"), INFO, cpu)
     assert e.value.reason == Reason.RESUME_FROM_NOT_FOUND
 

@@ -1,5 +1,6 @@
 """Dataset reader (errors as FILE:LINE) and the deterministic, resumable prompt order."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -47,15 +48,15 @@ def test_missing_and_empty_files_are_config_errors_naming_the_field(tmp_path: Pa
     with pytest.raises(ConfigError, match=f"^spec.dataset.path {tmp_path}/nope.jsonl: does not exist") as e:
         load_rows(tmp_path / "nope.jsonl")
     assert e.value.reason == Reason.PATH_NOT_FOUND
-    with pytest.raises(ConfigError, match="^spec.dataset.eval.path .*: is an empty file") as e:
+    with pytest.raises(ConfigError, match=r"^spec\.dataset\.eval\.path .*: is an empty file") as e:
         load_rows(write(tmp_path, ""), field="spec.dataset.eval.path")
     assert e.value.reason == Reason.DATASET_EMPTY
-    with pytest.raises(ConfigError, match="^spec.dataset.path .*: the dataset has no rows") as e:
+    with pytest.raises(ConfigError, match=r"^spec\.dataset\.path .*: the dataset has no rows") as e:
         load_rows(write(tmp_path, "\n\n"))  # bytes, but no usable row
     assert e.value.reason == Reason.DATASET_EMPTY
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "notes.txt").write_text("x")
-    with pytest.raises(ConfigError, match="is a folder with no .jsonl") as e:
+    with pytest.raises(ConfigError, match=r"is a folder with no \.jsonl") as e:
         load_rows(tmp_path / "d")
     assert e.value.reason == Reason.PATH_WRONG_KIND
 
@@ -100,7 +101,8 @@ def test_parquet_rows_across_row_groups_keep_columns_and_row_numbers(tmp_path: P
 
 def test_bad_parquet_row_is_reported_by_file_and_row(tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "d.parquet", [{"prompt": "a"}, {"prompt": "b"}, {"prompt": ""}])
-    with pytest.raises(ConfigError, match=f"^spec.dataset.path {path}: row 3: field 'prompt' missing or not a non-empty"):
+    expected = f"^spec.dataset.path {re.escape(str(path))}: row 3: field 'prompt' missing or not a non-empty"
+    with pytest.raises(ConfigError, match=expected):
         load_rows(path)
     other = write_parquet(tmp_path / "q.parquet", [{"question": "a", "answer": "1"}])
     with pytest.raises(ConfigError, match=r"no column 'prompt' \(columns: question, answer\)"):

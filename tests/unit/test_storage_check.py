@@ -114,9 +114,7 @@ def test_dataset_missing_empty_and_wrong_kind(tmp_path: Path) -> None:
     refused(field, tmp_path / "zeros", Expect.DATASET, Reason.DATASET_EMPTY, "all empty")
     (tmp_path / "notes").mkdir()  # a folder, but of no data files
     (tmp_path / "notes" / "README.txt").write_text("prompts are elsewhere")
-    refused(
-        field, tmp_path / "notes", Expect.DATASET, Reason.PATH_WRONG_KIND, "no .jsonl/.json/.parquet/.pq"
-    )
+    refused(field, tmp_path / "notes", Expect.DATASET, Reason.PATH_WRONG_KIND, "no .jsonl/.json/.parquet/.pq")
 
 
 def test_dataset_unreadable(tmp_path: Path) -> None:
