@@ -66,6 +66,17 @@ def global_args(text: str) -> dict[str, str]:
 STAGES = parse(DOCKERFILE.read_text())
 GLOBAL_ARGS = global_args(DOCKERFILE.read_text())
 
+# What each Ubuntu release of the CUDA base ships: its python3, which the GPU images' venv runs,
+# and its glibc, the newest manylinux tag pip installs there.
+UBUNTU_PYTHON = {"ubuntu22.04": "3.10", "ubuntu24.04": "3.12"}
+UBUNTU_GLIBC = {"ubuntu22.04": (2, 35), "ubuntu24.04": (2, 39)}
+
+
+def cuda_base_ubuntu() -> str:
+    """The Ubuntu release of the CUDA base image (`nvidia/cuda:<version>-<flavour>-ubuntuXX.YY@…`)."""
+    tag = GLOBAL_ARGS["CUDA_BASE"].split("@")[0].rpartition(":")[2]
+    return tag.rsplit("-", 1)[-1]
+
 
 def chain(name: str) -> list[Stage]:
     """The stage and the stages it builds FROM, nearest first."""

@@ -27,6 +27,7 @@ from tests.dockerfile import (
     GLOBAL_ARGS,
     ROOT,
     STAGES,
+    UBUNTU_PYTHON,
     all_runs,
     build_args,
     chain,
@@ -256,11 +257,6 @@ def test_the_renderers_gin_plugin_name_exists_in_the_image() -> None:
     assert "libnccl-net-ofi.so" in all_runs("cuda-efa")
     assert "/opt/amazon/ofi-nccl/lib" in " ".join(v for st in chain("trainer") for v in st.values("ENV"))
     assert not [k for k in pods.GIN_ENV if "NVSHMEM" in k or "IBGDA" in k or "GDAKI" in k]
-
-
-# The python3 each Ubuntu release ships: the GPU images' venv runs on it, the wheel is built on
-# the python image, and both must agree.
-UBUNTU_PYTHON = {"ubuntu22.04": "3.10", "ubuntu24.04": "3.12"}
 
 
 def test_every_base_image_is_pinned_by_digest() -> None:
