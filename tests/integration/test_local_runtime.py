@@ -159,10 +159,11 @@ def test_runs_to_completion_with_summary_plot_and_no_leftovers(tmp_path: Path, t
     summary = run.summary()
     assert set(summary) == {
         "steps", "reward_first", "reward_last", "samples_per_s", "clip_fraction_mean", "wall_s", "restarts",
-        "resumed_from_step", "eval_reward_first", "eval_reward_last",
+        "resumed_from_step", "resumed_from", "eval_reward_first", "eval_reward_last",
     }  # fmt: skip
     assert summary["eval_reward_first"] is None and summary["eval_reward_last"] is None  # no eval set
     assert summary["steps"] == 4 and summary["restarts"] == 0 and summary["resumed_from_step"] is None
+    assert summary["resumed_from"] is None and "trainer attempt 0: starting fresh" in run.output()
     assert 0.0 <= summary["reward_first"] <= 1.0 and 0.0 <= summary["reward_last"] <= 1.0
     assert summary["clip_fraction_mean"] in (0.0, None)  # one update per step: the ratio stays 1
     steps = run.steps()

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="PATH",
         help='write {"steps", "reward_first", "reward_last", "samples_per_s", "wall_s", "restarts", '
-        '"resumed_from_step"} here',
+        '"resumed_from_step", "resumed_from"} here',
     )
     parser.add_argument(
         "--workdir",
