@@ -19,9 +19,8 @@ from urllib.parse import urlparse
 
 from grpo_operator import storage
 from grpo_operator.api.contract import ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN, RunContract
+from grpo_operator.api.roles import stream_receive_reserve
 from grpo_operator.api.spec import GRPOJobSpec
-from grpo_operator.memory_plan.inputs import inputs_from_spec
-from grpo_operator.memory_plan.rollout import stream_receive_reserve
 
 from grpo_rollout.engines.base import EngineConfig
 from grpo_rollout.engines.vllm_engine import VllmEngineConfig, VllmOptions
@@ -59,7 +58,7 @@ def listen_host(endpoint: str | None) -> str:
 def vllm_options(spec: GRPOJobSpec) -> VllmOptions:
     """spec.rollout.vllm (and routing replay, which vLLM must capture from the start)."""
     v = spec.rollout.vllm
-    _, r = inputs_from_spec(spec)  # the plan's view of this server: who streams to it, in what buckets
+    bucket = spec.rollout.weight_sync.bucket_mb << 20  # who streams to this server, in what buckets
     return VllmOptions(
         gpu_memory_utilization=v.gpu_memory_utilization,
         max_model_len=v.max_model_len,
@@ -68,7 +67,7 @@ def vllm_options(spec: GRPOJobSpec) -> VllmOptions:
         enforce_eager=v.enforce_eager,
         sleep_for_updates=v.sleep_for_updates,
         routed_experts=spec.algorithm.routing_replay,
-        stream_reserve_bytes=stream_receive_reserve(r.stream_senders, r.stream_bucket_bytes),
+        stream_reserve_bytes=stream_receive_reserve(spec.weight_stream_senders(), bucket),
     )
 
 

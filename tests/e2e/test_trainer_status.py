@@ -14,6 +14,7 @@ import pytest
 import yaml
 from grpo_operator import render
 from grpo_operator.api.job import GROUP, PLURAL, VERSION, GRPOJob
+from grpo_operator.api.report import AttemptStart
 from grpo_operator.render import names
 from grpo_trainer.progress import StatusPatcher
 from kubernetes import client
@@ -69,6 +70,14 @@ def test_rank0_progress_lands_in_status_and_only_for_its_own_job(
     as_trainer = trainer_api(k8s_api, kubectl, job, namespace)
 
     patcher = StatusPatcher(namespace, "reporter", api=as_trainer)
+    save = "s3://ckpt/ns/first-u1/step-00000040"
+    patcher.submit(AttemptStart(resumed_from_step=40, resumed_from=save, time=1.7e9).to_progress_patch())
+
+    def started() -> bool:
+        got = admin.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "reporter")
+        return (got.get("status") or {}).get("progress", {}).get("resumedFrom") == save
+
+    wait_for(started, what="status.progress.resumedFrom written at the attempt's start", timeout=30)
     report = REPORT.model_copy(update={"step": 7, "reward_mean": 0.625, "weight_version": 7})
     patcher.submit(report.to_progress().wire())  # every progress field, through the CRD's schema
 

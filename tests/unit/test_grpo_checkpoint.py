@@ -218,4 +218,4 @@ def test_resume_from_a_checkpoint_path_loads_the_one_job_under_it_and_never_star
     with pytest.raises(ConfigError, match="none of its 1 complete checkpoint") as e:
         checkpoint.resume(mine, str(old_path), fresh, fresh_opt, INFO, cpu)
     assert e.value.reason == Reason.RESUME_FROM_UNREADABLE
-    assert e.value.stated().startswith("ResumeFromUnreadable: checkpoint.resumeFrom ")
+    assert e.value.stated().startswith("ResumeFromUnreadable: spec.checkpoint.resumeFrom ")

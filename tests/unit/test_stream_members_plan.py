@@ -9,7 +9,7 @@ import pytest
 import yaml
 from grpo_operator import instance_types, memory_plan
 from grpo_operator.api.job import GRPOJob
-from grpo_operator.memory_plan.rollout import NCCL_COMM_BYTES, stream_receive_reserve
+from grpo_operator.api.roles import NCCL_COMM_BYTES, stream_receive_reserve
 from grpo_rollout.engines.vllm_engine import Assembler, VllmOptions, memory_utilization, stream_members
 from grpo_rollout.engines.vllm_stream import member_index
 from grpo_rollout.protocol import WeightStreamRequest

@@ -481,3 +481,16 @@ class RolloutSpec(RoleCommon):
         engine applies streamed buckets (the torch engine in place, vLLM through its reload path)
         and HTTP makes rank 0 hold the whole model."""
         return self.weight_sync.transport != WeightSyncTransport.HTTP
+
+
+# One NCCL communicator's GPU buffers for a broadcast (NCCL_BUFFSIZE 4 MiB per protocol, channel
+# and peer of the ring it connects; NCCL >= 2.22 connects lazily): an estimate, not measured here.
+NCCL_COMM_BYTES = 256 << 20
+
+
+def stream_receive_reserve(senders: int, bucket_bytes: int) -> int:
+    """GPU bytes every receiving vLLM worker holds outside vLLM's budget for streamed weights: two
+    buckets per sender's group (`grpo_rollout.weight_stream.receive_rounds`: one applied while the
+    next arrives, both kept across versions) and that group's NCCL communicator. One formula for the
+    memory plan, which shows it, and the vLLM engine, which lowers gpu_memory_utilization by it."""
+    return senders * (2 * bucket_bytes + NCCL_COMM_BYTES)

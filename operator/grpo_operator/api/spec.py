@@ -300,3 +300,8 @@ class GRPOJobSpec(ApiModel):
     run_policy: RunPolicy = Field(
         default_factory=RunPolicy, description="runPolicy: optional. Restarts, deadlines."
     )
+
+    def weight_stream_senders(self) -> int:
+        """Trainer ranks streaming weights to every rollout worker (each in a group of its own);
+        0 when weights go over HTTP."""
+        return self.trainer.replicas * self.trainer.processes_per_pod if self.rollout.streams_weights else 0

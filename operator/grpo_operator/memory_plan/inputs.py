@@ -116,7 +116,7 @@ def inputs_from_spec(
             weight_bytes=width,
             gpu_memory_utilization=rollout.vllm.gpu_memory_utilization,
             max_model_len=rollout.vllm.max_model_len,
-            stream_senders=trainer.replicas * trainer.processes_per_pod if rollout.streams_weights else 0,
+            stream_senders=spec.weight_stream_senders(),
             stream_bucket_bytes=rollout.weight_sync.bucket_mb * MIB,
         ),
     )

@@ -13,23 +13,13 @@ transport) reach every vLLM worker directly: its receive buffers and communicato
 
 import math
 
+from grpo_operator.api.roles import NCCL_COMM_BYTES, stream_receive_reserve
 from grpo_operator.memory_plan.inputs import GIB, MIB, RolloutInputs
 from grpo_operator.memory_plan.result import Part, RolePlan
 from grpo_operator.memory_plan.shapes import ModelShape
 
 RUNTIME_BYTES = 3 * GIB  # CUDA context, CUDA graphs, activations of a prefill chunk
 SAMPLER_FP32_COPIES = 3  # logits, probabilities, log-probs of one decode step
-# One NCCL communicator's GPU buffers for a broadcast (NCCL_BUFFSIZE 4 MiB per protocol, channel
-# and peer of the ring it connects; NCCL >= 2.22 connects lazily): an estimate, not measured here
-NCCL_COMM_BYTES = 256 * MIB
-
-
-def stream_receive_reserve(senders: int, bucket_bytes: int) -> int:
-    """GPU bytes every receiving vLLM worker holds outside vLLM's budget for streamed weights:
-    two buckets per sender's group (`grpo_rollout.weight_stream.receive_rounds`: one applied while
-    the next arrives, both kept across versions) and that group's NCCL communicator. The vLLM
-    engine lowers gpu_memory_utilization by it; the plan shows it."""
-    return senders * (2 * bucket_bytes + NCCL_COMM_BYTES)
 
 
 def kv_bytes_per_token(shape: ModelShape, r: RolloutInputs) -> tuple[int, str]:
