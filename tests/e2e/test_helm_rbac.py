@@ -427,13 +427,19 @@ def wait_running(
 ) -> None:
     """Until the job's phase is Running; a dead operator fails at once instead of timing out."""
 
-    def phase() -> str | None:
+    last: dict[str, Any] = {}
+
+    def running() -> bool:
         run.alive()
-        return (read_job(k8s_api, namespace, name).get("status") or {}).get("phase")
+        last.update(status=read_job(k8s_api, namespace, name).get("status") or {})
+        return last["status"].get("phase") == "Running"
 
     # 240 s: a peering that still shows a just-stopped operator of an earlier test pauses this one
     # until that peer's heartbeat expires ("Resuming operations after the pause")
-    wait_for(lambda: phase() == "Running", what=f"{name} Running", timeout=240)
+    try:
+        wait_for(running, what=f"{name} Running", timeout=240)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}; status: {last.get('status')}\n{run.diagnose()}") from None
 
 
 def trainer_pods(k8s_api: client.ApiClient, namespace: str, job: str) -> list[client.V1Pod]:
@@ -669,6 +675,10 @@ def test_the_chart_kueue_rules_are_what_a_queued_job_uses(
         status = custom.patch_namespaced_custom_object_status
         status(*KUEUE, namespace, "workloads", workload, {"status": admitted})
         wait_running(operator_run, k8s_api, wait_for, namespace, name)
+        # The gang rendered at zero replicas while queued gets its zone once admitted: without
+        # one the first rank may take the only p5 of us-west-2b and the second waits forever.
+        trainer = client.AppsV1Api(k8s_api).read_namespaced_stateful_set(f"{name}-trainer", namespace)
+        assert trainer.spec.template.spec.node_selector["topology.kubernetes.io/zone"] == "us-west-2a"
         evicted = {
             "conditions": [*admitted["conditions"], condition("Evicted", True, "Preempted", "Preempted")]
         }

@@ -225,9 +225,9 @@ def test_gang_zone_is_one_that_holds_the_whole_gang():
 
 
 def test_zone_of_running_gang_is_read_back_only_for_its_attempt():
-    def sts(attempt: str, selector: dict) -> dict:
+    def sts(attempt: str, selector: dict, replicas: int = 2) -> dict:
         template = {"metadata": {"labels": {"grpo.dev/attempt": attempt}}, "spec": {"nodeSelector": selector}}
-        return {"spec": {"template": template}}
+        return {"spec": {"replicas": replicas, "template": template}}
 
     zoned = {"topology.kubernetes.io/zone": "us-west-2a", "node.kubernetes.io/instance-type": "p5.48xlarge"}
     assert placement.zone_of_running_gang(sts("1", zoned), attempt=1) == (True, "us-west-2a")
@@ -235,6 +235,8 @@ def test_zone_of_running_gang_is_read_back_only_for_its_attempt():
     assert placement.zone_of_running_gang(sts("1", {}), attempt=1) == (True, None)
     assert placement.zone_of_running_gang(sts("0", zoned), attempt=1) == (False, None)  # a new attempt
     assert placement.zone_of_running_gang(None, attempt=0) == (False, None)
+    # rendered at zero replicas while queued or suspended: no pods, the zone is still to choose
+    assert placement.zone_of_running_gang(sts("1", {}, replicas=0), attempt=1) == (False, None)
 
 
 def test_a_sidecar_exit_is_not_a_trainer_failure():

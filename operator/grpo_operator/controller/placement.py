@@ -53,14 +53,18 @@ def choose_zone(nodes: list[dict], replicas: int) -> str | None:
 
 
 def zone_of_running_gang(statefulset: dict | None, attempt: int) -> tuple[bool, str | None]:
-    """(True, its zone) when the trainer StatefulSet was already rendered for `attempt`.
+    """(True, its zone) when the trainer StatefulSet was already rendered to run `attempt`.
 
     A replica that takes over from another (failover, upgrade) keeps that zone: choosing
     again from a fleet that has changed since would rewrite the StatefulSet to a zone its
     running pods are not in (OnDelete keeps them, so the template would lie about the gang).
+    A StatefulSet at zero replicas (queued by Kueue, suspended) was rendered with no zone and
+    has no pods: its zone is still to be chosen, or the first rank could pick a zone too
+    small for the rest of the gang.
     """
-    template = ((statefulset or {}).get("spec") or {}).get("template") or {}
+    spec = (statefulset or {}).get("spec") or {}
+    template = spec.get("template") or {}
     labels = (template.get("metadata") or {}).get("labels") or {}
-    if labels.get(names.LABEL_ATTEMPT) != str(attempt):
+    if labels.get(names.LABEL_ATTEMPT) != str(attempt) or not spec.get("replicas"):
         return False, None
     return True, ((template.get("spec") or {}).get("nodeSelector") or {}).get(ZONE_KEY)
