@@ -6,10 +6,12 @@ cores), `--model-mib 64` for a quick look. What runs, all as separate processes 
 - 2 trainer ranks, each holding its half of every tensor in fp32 (FSDP-style row shards), so
   the model is 2 x the payload in training state;
 - 2 real rollout servers (`grpo_rollout.server` + `RolloutService`, the code a pod runs) with a
-  sink engine that applies updates into preallocated bf16 tensors the way the torch engine does
-  (no model to generate with: only the transfer is measured);
+  sink engine that applies updates into preallocated bf16 tensors the way the torch engine does,
+  large pieces received in place (no model to generate with: only the transfer is measured);
 - 2 raw receivers for the link measurements.
-Transports (each timed after one warm-up version, end to end: until every server answers live):
+Transports (each timed after one warm-up version, end to end: until every server answers live;
+the collective stream `--repeats` times, each right after a link measurement, best of each kept,
+as timeit does: on a shared machine the best run is the one least disturbed):
 - collective: every rank streams its shard, converted to bf16 bucket by bucket
   (`grpo_trainer.weight_sync.StreamSender`, the trainer's code), the servers told over
   `/weights/stream`. Link: each rank broadcasts its share as one uint8 tensor, same groups shape.
@@ -17,8 +19,8 @@ Transports (each timed after one warm-up version, end to end: until every server
   whole model to bf16, `bucketize`s it and POSTs every bucket to each server. Link: rank 0 POSTs
   the same bytes, bucket-sized, to a plain aiohttp sink on each raw receiver.
 peak_extra_bytes_per_rank: the most any trainer rank's resident memory rose during the sync
-(VmHWM, reset through /proc/self/clear_refs just before; for the collective transport over both
-versions, as the buffers the first allocates are kept for the next), next to the bucket size.
+(VmHWM, reset through /proc/self/clear_refs just before; for the collective transport the most
+any version added: the first, whose buffers are kept for the next), next to the bucket size.
 The table prints each transport's share of its link ("of link") and the machine's load average:
 on a shared machine both move with what else runs.
 """
@@ -46,6 +48,9 @@ TOKEN = "weight-sync-bench"
 COLS = 4096
 TENSORS = 32
 SENDERS, SERVERS = 2, 2
+REPEATS = 3  # measured collective versions, each after a measured link
+LINK_RUNS = 1 + REPEATS  # a warm-up, then one before each measured version
+VERSIONS = range(1, 2 + REPEATS)  # version 1 is the stream's warm-up
 
 
 def shapes(model_bytes: int) -> dict[str, list[int]]:
@@ -111,6 +116,12 @@ class SinkEngine:
     def begin_update(self, tensors) -> None:
         pass
 
+    def destination(self, name, start, count, dtype, device):
+        target = self.targets[name]
+        if target.dtype != dtype:
+            return None
+        return target.view(-1)[start : start + count].view(torch.uint8)
+
     def load_bucket(self, pieces) -> None:
         for name, start, values in pieces:
             self.targets[name].view(-1)[start : start + values.numel()].copy_(values)
@@ -149,7 +160,7 @@ def run_raw(index: int, store_port: int, http_port: int, share_bytes: int) -> No
     ]
     bufs = [torch.empty(share_bytes, dtype=torch.uint8) for _ in groups]
     opts = dist.BroadcastOptions()
-    for _ in range(3):  # warm-up, then the two measured ones (before and after the stream)
+    for _ in range(LINK_RUNS):
         works = [g.broadcast([b], opts) for g, b in zip(groups, bufs, strict=True)]
         for w in works:
             w.wait()
@@ -181,25 +192,31 @@ def run_rank(rank: int, args: argparse.Namespace) -> None:
     share_bytes = args.model_bytes_exact // SENDERS
     out: dict = {}
 
-    # 1. raw gloo broadcast: this rank's share as one tensor, to both raw receivers
+    # 1. raw gloo broadcast: this rank's share as one tensor, to both raw receivers (a warm-up,
+    # then once before each measured version); 2. the collective stream, as the trainer does it
+    # (rank 0 hosts the store the servers join); memory: the most any version added (the first,
+    # whose buffers are kept for the next)
     raw = weight_stream.make_group(dist.PrefixStore(f"raw/{rank}", ctl), 0, 1 + SERVERS, "gloo", 600)
-    raw_s = [_raw_broadcast(raw, ctl, share_bytes) for _ in range(2)][1:]  # after a warm-up
-
-    # 2. collective stream, as the trainer does it (rank 0 hosts the store the servers join);
-    # memory over both versions: the buffers the first one allocates are kept for the second
     sender = StreamSender("127.0.0.1", args.sync_port, rank, timeout_s=600)
     items = [(k, rank * t.numel(), t.view(-1)) for k, t in shard.items()]
-    with PeakRss() as peak:
-        for version in (1, 2):
-            ctl.wait([f"stream-{version}"])
+    out.update(raw_s=[], stream_s=[], waited_s=[], filled_s=[], stream_peak_rss=0)
+    for version in VERSIONS:
+        link_s = _raw_broadcast(raw, ctl, share_bytes)
+        out["raw_s"] += [link_s] if version > 1 else []  # the first is the link's warm-up
+        ctl.add(f"link-{version}-done", 1)
+        ctl.wait([f"stream-{version}"])
+        with PeakRss() as peak:
             t0 = time.perf_counter()
             stats = sender.send(iter(items), epoch=7, servers=SERVERS, backend="gloo", dtype=torch.bfloat16,
                                 bucket_bytes=args.bucket_bytes, device=torch.device("cpu"))  # fmt: skip
-            out["stream_s"], out["stream_waited_s"] = time.perf_counter() - t0, stats.waited_s
-            ctl.add(f"stream-{version}-sent", 1)
-    out["stream_peak_rss"], out["stream_tracked"] = peak.extra, stats.peak_bytes
-    raw_s.append(_raw_broadcast(raw, ctl, share_bytes))  # the link again, under the load of now
-    out["raw_s"] = sum(raw_s) / len(raw_s)
+            seconds = time.perf_counter() - t0
+        out["stream_peak_rss"] = max(out["stream_peak_rss"], peak.extra)
+        if version > 1:
+            out["stream_s"].append(seconds)
+            out["waited_s"].append(stats.waited_s)
+            out["filled_s"].append(stats.filled_s)
+        ctl.add(f"stream-{version}-sent", 1)
+    out["stream_tracked"] = stats.peak_bytes
     del raw
 
     if args.only == "collective":
@@ -363,10 +380,13 @@ def main(argv: list[str] | None = None) -> int:
               for r in range(SENDERS)]  # fmt: skip
     load_before = os.getloadavg()[0]
     try:
-        stream_s = 0.0
-        for version in (1, 2):
+        stream_s = []
+        for version in VERSIONS:
+            while int(ctl.add(f"link-{version}-done", 0)) < SENDERS:
+                time.sleep(0.01)
             ctl.set(f"stream-{version}", "go")
-            stream_s = asyncio.run(_stream_request(urls, version, sync_port, spec))
+            seconds = asyncio.run(_stream_request(urls, version, sync_port, spec))
+            stream_s += [seconds] if version > 1 else []
             ctl.wait([f"stream-{version}-sent"])
             while int(ctl.get(f"stream-{version}-sent")) < SENDERS:
                 time.sleep(0.01)
@@ -382,13 +402,17 @@ def main(argv: list[str] | None = None) -> int:
             proc.kill()
             proc.wait()
     mb = args.model_bytes_exact
+    link_s = [max(runs) for runs in zip(*(r["raw_s"] for r in res), strict=True)]  # the slower rank's
+    best = min(range(REPEATS), key=lambda i: stream_s[i])
     rows = [
         dict(transport="collective (gloo)", servers=SERVERS, model_bytes=mb, bucket_bytes=args.bucket_bytes,
-             seconds=stream_s, gb_per_s=mb / stream_s / 1e9,
-             link_gb_per_s=mb / max(r["raw_s"] for r in res) / 1e9,
+             seconds=stream_s[best], gb_per_s=mb / stream_s[best] / 1e9, link_gb_per_s=mb / min(link_s) / 1e9,
              peak_extra_bytes_per_rank=max(r["stream_peak_rss"] for r in res),
              tracked_buffer_bytes_per_rank=max(r["stream_tracked"] for r in res),
-             sender_waited_s=[r["stream_waited_s"] for r in res]),
+             all_seconds=stream_s, all_link_seconds=link_s,
+             sender_seconds=[r["stream_s"][best] for r in res],
+             sender_waited_s=[r["waited_s"][best] for r in res],
+             sender_filled_s=[r["filled_s"][best] for r in res]),
     ]  # fmt: skip
     rows += [
         dict(transport="http", servers=SERVERS, model_bytes=mb, bucket_bytes=args.bucket_bytes,
@@ -407,9 +431,17 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         r["of_link"] = r["gb_per_s"] / r["link_gb_per_s"]
         r["load_average_1min"] = [load_before, os.getloadavg()[0]]
-    waited = ", ".join(f"{w:.2f}" for w in rows[0]["sender_waited_s"])
-    print(f"collective: the trainer ranks waited on the wire {waited} s of the {rows[0]['seconds']:.2f} s "
-          f"(the rest: filling buckets); link measured before and after the stream, their mean")  # fmt: skip
+    c = rows[0]
+    per_rank = zip(c["sender_seconds"], c["sender_waited_s"], c["sender_filled_s"], strict=True)
+    each = "; ".join(
+        f"rank {r}: {sent:.2f} s, waited on the wire {w:.2f} s, converted into buckets {f:.2f} s"
+        for r, (sent, w, f) in enumerate(per_rank)
+    )
+    runs = ", ".join(f"{x:.2f}" for x in c["all_seconds"])
+    links = ", ".join(f"{x:.2f}" for x in c["all_link_seconds"])
+    print(f"collective: best of {REPEATS} versions ({runs} s) against the best of {REPEATS} links "
+          f"({links} s), each link measured just before its version")  # fmt: skip
+    print(f"collective, best version: {each}")
     print(f"load average (1 min) {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
           f"on {os.cpu_count()} cores")  # fmt: skip
     if args.json:

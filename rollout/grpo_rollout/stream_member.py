@@ -89,17 +89,29 @@ def receive(
         except ValueError as e:
             refusal, updater = str(e), None
     loaded = False
+    destination = getattr(updater, "destination", None)
 
-    def apply(pieces: list[weight_stream.Piece], payload: torch.Tensor) -> None:
+    def place(p: weight_stream.Piece) -> torch.Tensor | None:
+        """The piece's spot in the engine's weights, while the version is still accepted."""
+        nonlocal loaded
+        if refusal is not None or destination is None:
+            return None
+        spot = destination(p.name, p.start, p.count, weight_stream.dtype_of(p.dtype), device)
+        loaded = loaded or spot is not None  # the weights change as it lands
+        return spot
+
+    def apply(bucket: weight_stream.Received) -> None:
         nonlocal refusal, loaded
         if refusal is not None:
             return  # consume and drop: the senders finish, the refusal is answered after
         try:
-            for p in pieces:
+            for p in bucket.placed + bucket.pieces:
                 coverage.add(p.name, p.start, p.count)
             loaded = True
             assert updater is not None
-            updater.load_bucket([(p.name, p.start, weight_stream.piece_values(payload, p)) for p in pieces])
+            values = [(p.name, p.start, weight_stream.piece_values(bucket.payload, p)) for p in bucket.pieces]
+            if values:
+                updater.load_bucket(values)
         except (ValueError, BadBucket) as e:
             refusal = str(e)
 
@@ -115,7 +127,7 @@ def receive(
             timeout_s=req.timeout_s,
             off=off,
         )
-        received = weight_stream.receive_all(groups, device, apply, off, link.buffers)
+        received = weight_stream.receive_all(groups, device, apply, off, link.buffers, place)
     except Exception as e:
         cancelled = isinstance(e, weight_stream.StreamCancelled)
         if not cancelled:

@@ -9,15 +9,19 @@ own group (rank 0 = that trainer rank, ranks 1.. = the receiving members: a roll
 process, or each worker of its engine):
   header   int64[3]  (1, manifest bytes, payload bytes), or (0, 0, 0) after the last bucket
   manifest uint8     JSON list of [name, first element, elements, byte offset, dtype]
-  payload  uint8     the bucket
+  payload  uint8     the bucket, as `runs`: each piece of DIRECT_BYTES or more in a broadcast of
+                     its own, the bytes between such pieces together
 Broadcasts are asynchronous and the sender fills one buffer while the other is on the wire, so a
 sender holds at most two buckets; a receiver holds two per sender group (one applied while the next
 arrives) and issues every group's transfers from one thread, in rounds every member derives
-identically (`receive_rounds`). A member that sees the stream break (its broadcast failed; the
-trainer saw a server fail) calls the epoch off in the store (`CallOff`), and every member stops
-waiting on it within a tenth of a second instead of at the groups' timeout: nobody blocks where a
-call-off cannot reach them (members meet in the store before gloo connects them, the connect runs on
-a thread of its own, transfers are polled). The trainer then streams the version again in a new
+identically (`receive_rounds`). A receiver reads a bucket's manifest before it posts the payload, so
+a large piece can land straight in the member's weights (`place`: the torch engine's parameters
+when their dtype is the wire's) instead of its buffer, which saves copying it again. A member
+that sees the stream break (its broadcast failed; the trainer saw a server fail) calls the epoch
+off in the store (`CallOff`), and every member stops waiting on it within a tenth of a second
+instead of at the groups' timeout: nobody blocks where a call-off cannot reach them (members meet
+in the store before gloo connects them, the connect runs on a thread of its own, transfers are
+polled). The trainer then streams the version again in a new
 epoch. A group left with transfers in flight is `retire`d: gloo cannot abort them, and freeing a
 `ProcessGroupGloo` waits for them (up to the op timeout) in whichever thread drops the last
 reference, so a thread of its own holds it until they end. Groups are plain
@@ -34,12 +38,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 HEADER_WORDS = 3
 ALIGN = 16  # byte alignment of each piece inside a bucket (any dtype can be viewed there)
+DIRECT_BYTES = 1 << 20  # a piece this large is broadcast alone, so a receiver can take it in place
 STORE_PREFIX = "grpo-weights"
 JOIN_TIMEOUT_S = 15.0  # gloo connecting the members of a group, once all of them are known to be up
 log = logging.getLogger(__name__)
@@ -75,11 +81,34 @@ def decode_manifest(data: bytes) -> list[Piece]:
     return [Piece(str(n), int(s), int(c), int(o), str(d)) for n, s, c, o, d in json.loads(data)]
 
 
+def piece_bytes(piece: Piece) -> int:
+    return piece.count * dtype_of(piece.dtype).itemsize
+
+
 def piece_values(payload: torch.Tensor, piece: Piece) -> torch.Tensor:
     """The piece's elements inside a received payload (a view, no copy)."""
-    dtype = dtype_of(piece.dtype)
-    size = torch.empty((), dtype=dtype).element_size()
-    return payload[piece.offset : piece.offset + piece.count * size].view(dtype)
+    return payload[piece.offset : piece.offset + piece_bytes(piece)].view(dtype_of(piece.dtype))
+
+
+def runs(pieces: list[Piece], payload_bytes: int) -> list[tuple[int, int, Piece | None]]:
+    """The broadcasts that carry a bucket's payload, as (byte offset, bytes, the piece when it is
+    alone in its run): every piece of at least DIRECT_BYTES by itself, the bytes around such pieces
+    (smaller pieces, alignment gaps) together. Sender and receivers derive them from the manifest
+    alike, so their broadcasts match. Broadcasting a large piece alone costs one call; it lets a
+    receiver put it in place."""
+    out: list[tuple[int, int, Piece | None]] = []
+    at = 0
+    for p in pieces:
+        size = piece_bytes(p)
+        if size < DIRECT_BYTES:
+            continue
+        if p.offset > at:
+            out.append((at, p.offset - at, None))
+        out.append((p.offset, size, p))
+        at = p.offset + size
+    if payload_bytes > at:
+        out.append((at, payload_bytes - at, None))
+    return out
 
 
 def make_group(
@@ -266,7 +295,7 @@ class BucketSender:
     an earlier sender of the same bucket size and device (`keep`), filled again instead of
     allocated: a fresh CPU buffer costs its first-touch page faults, 35 ms per 64 MiB measured,
     four times the fp32 to bf16 conversion into it. `waited_s`: the time `send` spent waiting for
-    the wire to free a buffer, so the rest of its time is filling (conversion)."""
+    the wire to free a buffer; `filled_s`: the time it spent converting into buckets."""
 
     def __init__(
         self,
@@ -294,6 +323,7 @@ class BucketSender:
         self.buckets = 0
         self.sent_bytes = 0
         self.waited_s = 0.0
+        self.filled_s = 0.0
 
     def _alloc(self, n: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
         t = torch.empty(n, dtype=dtype, device=self.device)
@@ -324,7 +354,9 @@ class BucketSender:
         header.copy_(torch.tensor([1, len(manifest), fill], dtype=torch.int64))
         meta = self._alloc(len(manifest))
         meta.copy_(torch.frombuffer(bytearray(manifest), dtype=torch.uint8))
-        works = [self.group.broadcast(t) for t in (header, meta, self._buffers[slot][:fill])]
+        buf = self._buffers[slot]
+        payload = [buf[lo : lo + n] for lo, n, _ in runs(pieces, fill)]
+        works = [self.group.broadcast(t) for t in (header, meta, *payload)]
         self._pending[slot] = (works, [header, meta])
         self.buckets += 1
         self.sent_bytes += fill
@@ -346,7 +378,9 @@ class BucketSender:
                     buf = self._buffer(slot)
                     continue
                 n = min(room, values.numel() - done)
+                t0 = time.perf_counter()
                 buf[offset : offset + n * self.esize].view(self.dtype).copy_(values[done : done + n])
+                self.filled_s += time.perf_counter() - t0
                 pieces.append(Piece(name, start + done, n, offset, dtype_name(self.dtype)))
                 fill, done = offset + n * self.esize, done + n
         if pieces:
@@ -389,51 +423,83 @@ def _buffer(own: list[torch.Tensor], slot: int, size: int, device: torch.device)
     return own[slot][:size]
 
 
+class Received(NamedTuple):
+    """One bucket as a receiver gets it: `pieces` to apply from `payload`, and the pieces `placed`
+    (taken straight into the member's weights, not in `payload`)."""
+
+    sender: int
+    pieces: list[Piece]
+    payload: torch.Tensor
+    placed: list[Piece]
+
+
+Place = Callable[[Piece], torch.Tensor | None]  # where a piece lands in place: its uint8 bytes, or None
+
+
+def _post_payload(
+    group: Group, pieces: list[Piece], payload: torch.Tensor, place: Place | None
+) -> tuple[list[dist.Work], list[Piece], list[Piece]]:
+    """Post one bucket's payload runs: a lone piece into the spot `place` gives it when it gives
+    one, else (and every other run) into `payload` at its offset."""
+    works, placed, spots = [], [], {}
+    for lo, n, piece in runs(pieces, payload.numel()):
+        spot = place(piece) if piece is not None and place is not None else None
+        if spot is not None:
+            if spot.dtype != torch.uint8 or spot.numel() != n or not spot.is_contiguous():
+                raise ValueError(f"weight stream: the spot given for {piece} is not {n} contiguous bytes")
+            placed.append(piece)
+            spots[piece] = spot
+        works.append(group.broadcast(spot if spot is not None else payload[lo : lo + n]))
+    return works, [p for p in pieces if p not in spots], placed
+
+
 def receive_rounds(
     groups: list[Group],
     device: torch.device,
     off: CallOff | None = None,
     kept: dict[int, list[torch.Tensor]] | None = None,
-) -> Iterator[tuple[int, list[Piece], torch.Tensor]]:
-    """(sender, pieces, payload) for every bucket of every sender's stream, issued from this one
-    thread in an order every member derives identically, because NCCL requires the operations of
-    different communicators to be issued in the same order on all ranks. First the headers of every
-    sender (in sender order); then, per sender that sent a bucket, its manifest, payload and next
-    header. Round k+1 is posted (same shape: per sender whose round-k+1 header announced a bucket,
-    manifest, payload, next header) once round k's transfers are done and before round k is handed
-    out, so round k+1's payload is on the wire while round k is applied; a sender whose header is the
-    end marker drops out. Every member sees the same headers, so the sequence is the same everywhere.
+    place: Place | None = None,
+) -> Iterator[Received]:
+    """Every bucket of every sender's stream, issued from this one thread in an order every member
+    derives identically, because NCCL requires the operations of different communicators to be
+    issued in the same order on all ranks. First the headers of every sender (in sender order);
+    then per round: the manifest of each sender that announced a bucket, and once they arrived,
+    per such sender its payload runs (`runs`, derived from its manifest) and next header. Round k+1
+    is posted once round k's transfers are done and before round k is handed out, so round k+1's
+    payload is on the wire while round k is applied; a sender whose header is the end marker drops
+    out. Every member sees the same headers and manifests, so the sequence is the same everywhere.
     Two payload buffers per sender, alternating rounds: consume each bucket before asking for the
-    next. `kept`: buffers of an earlier stream, reused and given back when this one ends."""
+    next. `kept`: buffers of an earlier stream, reused and given back when this one ends. `place`:
+    where a piece that travels alone may land instead (it is then in `placed`, not `pieces`)."""
     own = _take(kept, len(groups))
     headers = {s: torch.zeros(HEADER_WORDS, dtype=torch.int64, device=device) for s in range(len(groups))}
     posted: dict[int, list[dist.Work]] = {s: [groups[s].broadcast(headers[s])] for s in range(len(groups))}
-    current: list[int] = []  # senders whose round is posted but not yet handed out
-    metas: dict[int, torch.Tensor] = {}
-    payloads: dict[int, torch.Tensor] = {}
+    current: list[Received] = []  # the round posted but not yet handed out
     slot = 0
     while True:
         for s in posted:
             for work in posted[s]:
                 wait(work, off)
-        now = {s: (metas[s], payloads[s]) for s in current}
         sizes = {s: [int(x) for x in headers[s].tolist()] for s in posted}
         for s in posted:
             if sizes[s][0] == 0:
                 groups[s].settle()  # the finished transfers let go of the last payloads
         following = [s for s in posted if sizes[s][0] != 0]
-        posted = {}
+        metas = {s: torch.empty(sizes[s][1], dtype=torch.uint8, device=device) for s in following}
+        manifests = [groups[s].broadcast(metas[s]) for s in following]
+        for work in manifests:
+            wait(work, off)
+        posted, nxt = {}, []
         for s in following:  # the next round, into the other buffer of each sender
-            _, manifest_len, payload_len = sizes[s]
-            metas[s] = torch.empty(manifest_len, dtype=torch.uint8, device=device)
-            payloads[s] = _buffer(own[s], slot, payload_len, device)
-            posted[s] = [groups[s].broadcast(t) for t in (metas[s], payloads[s], headers[s])]
-        for s in current:
-            meta, payload = now[s]
-            yield s, decode_manifest(bytes(meta.cpu().numpy())), payload
+            pieces = decode_manifest(bytes(metas[s].cpu().numpy()))
+            payload = _buffer(own[s], slot, sizes[s][2], device)
+            works, rest, placed = _post_payload(groups[s], pieces, payload, place)
+            posted[s] = [*works, groups[s].broadcast(headers[s])]
+            nxt.append(Received(s, rest, payload, placed))
+        yield from current
         if not following:
             break
-        current, slot = following, 1 - slot
+        current, slot = nxt, 1 - slot
     if kept is not None:
         kept.update({s: b for s, b in enumerate(own) if b})
 
@@ -441,18 +507,19 @@ def receive_rounds(
 def receive_all(
     groups: list[Group],
     device: torch.device,
-    apply: Callable[[list[Piece], torch.Tensor], None],
+    apply: Callable[[Received], None],
     off: CallOff | None = None,
     kept: dict[int, list[torch.Tensor]] | None = None,
+    place: Place | None = None,
 ) -> int:
-    """Receive every sender's stream (`receive_rounds`, `kept` its buffers), `apply` each bucket as
-    it comes; return the bytes received. A failure calls the stream off, so the other members stop
-    too."""
+    """Receive every sender's stream (`receive_rounds`, `kept` its buffers, `place` where pieces may
+    land in place), `apply` each bucket as it comes; return the bytes received. A failure calls the
+    stream off, so the other members stop too."""
     received = 0
     try:
-        for _, pieces, payload in receive_rounds(groups, device, off, kept):
-            apply(pieces, payload)
-            received += payload.numel()
+        for bucket in receive_rounds(groups, device, off, kept, place):
+            apply(bucket)
+            received += bucket.payload.numel()
     except StreamCancelled:
         raise
     except BaseException:

@@ -5,14 +5,18 @@ A tiny random model is built offline; log-probs and MoE routing recorded while s
 the same model.
 """
 
+import threading
+
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
+from grpo_rollout import stream_member, weight_stream
 from grpo_rollout.engines.base import EngineConfig, create_engine
 from grpo_rollout.engines.routing import RoutingRecorder
 from grpo_rollout.engines.sampling import policy_logprobs
-from grpo_rollout.protocol import Sampling
-from grpo_rollout.testing import build_tiny_model
+from grpo_rollout.protocol import Sampling, WeightStreamRequest
+from grpo_rollout.testing import build_tiny_model, free_port
 from safetensors.torch import save
 
 PROMPTS = ["1+1=", "what is 12 * 7?", "a", "hello world, how are you"]
@@ -158,3 +162,53 @@ def test_empty_prompt_is_a_clear_error(engine):
 def test_unknown_engine_lists_the_choices():
     with pytest.raises(ValueError, match=r"unknown rollout engine 'tpu'; choose one of \['torch', 'vllm'\]"):
         create_engine("tpu", EngineConfig(model_path="/nonexistent"))
+
+
+@pytest.mark.parametrize("wire", [torch.float32, torch.bfloat16])
+def test_a_streamed_version_lands_in_the_live_weights_in_place_when_the_dtypes_agree(
+    tmp_path_factory, monkeypatch, wire
+):
+    """Through the server's own member (`LocalMember`) over a real gloo group: pieces that travel
+    alone are received straight into the parameters when the wire carries their dtype (float32
+    here), and through `load_bucket` when it does not; the version is exact and live either way."""
+    monkeypatch.setattr(weight_stream, "DIRECT_BYTES", 1024)  # the tiny model's large tensors go alone
+    engine = tiny_engine(tmp_path_factory, "qwen2")
+    state = engine.model.state_dict()
+    storage = {k: v.data_ptr() for k, v in state.items()}
+    new = {k: torch.randn_like(v) for k, v in state.items()}
+    name = "model.embed_tokens.weight"
+    engine.begin_update({name: list(state[name].shape)})
+    spot = engine.destination(name, 8, 100, wire, torch.device("cpu"))
+    assert (spot is not None) == (wire == torch.float32)
+    assert spot is None or (spot.numel() == 400 and spot.data_ptr() == state[name].data_ptr() + 32)
+    assert engine.destination(name, state[name].numel() - 4, 100, torch.float32, torch.device("cpu")) is None
+    engine.abort_update()
+
+    port = free_port()
+    _store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # kept alive
+    req = WeightStreamRequest(
+        version=2, epoch=1, store_host="127.0.0.1", store_port=port, backend="gloo", senders=1,
+        members=1, first_member=0, timeout_s=30, tensors={k: list(v.shape) for k, v in new.items()},
+    )  # fmt: skip
+    errors: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            prefixed = dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/1/0", dist.TCPStore("127.0.0.1", port))
+            group = weight_stream.form_group(prefixed, 0, 2, "gloo", 30)
+            items = [(k, 0, v.reshape(-1)) for k, v in new.items()]
+            weight_stream.BucketSender(group, wire, 64 << 10, torch.device("cpu")).send(iter(items))
+        except BaseException as e:
+            errors.append(e)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    outcome = stream_member.LocalMember(engine, weight_stream.ReceiverLink()).receive_stream(
+        req, refused=False
+    )
+    sender.join(30)
+    assert not errors and outcome.kind == "live", (errors, outcome)
+    after = engine.model.state_dict()
+    for k, v in new.items():
+        assert torch.equal(after[k], v.to(wire).to(v.dtype)), k
+        assert after[k].data_ptr() == storage[k]  # the same live tensors, written over

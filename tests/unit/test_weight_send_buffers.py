@@ -38,7 +38,7 @@ def test_a_second_version_fills_the_first_versions_buffers_instead_of_fresh_memo
                 timeout_s=60,
             )  # fmt: skip
             for _ in range(2):
-                received.append(weight_stream.receive_all(groups, torch.device("cpu"), lambda p, x: None))
+                received.append(weight_stream.receive_all(groups, torch.device("cpu"), lambda bucket: None))
         except BaseException as e:  # reported below
             errors.append(e)
 

@@ -40,9 +40,16 @@ def model(seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
-def stream(state: dict[str, torch.Tensor], dtype: torch.dtype, bucket_bytes: int):
+def stream(
+    state: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    bucket_bytes: int,
+    in_place: frozenset[str] = frozenset(),
+    placed: list | None = None,
+):
     """Send `state` (each tensor split between the senders) to the receivers; returns what each
-    receiver assembled and each sender's stats."""
+    receiver assembled and each sender's stats. Pieces of the `in_place` tensors that travel alone
+    are received straight into the receiver's tensor (`placed` gets them, per receiver)."""
     port = free_port()
     _server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # kept alive
     received = [{k: torch.empty(v.shape, dtype=dtype) for k, v in state.items()} for _ in range(SERVERS)]
@@ -83,14 +90,23 @@ def stream(state: dict[str, torch.Tensor], dtype: torch.dtype, bucket_bytes: int
                 timeout_s=30,
             )
 
-            def apply(pieces, payload):
-                for p in pieces:
+            def place(p: weight_stream.Piece) -> torch.Tensor | None:
+                if p.name not in in_place:
+                    return None
+                return received[i][p.name].view(-1)[p.start : p.start + p.count].view(torch.uint8)
+
+            def apply(bucket: weight_stream.Received) -> None:
+                for p in bucket.placed:
+                    coverage[i].add(p.name, p.start, p.count)
+                    assert placed is not None
+                    placed.append((i, p))
+                for p in bucket.pieces:
                     coverage[i].add(p.name, p.start, p.count)
                     received[i][p.name].view(-1)[p.start : p.start + p.count].copy_(
-                        weight_stream.piece_values(payload, p)
+                        weight_stream.piece_values(bucket.payload, p)
                     )
 
-            weight_stream.receive_all(groups, torch.device("cpu"), apply)
+            weight_stream.receive_all(groups, torch.device("cpu"), apply, place=place)
         except BaseException as e:
             import traceback
 
@@ -117,6 +133,53 @@ def test_what_arrives_is_bitwise_what_the_trainer_holds_in_the_rollout_dtype(dty
         assert digest(received[i]) == expected
     assert all(buckets > 2 for buckets, _ in stats.values())  # really bucketed
     assert all(peak <= 2 * 4096 + 4096 for _, peak in stats.values())  # two buckets + headers/manifests
+
+
+def test_large_pieces_travel_alone_and_small_ones_together():
+    def piece(name: str, offset: int, count: int) -> weight_stream.Piece:
+        return weight_stream.Piece(name, 0, count, offset, "float32")
+
+    big = weight_stream.DIRECT_BYTES // 4  # float32 elements of one direct piece
+    pieces = [
+        piece("a", 0, 3),
+        piece("b", 16, big),
+        piece("c", 16 + 4 * big, 5),
+        piece("d", 48 + 4 * big, big),
+    ]
+    end = 48 + 8 * big
+    assert weight_stream.runs(pieces, end) == [
+        (0, 16, None),  # "a" and the alignment after it
+        (16, 4 * big, pieces[1]),
+        (16 + 4 * big, 32, None),  # "c" and its padding up to "d"
+        (48 + 4 * big, 4 * big, pieces[3]),
+    ]
+    assert weight_stream.runs(pieces[:1], 12) == [(0, 12, None)]
+    assert weight_stream.runs([], 0) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_large_pieces_land_in_place_and_the_rest_through_the_buffer(dtype, monkeypatch):
+    """With `place`, every piece of an in-place tensor that travels alone is received straight into
+    the receiver's tensor, never handed out for applying; the others are; all arrive bitwise."""
+    monkeypatch.setattr(weight_stream, "DIRECT_BYTES", 256)
+    state, placed = model(), []
+    in_place = frozenset({"embed.weight", "experts.gate_up_proj", "layer.0.norm.weight"})
+    received, coverage, _ = stream(state, dtype, bucket_bytes=4096, in_place=in_place, placed=placed)
+    expected = digest({k: v.to(dtype) for k, v in state.items()})
+    for i in range(SERVERS):
+        assert coverage[i].missing() == []
+        assert digest(received[i]) == expected
+        mine = [p for r, p in placed if r == i]
+        assert {p.name for p in mine} == {"embed.weight", "experts.gate_up_proj"}  # the norm is too small
+        assert all(weight_stream.piece_bytes(p) >= 256 for p in mine)
+
+
+def test_a_spot_of_the_wrong_size_is_refused_by_name(monkeypatch):
+    monkeypatch.setattr(weight_stream, "DIRECT_BYTES", 64)
+    payload = torch.empty(4096, dtype=torch.uint8)
+    pieces = [weight_stream.Piece("w", 0, 64, 0, "float32")]
+    with pytest.raises(ValueError, match=r"the spot given for .*'w'.* is not 256 contiguous bytes"):
+        weight_stream._post_payload(None, pieces, payload[:256], lambda p: torch.empty(8, dtype=torch.uint8))  # type: ignore[arg-type]
 
 
 def _in_thread(fn) -> tuple[threading.Thread, list]:
@@ -305,9 +368,9 @@ def test_a_sending_rank_holds_at_most_two_buckets_beyond_its_training_state():
     groups = link.groups_for(**where, senders=1, members=1, member=0, timeout_s=120)
     got = {f"w{i}": torch.empty(2 << 20, dtype=torch.bfloat16) for i in range(24)}
 
-    def apply(pieces, payload):
-        for p in pieces:
-            got[p.name][p.start : p.start + p.count].copy_(weight_stream.piece_values(payload, p))
+    def apply(bucket: weight_stream.Received) -> None:
+        for p in bucket.pieces:
+            got[p.name][p.start : p.start + p.count].copy_(weight_stream.piece_values(bucket.payload, p))
 
     received = weight_stream.receive_all(groups, torch.device("cpu"), apply)
     out, _ = proc.communicate(timeout=120)
@@ -350,7 +413,7 @@ link = weight_stream.ReceiverLink()
 groups = link.groups_for(epoch=3, host="127.0.0.1", port=int(sys.argv[1]), backend="gloo",
                          senders=1, members=1, member=0, timeout_s=30)
 seen = [0]
-def apply(pieces, payload):
+def apply(bucket):
     seen[0] += 1
     if seen[0] == 3:
         os._exit(9)  # a rollout pod lost a third of the way through the stream
@@ -376,7 +439,7 @@ def test_a_stream_broken_halfway_and_sent_again_still_holds_at_most_two_buckets(
     link = weight_stream.ReceiverLink()
     groups = link.groups_for(epoch=4, host="127.0.0.1", port=port, backend="gloo", senders=1, members=1,
                              member=0, timeout_s=60)  # fmt: skip
-    received = weight_stream.receive_all(groups, torch.device("cpu"), lambda pieces, payload: None)
+    received = weight_stream.receive_all(groups, torch.device("cpu"), lambda bucket: None)
     out, _ = sender.communicate(timeout=120)
     assert sender.returncode == 0
     m = json.loads(out)

@@ -4,9 +4,9 @@ NCCL requires the operations of different communicators to be issued in the same
 rank. Three real sender threads (streams of 5, 1 and 0 buckets) and two real receivers over gloo
 groups on a real TCPStore; each receiver's groups record the order of the broadcasts it issues.
 Checked: both receivers issue the same sequence, it is the documented one (every sender's first
-header; then per round and sender with a bucket, manifest, payload and next header, the next round
-posted before this one is handed out, which the trace shows by noting each bucket as it is handed
-out), and every bucket arrives intact.
+header; then per round the manifest of each sender with a bucket, then per such sender its payload
+and next header, the next round posted before this one is handed out, which the trace shows by
+noting each bucket as it is handed out), and every bucket arrives intact.
 """
 
 import threading
@@ -37,13 +37,14 @@ class Traced(weight_stream.Group):
 def expected_order(lengths: list[int], manifest_len: dict[tuple[int, int], int]) -> list:
     """The sequence `receive_rounds` documents, for senders with these bucket counts, with the
     buckets handed out ("apply", sender, bucket) among the broadcasts: every sender's first header;
-    then per round and sender with a bucket, manifest, payload and next header; round r + 1 is
-    posted before round r is handed out (so it arrives while round r is applied)."""
+    then per round the manifest of every sender with a bucket, then per such sender its payload and
+    next header; round r + 1 is posted before round r is handed out (so it arrives while round r is
+    applied)."""
 
     def posts(r: int) -> list:
-        return [
-            x for s, n in enumerate(lengths) if n > r for x in ((s, manifest_len[s, r]), (s, BUCKET), (s, 3))
-        ]
+        senders = [s for s, n in enumerate(lengths) if n > r]
+        runs = [x for s in senders for x in ((s, BUCKET), (s, 3))]
+        return [(s, manifest_len[s, r]) for s in senders] + runs
 
     order = [(s, 3) for s in range(len(lengths))] + posts(0)
     for r in range(max(lengths, default=0)):
@@ -79,7 +80,7 @@ def test_every_member_issues_the_same_rounds_and_uneven_streams_arrive_whole():
                 store = dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/3/{s}", tcp)
                 group = weight_stream.form_group(store, 1 + m, 1 + MEMBERS, "gloo", 30)
                 groups.append(Traced(group.pg, s, traces[m]))
-            for s, pieces, payload in weight_stream.receive_rounds(groups, torch.device("cpu")):
+            for s, pieces, payload, _ in weight_stream.receive_rounds(groups, torch.device("cpu")):
                 for p in pieces:
                     got[m][p.name] = (s, weight_stream.piece_values(payload, p).clone())
                     traces[m].append(("apply", s, int(p.name.split(".b")[1])))

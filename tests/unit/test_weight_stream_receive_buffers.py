@@ -61,7 +61,8 @@ def test_each_sender_gets_two_buffers_kept_across_versions_and_dropped_with_the_
         seen: dict[int, set[int]] = {s: set() for s in range(SENDERS)}
         got: dict[str, list[torch.Tensor]] = {}
 
-        def apply(pieces: list[weight_stream.Piece], payload: torch.Tensor) -> None:
+        def apply(bucket: weight_stream.Received) -> None:
+            pieces, payload = bucket.pieces, bucket.payload
             seen[int(pieces[0].name[1])].add(payload.untyped_storage().data_ptr())  # noqa: B023
             held.append(payload)
             for p in pieces:
@@ -89,7 +90,7 @@ def test_a_stream_that_breaks_leaves_no_buffer_behind():
     link = weight_stream.ReceiverLink()
     groups = _groups(link, port, 2)
 
-    def refuse(pieces: list[weight_stream.Piece], payload: torch.Tensor) -> None:
+    def refuse(bucket: weight_stream.Received) -> None:
         raise ValueError("bad bucket")
 
     with pytest.raises(ValueError, match="bad bucket"):

@@ -115,7 +115,8 @@ class SendStats:
     buckets: int
     sent_bytes: int
     peak_bytes: int  # the most this rank's sender held at once (buffers), see BucketSender
-    waited_s: float = 0.0  # time spent waiting for the wire to free a buffer (the rest: filling)
+    waited_s: float = 0.0  # time spent waiting for the wire to free a buffer
+    filled_s: float = 0.0  # time spent converting into buckets
 
 
 class StreamSender:
@@ -192,7 +193,9 @@ class StreamSender:
             weight_stream.retire(self._group)  # before any other reference to it goes
             self._key, self._group = None, None  # a broken group is formed again next time
             raise
-        stats = SendStats(sender.buckets, sender.sent_bytes, sender.peak_bytes, sender.waited_s)
+        stats = SendStats(
+            sender.buckets, sender.sent_bytes, sender.peak_bytes, sender.waited_s, sender.filled_s
+        )
         self._kept = (fits, sender.keep())
         return stats
 

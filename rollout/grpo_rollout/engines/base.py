@@ -89,7 +89,8 @@ class StreamedUpdate(Protocol):
     the engine thread, with no generate in between: `begin_update` once, `load_bucket` per
     received bucket (in any order across senders), `finish_update` once, or `abort_update` when
     the stream broke. Tied embeddings: `lm_head.weight` is not sent when it shares storage with
-    the input embedding; an engine whose model ties them must not expect it."""
+    the input embedding; an engine whose model ties them must not expect it. An engine whose
+    weights can take received bytes as they are may also offer `destination` (`InPlaceUpdate`)."""
 
     def begin_update(self, tensors: Mapping[str, Sequence[int]]) -> None:
         """Every tensor of the coming version with its full shape; ValueError, before anything
@@ -107,6 +108,19 @@ class StreamedUpdate(Protocol):
 
     def abort_update(self) -> None:
         """The stream broke: release what begin_update set up (the model may be half-updated)."""
+        ...
+
+
+class InPlaceUpdate(Protocol):
+    """Optional beside `StreamedUpdate`: a large piece is then received straight into the weights
+    (no receive buffer, no copy); the others still come through `load_bucket`."""
+
+    def destination(
+        self, name: str, start: int, count: int, dtype: "torch.dtype", device: "torch.device"
+    ) -> "torch.Tensor | None":
+        """Elements [start, start + count) of announced tensor `name`, flattened, as their uint8
+        bytes, when the live tensor holds `dtype` on `device` contiguously; else None (the piece
+        goes through `load_bucket`). Called between `begin_update` and `finish_update`."""
         ...
 
 

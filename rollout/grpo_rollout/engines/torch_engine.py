@@ -217,6 +217,18 @@ class TorchEngine:
                 flat = self._targets[name].view(-1)  # parameters are contiguous: a view of the live weights
                 flat[start : start + values.numel()].copy_(values)
 
+    def destination(
+        self, name: str, start: int, count: int, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor | None:
+        """The live parameter's bytes (`InPlaceUpdate`): the stream writes the new values there."""
+        target = self._targets.get(name)
+        if name not in self._updating or target is None or target.dtype != dtype:
+            return None
+        if target.device != torch.device(device) or not target.is_contiguous() or start < 0:
+            return None
+        flat = target.detach().view(-1)[start : start + count]
+        return flat.view(torch.uint8) if flat.numel() == count else None
+
     def finish_update(self) -> int:
         updated, self._updating = len(self._updating), set()
         return updated
