@@ -43,12 +43,13 @@ for sub in ("trainers", "operator", "rollout"):
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from grpo_operator.api.roles import WeightSync  # noqa: E402
 
 TOKEN = "weight-sync-bench"
 COLS = 4096
 TENSORS = 32
 SENDERS, SERVERS = 2, 2
-REPEATS = 3  # measured collective versions, each after a measured link
+REPEATS = 5  # measured collective versions, each after a measured link
 LINK_RUNS = 1 + REPEATS  # a warm-up, then one before each measured version
 VERSIONS = range(1, 2 + REPEATS)  # version 1 is the stream's warm-up
 
@@ -338,7 +339,7 @@ def wait_health(urls: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-mib", type=int, default=1024, help="payload in the rollout dtype (bf16)")
-    p.add_argument("--bucket-mib", type=int, default=64)
+    p.add_argument("--bucket-mib", type=int, default=WeightSync().bucket_mb, help="default: the API's")
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--only", choices=["collective"], default=None, help="skip the HTTP rows (quick)")
     p.add_argument("--role", default="main", help=argparse.SUPPRESS)

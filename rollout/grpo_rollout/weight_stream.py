@@ -348,23 +348,36 @@ class BucketSender:
             self._buffers.append(self._alloc(self.bucket_bytes))
         return self._buffers[slot]
 
-    def _flush(self, slot: int, pieces: list[Piece], fill: int) -> None:
+    def _flush(self, slot: int, planned: list[tuple[Piece, torch.Tensor]], fill: int) -> None:
+        """Send one bucket from buffer `slot`: its header and manifest (the layout is planned before
+        anything is converted), then run by run, each broadcast as soon as its pieces are converted,
+        so the wire starts on a bucket while the rest of it is still being filled."""
+        self._wait(slot)  # this buffer's last bucket must be off the wire before it is refilled
+        buf = self._buffer(slot)
+        pieces = [p for p, _ in planned]
         manifest = encode_manifest(pieces)
         header = self._alloc(HEADER_WORDS, torch.int64)
         header.copy_(torch.tensor([1, len(manifest), fill], dtype=torch.int64))
         meta = self._alloc(len(manifest))
         meta.copy_(torch.frombuffer(bytearray(manifest), dtype=torch.uint8))
-        buf = self._buffers[slot]
-        payload = [buf[lo : lo + n] for lo, n, _ in runs(pieces, fill)]
-        works = [self.group.broadcast(t) for t in (header, meta, *payload)]
+        works = [self.group.broadcast(header), self.group.broadcast(meta)]
         self._pending[slot] = (works, [header, meta])
+        todo = iter(planned)
+        nxt = next(todo, None)
+        for lo, n, _ in runs(pieces, fill):
+            t0 = time.perf_counter()
+            while nxt is not None and nxt[0].offset < lo + n:
+                piece, values = nxt
+                buf[piece.offset : piece.offset + piece_bytes(piece)].view(self.dtype).copy_(values)
+                nxt = next(todo, None)
+            self.filled_s += time.perf_counter() - t0
+            works.append(self.group.broadcast(buf[lo : lo + n]))
         self.buckets += 1
         self.sent_bytes += fill
 
     def send(self, items: Iterable[tuple[str, int, torch.Tensor]]) -> None:
         """Stream every item, then the end marker; returns when everything is on the wire."""
-        slot, fill, pieces = 0, 0, []
-        buf = self._buffer(slot)
+        slot, fill, planned = 0, 0, []
         for name, start, values in items:
             values = values.reshape(-1)
             done = 0
@@ -372,19 +385,15 @@ class BucketSender:
                 offset = -(-fill // ALIGN) * ALIGN
                 room = (self.bucket_bytes - offset) // self.esize
                 if room <= 0:
-                    self._flush(slot, pieces, fill)
-                    slot, fill, pieces = 1 - slot, 0, []
-                    self._wait(slot)  # the other buffer's broadcast must be done before it is refilled
-                    buf = self._buffer(slot)
+                    self._flush(slot, planned, fill)
+                    slot, fill, planned = 1 - slot, 0, []
                     continue
                 n = min(room, values.numel() - done)
-                t0 = time.perf_counter()
-                buf[offset : offset + n * self.esize].view(self.dtype).copy_(values[done : done + n])
-                self.filled_s += time.perf_counter() - t0
-                pieces.append(Piece(name, start + done, n, offset, dtype_name(self.dtype)))
+                piece = Piece(name, start + done, n, offset, dtype_name(self.dtype))
+                planned.append((piece, values[done : done + n]))
                 fill, done = offset + n * self.esize, done + n
-        if pieces:
-            self._flush(slot, pieces, fill)
+        if planned:
+            self._flush(slot, planned, fill)
         end = self._alloc(HEADER_WORDS, torch.int64).zero_()
         work = self.group.broadcast(end)
         for s in (0, 1):
