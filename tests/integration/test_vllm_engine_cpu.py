@@ -33,7 +33,12 @@ REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 CHECKS = Path(__file__).with_name("vllm_cpu_checks.py")
 TOKEN = "vllm-cpu-token"
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # GiB of KV cache: plenty for the tiny model
+VLLM_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for the tiny model
+    # This checkout's packages first: the cached venv's editable install names whichever checkout
+    # ran hack/vllm-venv.sh last (another clone, a CI run's).
+    "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("operator", "trainers", "rollout")),
+}
 PROMPTS = [
     Prompt(id=i, text=t, columns={"answer": a})
     for i, t, a in [("a", "1+1=", "2"), ("b", "12*7=", "84"), ("c", "x", "y")]
