@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
-from grpo_rollout.testing import free_port
 from kubernetes import client
 
 from tests.e2e.kueue_status import KUEUE, condition
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = Path(os.environ.get("GRPO_E2E_CRD", ROOT / "crds" / "grpojobs.grpo.dev.yaml"))

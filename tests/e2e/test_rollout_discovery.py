@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from grpo_operator.render import names
-from grpo_rollout.testing import write_contract
 from grpo_trainer import membership
 from kubernetes import client
 
 from tests.e2e.test_trainer_status import crd, create_job, trainer_api  # noqa: F401 - crd is a fixture
+from tests.support.rollout import write_contract
 
 PORT = names.ROLLOUT_PORT
 

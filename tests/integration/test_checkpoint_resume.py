@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 from grpo_operator import render
 from grpo_operator.api.job import GRPOJob
-from grpo_rollout.testing import free_port
 from grpo_trainer.checkpoint.saver import ENV_SEAL_DELAY
 
 from tests.integration.test_trainer_run import (  # noqa: F401 (fixtures)
@@ -41,6 +40,7 @@ from tests.integration.test_trainer_run import (  # noqa: F401 (fixtures)
     start_trainer,
     tiny,
 )
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
 STEPS = 6

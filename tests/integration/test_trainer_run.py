@@ -22,8 +22,10 @@ import pytest
 import torch
 from grpo_operator import render
 from grpo_operator.api.job import GRPOJob
-from grpo_rollout.testing import free_port, start_server, wait_ready
 from grpo_trainer import checkpoint
+
+from tests.support.ports import free_port
+from tests.support.rollout import start_server, wait_ready
 
 pytestmark = pytest.mark.slow
 TOKEN = "trainer-test-token"

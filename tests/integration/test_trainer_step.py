@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 from grpo_operator import render
 from grpo_operator.api.job import GRPOJob
-from grpo_rollout.testing import free_port
 from grpo_trainer import checkpoint, moe
 from grpo_trainer.batch import Rollouts
 from grpo_trainer.config import RankInfo
@@ -29,6 +28,7 @@ from grpo_trainer.tiny_model import TinyConfig, build_model, build_tokenizer
 from torch.distributed.tensor import DTensor
 
 from tests.ranks import start_ranks
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
 GROUP = 3

@@ -25,8 +25,10 @@ import pytest
 import torch
 from grpo_rollout.client import RolloutClient, bucketize
 from grpo_rollout.protocol import Prompt, PromptResult, Sampling, WeightStreamRequest
-from grpo_rollout.testing import build_tiny_model, free_port, start_server, wait_ready, write_contract
 from grpo_trainer.weight_sync import StreamSender, owned_items
+
+from tests.support.ports import free_port
+from tests.support.rollout import build_tiny_model, start_server, wait_ready, write_contract
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

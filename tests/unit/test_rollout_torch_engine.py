@@ -12,8 +12,9 @@ from grpo_rollout.engines.base import EngineConfig, create_engine
 from grpo_rollout.engines.routing import RoutingRecorder
 from grpo_rollout.engines.sampling import policy_logprobs
 from grpo_rollout.protocol import Sampling
-from grpo_rollout.testing import build_tiny_model
 from safetensors.torch import save
+
+from tests.support.rollout import build_tiny_model
 
 PROMPTS = ["1+1=", "what is 12 * 7?", "a", "hello world, how are you"]
 
