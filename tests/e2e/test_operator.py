@@ -20,7 +20,7 @@ import pytest
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from kubernetes import client
 
-from tests.e2e.kueue_status import KUEUE, condition
+from tests.support.kueue_status import KUEUE, condition
 from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from safetensors import safe_open
 
-from tests.ranks import start_ranks
 from tests.support.ports import free_port
+from tests.support.ranks import start_ranks
 
 pytestmark = pytest.mark.slow
 

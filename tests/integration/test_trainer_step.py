@@ -27,8 +27,8 @@ from grpo_trainer.parallel import load_policy, make_groups, split_parameters
 from grpo_trainer.tiny_model import TinyConfig, build_model, build_tokenizer
 from torch.distributed.tensor import DTensor
 
-from tests.ranks import start_ranks
 from tests.support.ports import free_port
+from tests.support.ranks import start_ranks
 
 pytestmark = pytest.mark.slow
 GROUP = 3
