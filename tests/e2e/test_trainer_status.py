@@ -20,7 +20,7 @@ from grpo_trainer.progress import StatusPatcher
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.unit.test_grpo_progress import REPORT
+from tests.support.progress import REPORT
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.support.hf_files import tensors
 from tests.support.ranks import start_ranks
 
 pytestmark = pytest.mark.slow
@@ -115,18 +116,6 @@ def run_gang(world: int, ep: int, model_dir: Path, out: Path, sharding: str, cas
     out.mkdir(parents=True, exist_ok=True)
     start_ranks(_worker, (world, ep, free_port(), str(model_dir), sharding, str(out), case), world)
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
-
-
-def tensors(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors import safe_open
-
-    index = folder / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else []
-    out: dict[str, torch.Tensor] = {}
-    for name in files or ["model.safetensors"]:
-        with safe_open(str(folder / name), "pt") as f:
-            out.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118 - not a mapping
-    return out
 
 
 @pytest.mark.parametrize(

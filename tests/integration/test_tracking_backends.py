@@ -27,7 +27,7 @@ from grpo_operator.api.report import EvalScore, StepReport
 from grpo_trainer.progress import ProgressReporter
 
 from tests.support.ports import free_port
-from tests.unit.test_grpo_progress import REPORT
+from tests.support.progress import REPORT
 
 SPEC = {
     "model": {"path": "/m"},

@@ -15,7 +15,7 @@ from grpo_trainer.progress import ProgressReporter
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.ports import free_port
-from tests.unit.test_grpo_progress import REPORT
+from tests.support.progress import REPORT
 
 SPEC = {
     "model": {"path": "/m"},
