@@ -1,8 +1,9 @@
 """`memory_plan.shapes`: parameter counts from config.json, exact against real (tiny) HF models.
 
-Each architecture `expert_parallel` supports is built from a shrunk config with transformers and
-its `numel` counted by category (routed experts vs everything else); the formula must match to
-the parameter. The full-size public configs (tests/data/model-configs) give the published totals.
+Each architecture `expert_parallel` supports is built from a shrunk config
+(tests/support/model_configs.py) with transformers and its `numel` counted by category (routed
+experts vs everything else); the formula must match to the parameter. The full-size public
+configs (tests/data/model-configs) give the published totals.
 """
 
 import json
@@ -10,9 +11,7 @@ from pathlib import Path
 
 import pytest
 from grpo_operator.memory_plan import UnsupportedModel, from_config
-from transformers import (
-    AutoModelForCausalLM,
-)
+from transformers import AutoModelForCausalLM
 
 from tests.support.model_configs import TINY
 
