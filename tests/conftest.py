@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from grpo_rollout.testing import free_port
+
+from tests.support.ports import free_port
 
 S3_KEY_ID, S3_SECRET, S3_REGION = "grpo-test", "grpo-test-secret", "us-west-2"
 

@@ -3,7 +3,8 @@
 Run from the repository root in the rollout image (vLLM pins its own torch, so not the trainer's):
 `python benchmarks/gpu/rollout_vllm_gpu.py --json $OUT/rollout_vllm.json`; exit status 0 when every
 check passed, 1 otherwise. No download: it builds a small random Qwen3-MoE (8 experts, top-2,
-tied embeddings, head_dim 64 so every attention backend takes it) with the character tokenizer.
+tied embeddings, head_dim 64 so every attention backend takes it) with the character tokenizer,
+both from `grpo_trainer.tiny_model`.
 
 Checks (each a row):
 1. start: `VllmEngine` (AsyncLLM, routed-experts capture on, eager) comes up.
@@ -36,41 +37,29 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-for sub in ("rollout", "operator"):
+for sub in ("rollout", "operator", "trainers"):  # trainers: only its tiny_model (torch, transformers)
     sys.path.insert(0, str(ROOT / sub))
 
 MEAN_TOL, MAX_TOL = 0.02, 0.25
 
 
 def build_model(directory: Path, seed: int) -> Path:
+    """The product's tiny builder (`grpo_trainer.tiny_model`, its character tokenizer) at this check's
+    size, random weights in bf16."""
     import torch
-    from grpo_rollout.testing import build_char_tokenizer
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    from grpo_trainer.tiny_model import TinyConfig, save_untrained
 
-    tokenizer = build_char_tokenizer()
-    config = Qwen3MoeConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=512,
-        intermediate_size=1024,
-        moe_intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=4,
+    cfg = TinyConfig(
+        hidden=512,
+        heads=8,
+        kv_heads=4,
         head_dim=64,
-        num_experts=8,
-        num_experts_per_tok=2,
-        max_position_embeddings=1024,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        tie_word_embeddings=True,
-        torch_dtype="bfloat16",
+        expert_width=256,
+        max_positions=1024,
+        tied=True,
+        seed=seed,
     )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return save_untrained(directory, cfg, dtype=torch.bfloat16)
 
 
 def hf_logprobs(model_dir: Path, prompt_ids: list[int], token_ids: list[int]) -> list[float]:

@@ -25,16 +25,17 @@ TOKENS = 256
 @contextlib.contextmanager
 def policy(device_type: str) -> Iterator[tuple[torch.nn.Module, Path, torch.device]]:
     """(model, its directory, device) in a world-1 group of the device's backend."""
-    from grpo_rollout.testing import build_tiny_model
     from grpo_trainer.config import RankInfo
     from grpo_trainer.parallel import load_policy, make_groups
+    from grpo_trainer.tiny_model import TinyConfig, save_untrained
 
     device = torch.device(device_type, 0) if device_type == "cuda" else torch.device("cpu")
     backend = "nccl" if device_type == "cuda" else "gloo"
     if device_type == "cuda":
         torch.cuda.set_device(0)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_model(Path(tmp) / "model", head_dim=32)
+        cfg = TinyConfig(experts=4, expert_width=32, head_dim=32, max_positions=512)  # as measured so far
+        model_dir = save_untrained(Path(tmp) / "model", cfg)
         dist.init_process_group(backend, init_method=f"file://{tmp}/store", rank=0, world_size=1)
         try:
             info = RankInfo(rank=0, local_rank=0, world_size=1, pod_index=0, ep_size=1)

@@ -5,7 +5,7 @@ release-unique names, the binding limited to this module's namespace so engineer
 cluster are not affected) are installed once for the module. Three users act through kubectl
 impersonation (`--as`): alice may only create and get GRPOJobs; carol may also update and patch
 them; bob may create them and is bound to the chart's escalate ClusterRole. Each escalation of
-tests/unit/escalation_cases.py is refused for alice with exactly the messages
+tests/support/escalation_cases.py is refused for alice with exactly the messages
 `validation.escalation.refusals` gives (the same table the unit test runs through cel-python);
 her benign job is accepted; bob and a cluster admin may ask for `network.privileged` with the
 approval annotation; carol may relabel bob's approved job (as the operator patches metadata) but
@@ -26,7 +26,7 @@ import yaml
 from grpo_operator.api.job import ESCALATION_APPROVED_ANNOTATION, GRPOJob
 from grpo_operator.validation import escalation
 
-from tests.unit import escalation_cases as cases
+from tests.support import escalation_cases as cases
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "grpo-operator"

@@ -1,17 +1,18 @@
 """E2E: a job never takes over what it does not own, and its pods are fenced by NetworkPolicies.
 
 The operator runs as a process against the local control plane (the fixtures of
-test_operator.py). Covers the security issue's "a pre-existing object with a child's name is
-left untouched and the job says why", "trainer pods are selected by a NetworkPolicy", and the
-per-uid token Secret that a delete-and-recreate of a job never finds stale.
+tests/support/operator_e2e.py, as in test_operator.py). Covers the security issue's "a
+pre-existing object with a child's name is left untouched and the job says why", "trainer pods
+are selected by a NetworkPolicy", and the per-uid token Secret that a delete-and-recreate of a
+job never finds stale.
 """
 
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from kubernetes import client
 
-from tests.e2e import test_operator as base
+from tests.support import operator_e2e as base
 
-# The fixtures of test_operator.py, shared by name (pytest finds them as module attributes).
+# The operator tests' fixtures, shared by name (pytest finds them as module attributes).
 crd, operator, cluster = base.crd, base.operator, base.cluster
 CONFLICT = "ChildConflict"
 

@@ -6,7 +6,7 @@ subresource, and that the invalid corpus (tests/fixtures/invalid), the forbidden
 (tests/fixtures/updates) and the examples get the same verdict from the API server as from
 `grpo_operator.validation`, each rejection naming the field of the fixture's `# expect:` line
 and the server naming every field that offline validation names; so do the shipped examples
-broken one field at a time (tests/unit/example_mutations.py), `template.spec` included.
+broken one field at a time (tests/support/example_mutations.py), `template.spec` included.
 """
 
 import copy
@@ -24,7 +24,7 @@ from grpo_operator import crd, validation
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from kubernetes import client
 
-from tests.unit import example_mutations
+from tests.support import example_mutations
 
 ROOT = Path(__file__).resolve().parents[2]
 INVALID = sorted((ROOT / "tests" / "fixtures" / "invalid").glob("*.yaml"))
@@ -276,7 +276,7 @@ def test_random_updates_get_the_same_verdict_offline_and_on_the_server(
 def test_each_example_field_broken_alone_is_refused_by_the_server_as_offline(
     crd_installed: None, k8s_api: Any, namespace: str
 ) -> None:
-    """tests/unit/example_mutations.py on the API server: every one refused, naming the broken field.
+    """tests/support/example_mutations.py on the API server: every one refused, naming the broken field.
 
     Sent one by one as server-side dry-run creates with strict field validation (what kubectl
     does by default), so each refusal is matched to its mutation; `validate` must name the same

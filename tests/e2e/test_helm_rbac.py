@@ -34,10 +34,10 @@ import pytest
 import yaml
 from aiohttp import web
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
-from grpo_rollout.testing import free_port
 from kubernetes import client
 
-from tests.e2e.kueue_status import KUEUE, condition
+from tests.support.kueue_status import KUEUE, condition
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "grpo-operator"

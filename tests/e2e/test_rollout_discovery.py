@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from grpo_operator.render import names
-from grpo_rollout.testing import write_contract
 from grpo_trainer import membership
 from kubernetes import client
 
-from tests.e2e.test_trainer_status import crd, create_job, trainer_api  # noqa: F401 - crd is a fixture
+from tests.support import trainer_identity
+from tests.support.rollout import write_contract
+from tests.support.trainer_identity import create_job, trainer_api
 
+crd = trainer_identity.crd  # the fixture, by name
 PORT = names.ROLLOUT_PORT
 
 
@@ -41,7 +43,7 @@ def slice_body(name: str, service: str, endpoints: list[dict[str, Any]]) -> dict
 
 
 def test_endpoint_slice_source_sees_joins_readiness_and_leaves(
-    crd: None,  # noqa: F811
+    crd: None,
     k8s_api: client.ApiClient,
     kubectl: Any,
     namespace: str,

@@ -5,60 +5,20 @@ The Role the operator renders for the trainer ServiceAccount must allow exactly 
 server, a real TokenRequest token for that ServiceAccount, the trainer's own StatusPatcher.
 """
 
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from grpo_operator import render
-from grpo_operator.api.job import GROUP, PLURAL, VERSION, GRPOJob
+from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from grpo_operator.api.report import AttemptStart
-from grpo_operator.render import names
 from grpo_trainer.progress import StatusPatcher
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.unit.test_grpo_progress import REPORT
+from tests.support import trainer_identity
+from tests.support.progress import REPORT
+from tests.support.trainer_identity import create_job, trainer_api
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def crd(kubectl: Any, established: Any) -> None:
-    text = subprocess.run(
-        [sys.executable, "-m", "grpo_operator.cli", "crd"], capture_output=True, text=True, check=True
-    ).stdout
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text)
-    established("grpojobs.grpo.dev")
-
-
-def create_job(api: client.CustomObjectsApi, namespace: str, name: str) -> dict:
-    body = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
-    body["metadata"] = {"name": name}
-    return api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
-
-
-def trainer_api(
-    k8s_api: client.ApiClient, kubectl: Any, job: dict, namespace: str
-) -> client.CustomObjectsApi:
-    """A client that is the job's trainer ServiceAccount, with its rendered Role applied."""
-    name = job["metadata"]["name"]
-    spec = GRPOJob.model_validate({"spec": job["spec"]})
-    rendered = render.children(spec, name=name, namespace=namespace, uid=job["metadata"]["uid"])
-    rbac = [c for c in rendered if c["kind"] in ("ServiceAccount", "Role", "RoleBinding")]
-    kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
-    account = names.service_account(name, names.ROLE_TRAINER)
-    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[]))
-    core = client.CoreV1Api(k8s_api)
-    token = core.create_namespaced_service_account_token(account, namespace, request).status.token
-    config = client.Configuration()
-    config.host = k8s_api.configuration.host
-    config.ssl_ca_cert = k8s_api.configuration.ssl_ca_cert
-    config.verify_ssl = k8s_api.configuration.verify_ssl
-    config.api_key = {"authorization": f"Bearer {token}"}
-    return client.CustomObjectsApi(client.ApiClient(config))
+crd = trainer_identity.crd  # the fixture, by name
 
 
 def test_rank0_progress_lands_in_status_and_only_for_its_own_job(

@@ -21,14 +21,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.ranks import start_ranks
+from tests.support.ranks import start_ranks
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from grpo_rollout.testing import build_tiny_model
+    from tests.support.rollout import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
@@ -101,7 +101,7 @@ def _worker(
 def run_gang(
     world: int, ep: int, model_dir: Path, mode: str, uri: str, out: Path, sharding: str = "optimizer"
 ) -> list[dict]:
-    from grpo_rollout.testing import free_port
+    from tests.support.ports import free_port
 
     args = (world, ep, free_port(), str(model_dir), mode, uri, str(out), sharding)
     start_ranks(_worker, args, world)

@@ -1,10 +1,11 @@
 """Checkpoints of a real trainer gang: S3, SIGKILL mid-save, resharding, fallback, per-pod roots.
 
 The gangs are `python -m grpo_trainer train` processes (gloo) against a real rollout server and,
-for S3, moto's S3 server process (fixture `s3_server`), as in test_trainer_run.py. Runs use
-maxStaleness 0, so each step samples from exactly the policy the trainer holds, with a seed
-that depends only on the job seed and the step: an uninterrupted run and a resumed one see the
-same prompts and the same sampling seeds, and differ only by float rounding.
+for S3, moto's S3 server process (fixture `s3_server`), as in test_trainer_run.py (the harness:
+tests/support/trainer_run.py). Runs use maxStaleness 0, so each step samples from exactly the
+policy the trainer holds, with a seed that depends only on the job seed and the step: an
+uninterrupted run and a resumed one see the same prompts and the same sampling seeds, and differ
+only by float rounding.
 
 "Within noise", measured on this CPU: a resume at the same shape (EP 2 → EP 2) reproduces the
 uninterrupted run's losses and rewards exactly (same files, same RNG, same reduction order). A
@@ -13,8 +14,6 @@ micro-batch; the all-to-all and gradient all-reduce are gone), about 1e-7 relati
 its per-step loss must stay within 1e-3 absolute of the uninterrupted run's and its rewards
 within 0.1 (a flipped sampled token among 16 completions moves the mean reward by 1/16).
 """
-
-# ruff: noqa: F811 - the fixtures imported from test_trainer_run arrive as parameters
 
 import json
 import os
@@ -26,23 +25,22 @@ from typing import Any
 import pytest
 from grpo_operator import render
 from grpo_operator.api.job import GRPOJob
-from grpo_rollout.testing import free_port
 from grpo_trainer.checkpoint.saver import ENV_SEAL_DELAY
 
-from tests.integration.test_trainer_run import (  # noqa: F401 (fixtures)
+from tests.support import trainer_run as gang
+from tests.support.ports import free_port
+from tests.support.trainer_run import (
     assert_exported,
     attempt_starts,
     children,
     finish,
-    launch,
     log_tail,
     progress,
-    server,
     start_trainer,
-    tiny,
 )
 
 pytestmark = pytest.mark.slow
+tiny, launch, server = gang.tiny, gang.launch, gang.server  # the harness's fixtures, by name
 STEPS = 6
 LOSS_TOL, REWARD_TOL = 1e-3, 0.1
 

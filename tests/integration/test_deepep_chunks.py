@@ -12,7 +12,7 @@ import tempfile
 import pytest
 import torch.distributed as dist
 
-from tests.ranks import start_ranks
+from tests.support.ranks import start_ranks
 
 TOKENS = [3, 9]  # per rank; a buffer of 4 tokens: the busiest rank needs 3 chunks
 

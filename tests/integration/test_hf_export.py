@@ -20,7 +20,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.ranks import start_ranks
+from tests.support.hf_files import tensors
+from tests.support.ranks import start_ranks
 
 pytestmark = pytest.mark.slow
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
@@ -29,7 +30,7 @@ SLACK = 16 << 20  # one-time allocations of a first export: gloo buffers, the to
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from grpo_rollout.testing import build_tiny_model
+    from tests.support.rollout import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
@@ -110,23 +111,11 @@ def _worker(
 
 
 def run_gang(world: int, ep: int, model_dir: Path, out: Path, sharding: str, case: str) -> list[dict]:
-    from grpo_rollout.testing import free_port
+    from tests.support.ports import free_port
 
     out.mkdir(parents=True, exist_ok=True)
     start_ranks(_worker, (world, ep, free_port(), str(model_dir), sharding, str(out), case), world)
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
-
-
-def tensors(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors import safe_open
-
-    index = folder / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else []
-    out: dict[str, torch.Tensor] = {}
-    for name in files or ["model.safetensors"]:
-        with safe_open(str(folder / name), "pt") as f:
-            out.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118 - not a mapping
-    return out
 
 
 @pytest.mark.parametrize(
@@ -193,20 +182,11 @@ def test_a_rank_failing_mid_write_fails_every_rank_and_the_export_is_not_complet
 
 def _big_model(folder: Path) -> Path:
     """A 16-expert model of 200 MB in fp32, most of it routed experts (0.5 MB each)."""
-    from grpo_rollout.testing import build_char_tokenizer
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    from tests.support.rollout import build_tiny_model
 
-    tokenizer = build_char_tokenizer()
-    config = Qwen3MoeConfig(
-        vocab_size=len(tokenizer), hidden_size=256, num_hidden_layers=8, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, intermediate_size=512, moe_intermediate_size=512,
-        num_experts=16, num_experts_per_tok=2, max_position_embeddings=128,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return build_tiny_model(
+        folder, hidden=256, layers=8, head_dim=64, experts=16, expert_width=512, max_positions=128
+    )
 
 
 def test_the_export_grows_a_rank_by_one_tensor_not_by_the_model(tmp_path: Path) -> None:

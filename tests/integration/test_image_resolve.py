@@ -2,7 +2,7 @@
 
 No Docker engine runs here, and an image that cannot resolve, or that ends with two torches, two
 NCCLs or two CUDAs between trainer and rollout, fails only at build or at the first weight stream
-on a GPU fleet. So each image's `pip install` lines are read from the Dockerfile (tests/dockerfile.py,
+on a GPU fleet. So each image's `pip install` lines are read from the Dockerfile (tests/support/dockerfile.py,
 ARG defaults substituted) and handed to pip's resolver for the images' platform (linux x86_64,
 Ubuntu's CPython and glibc), one dry run per image: the resolving installs together, then the
 `--no-deps` overrides laid over the result, as pip leaves them in the image. PyPI is reachable here
@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from tests.dockerfile import (
+from tests.support.dockerfile import (
     GLOBAL_ARGS,
     ROOT,
     UBUNTU_GLIBC,

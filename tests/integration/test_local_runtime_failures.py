@@ -11,14 +11,15 @@ import signal
 from pathlib import Path
 
 import pytest
-from test_local_runtime import job_manifest, run_job, tiny_model  # noqa: F401 - tiny_model is a fixture
+
+from tests.support.local_runtime import job_manifest, run_job
 
 pytestmark = pytest.mark.slow
 EVERY = 3  # checkpoint interval of these runs
 MAX_STEPS = 12
 
 
-def test_killed_trainer_rank_restarts_the_gang_from_its_checkpoint(tmp_path: Path, tiny_model: Path) -> None:  # noqa: F811
+def test_killed_trainer_rank_restarts_the_gang_from_its_checkpoint(tmp_path: Path, tiny_model: Path) -> None:
     manifest = job_manifest(tiny_model, maxSteps=MAX_STEPS)
     manifest["spec"]["checkpoint"]["everySteps"] = EVERY
     run = run_job(tmp_path, manifest)
@@ -50,7 +51,7 @@ def test_killed_trainer_rank_restarts_the_gang_from_its_checkpoint(tmp_path: Pat
     assert run.pod_pids() == {}
 
 
-def test_killed_rollout_server_is_replaced_and_the_job_finishes(tmp_path: Path, tiny_model: Path) -> None:  # noqa: F811
+def test_killed_rollout_server_is_replaced_and_the_job_finishes(tmp_path: Path, tiny_model: Path) -> None:
     manifest = job_manifest(tiny_model, maxSteps=MAX_STEPS)
     manifest["spec"]["rollout"]["replicas"] = 2
     run = run_job(tmp_path, manifest)

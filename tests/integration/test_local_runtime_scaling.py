@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_local_runtime import Run, job_manifest, run_job, tiny_model  # noqa: F401 - tiny_model is a fixture
+
+from tests.support.local_runtime import Run, job_manifest, run_job
 
 pytestmark = pytest.mark.slow
 PROMPTS, GROUP = 4, 4
@@ -45,7 +46,7 @@ def scale(job_file: Path, replicas: int) -> None:
     job_file.write_text(yaml.safe_dump(manifest))
 
 
-def test_rollout_servers_added_and_removed_mid_run(tmp_path: Path, tiny_model: Path) -> None:  # noqa: F811
+def test_rollout_servers_added_and_removed_mid_run(tmp_path: Path, tiny_model: Path) -> None:
     algorithm = {"promptsPerStep": PROMPTS, "groupSize": GROUP, "microBatchSize": 16, "maxStaleness": 1}
     manifest = job_manifest(tiny_model, maxSteps=100_000, **algorithm)
     manifest["spec"]["rollout"]["replicas"] = 2

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.test_local_runtime import REPO, tiny_model  # noqa: F401 (session fixture)
+from tests.support.local_runtime import REPO
 
 pytestmark = pytest.mark.slow
 EXAMPLES = REPO / "examples"
@@ -38,7 +38,7 @@ def logs(workdir: Path) -> str:
 
 def test_s3_example_runs_with_model_dataset_and_checkpoints_on_s3(
     s3_server: Any,
-    tiny_model: Path,  # noqa: F811 (the session fixture imported above)
+    tiny_model: Path,
     tmp_path: Path,
 ) -> None:
     example = EXAMPLES / "tiny-local-s3.yaml"
@@ -69,7 +69,7 @@ def test_s3_example_runs_with_model_dataset_and_checkpoints_on_s3(
 
 
 def test_pvc_example_runs_on_a_folder_standing_in_for_the_claim(
-    tiny_model: Path,  # noqa: F811
+    tiny_model: Path,
     tmp_path: Path,
 ) -> None:
     example = EXAMPLES / "tiny-local-pvc.yaml"

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.ranks import start_ranks
+from tests.support.ranks import start_ranks
 
 
 class _Moveless:

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.ranks import start_ranks
+from tests.support.ranks import start_ranks
 
 ATOL, RTOL = 2e-5, 1e-4
 

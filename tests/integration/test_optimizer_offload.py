@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.ranks import start_ranks
+from tests.support.ranks import start_ranks
 
 pytestmark = pytest.mark.slow
 STEPS = 3
@@ -87,7 +87,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_offloaded_adam_takes_torch_adamw_steps_with_host_state(
     model_dir: Path, tmp_path: Path, world: int, ep: int, sharding: str
 ) -> None:
-    from grpo_rollout.testing import free_port
+    from tests.support.ports import free_port
 
     out = tmp_path / "out"
     start_ranks(worker, (world, ep, sharding, free_port(), str(model_dir), str(out)), world)

@@ -12,7 +12,9 @@ import pytest
 import torch
 from grpo_rollout.client import GenerateError, RolloutClient, ServerError, bucketize
 from grpo_rollout.protocol import Prompt, Sampling
-from grpo_rollout.testing import build_tiny_model, free_port, running_servers
+
+from tests.support.ports import free_port
+from tests.support.rollout import build_tiny_model, running_servers
 
 pytestmark = pytest.mark.slow
 TOKEN = "client-test-token"

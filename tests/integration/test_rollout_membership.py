@@ -18,10 +18,11 @@ import torch
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_rollout.client import RolloutClient
 from grpo_rollout.protocol import Prompt, Sampling
-from grpo_rollout.testing import build_tiny_model, running_servers, write_contract
 from grpo_trainer.data import Row
 from grpo_trainer.generation import Generator
 from grpo_trainer.membership import ContractFileSource
+
+from tests.support.rollout import build_tiny_model, running_servers, write_contract
 
 pytestmark = pytest.mark.slow
 TOKEN = "membership-test-token"

@@ -12,7 +12,9 @@ import time
 import pytest
 from grpo_rollout.client import RolloutClient
 from grpo_rollout.protocol import Prompt, Sampling
-from grpo_rollout.testing import build_tiny_model, free_port, start_server, wait_ready, write_contract
+
+from tests.support.ports import free_port
+from tests.support.rollout import build_tiny_model, start_server, wait_ready, write_contract
 
 pytestmark = pytest.mark.slow
 TOKEN = "plugin-test-token"

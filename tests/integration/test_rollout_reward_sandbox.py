@@ -15,9 +15,10 @@ import textwrap
 import pytest
 from grpo_rollout.client import RolloutClient
 from grpo_rollout.protocol import Prompt, Sampling
-from grpo_rollout.testing import build_tiny_model, free_port, start_server, wait_ready, write_contract
 
-from tests.unit.reward_processes import alive, in_session
+from tests.support.ports import free_port
+from tests.support.reward_processes import alive, in_session
+from tests.support.rollout import build_tiny_model, start_server, wait_ready, write_contract
 
 pytestmark = pytest.mark.slow
 TOKEN = "sandbox-test-token"

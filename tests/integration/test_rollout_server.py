@@ -17,7 +17,9 @@ import pytest
 import torch
 from grpo_rollout.client import RolloutClient, WeightSyncError, bucketize
 from grpo_rollout.protocol import MAX_GENERATE_BODY_BYTES, Prompt, PromptResult, Sampling
-from grpo_rollout.testing import build_tiny_model, free_port, start_server, wait_ready, write_contract
+
+from tests.support.ports import free_port
+from tests.support.rollout import build_tiny_model, start_server, wait_ready, write_contract
 
 pytestmark = pytest.mark.slow
 TOKEN = "s3cret-job-token"

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from grpo_rollout.testing import free_port
 from safetensors import safe_open
 
-from tests.ranks import start_ranks
+from tests.support.ports import free_port
+from tests.support.ranks import start_ranks
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,8 @@ import pytest
 from grpo_operator.api.status import Reason
 from grpo_operator.cli import main
 from grpo_operator.storage.check import Expect, PathError, check, probe_write
-from grpo_rollout.testing import free_port
+
+from tests.support.ports import free_port
 
 
 @pytest.fixture

@@ -21,9 +21,11 @@ import pytest
 import torch
 from grpo_rollout.client import RolloutClient
 from grpo_rollout.protocol import HealthResponse, WeightStreamRequest
-from grpo_rollout.testing import build_tiny_model, free_port, running_servers
 from grpo_trainer.generation import member_ranks
 from grpo_trainer.weight_sync import StreamSender, owned_items, tied_aliases
+
+from tests.support.ports import free_port
+from tests.support.rollout import build_tiny_model, running_servers
 
 pytestmark = pytest.mark.slow
 TOKEN = "stream-members-token"

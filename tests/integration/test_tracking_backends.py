@@ -24,10 +24,10 @@ import pytest
 from grpo_operator import render
 from grpo_operator.api.job import GRPOJob
 from grpo_operator.api.report import EvalScore, StepReport
-from grpo_rollout.testing import free_port
 from grpo_trainer.progress import ProgressReporter
 
-from tests.unit.test_grpo_progress import REPORT
+from tests.support.ports import free_port
+from tests.support.progress import REPORT
 
 SPEC = {
     "model": {"path": "/m"},

@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_operator.api.contract import RunContract
-from grpo_rollout.testing import build_tiny_model, free_port, start_server, wait_ready, write_contract
 from grpo_trainer.batch import score
 from grpo_trainer.checkpoint import TrainState
 from grpo_trainer.data import PromptOrder, Row
 from grpo_trainer.generation import Generator
 from grpo_trainer.loop import Run, next_rollouts
+
+from tests.support.ports import free_port
+from tests.support.rollout import build_tiny_model, start_server, wait_ready, write_contract
 
 pytestmark = pytest.mark.slow
 TOKEN = "dynamic-sampling-token"

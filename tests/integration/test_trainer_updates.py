@@ -1,21 +1,21 @@
 """Several optimizer updates per step, and token-budget micro-batches, on real gloo ranks.
 
-Same harness as `test_trainer_step` (the tiny MoE model, hand-made rollouts, `train_step`, SGD
-unless AdamW is asked for): with miniBatchesPerStep x epochsPerStep updates each mini-batch is
-normalised by its own totals over every rank, so world 2 takes the single process's steps; the
-policy ratio to π_old moves after the first update, so tokens clip and GSPO's sequence ratio gives
-another step than GRPO's; micro-batches cut by token budget (counts evened out across ranks)
-give the fixed-size micro-batches' loss and gradient.
+Same harness as `test_trainer_step` (tests/support/trainer_step.py: the tiny MoE model, hand-made
+rollouts, `train_step`, SGD unless AdamW is asked for): with miniBatchesPerStep x epochsPerStep
+updates each mini-batch is normalised by its own totals over every rank, so world 2 takes the
+single process's steps; the policy ratio to π_old moves after the first update, so tokens clip and
+GSPO's sequence ratio gives another step than GRPO's; micro-batches cut by token budget (counts
+evened out across ranks) give the fixed-size micro-batches' loss and gradient.
 """
 
 from pathlib import Path
 
 import pytest
 
-from tests.integration import test_trainer_step as step
+from tests.support import trainer_step as step
 
 pytestmark = pytest.mark.slow
-model_dir, reference = step.model_dir, step.reference  # the module's fixtures, shared
+model_dir, reference = step.model_dir, step.reference  # the harness's module fixtures, by name
 run_gang, assert_same_step = step.run_gang, step.assert_same_step
 
 

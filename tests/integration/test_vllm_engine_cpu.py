@@ -25,32 +25,21 @@ import pytest
 import torch
 from grpo_rollout.client import RolloutClient, bucketize
 from grpo_rollout.protocol import Prompt, PromptResult, Sampling, WeightStreamRequest
-from grpo_rollout.testing import build_tiny_model, free_port, start_server, wait_ready, write_contract
 from grpo_trainer.weight_sync import StreamSender, owned_items
 
+from tests.support.ports import free_port
+from tests.support.rollout import build_tiny_model, start_server, wait_ready, write_contract
+from tests.support.vllm import VLLM_ENV, vllm_venv_python
+
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 CHECKS = Path(__file__).with_name("vllm_cpu_checks.py")
 TOKEN = "vllm-cpu-token"
-VLLM_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for the tiny model
-    # This checkout's packages first: the cached venv's editable install names whichever checkout
-    # ran hack/vllm-venv.sh last (another clone, a CI run's).
-    "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("operator", "trainers", "rollout")),
-}
 PROMPTS = [
     Prompt(id=i, text=t, columns={"answer": a})
     for i, t, a in [("a", "1+1=", "2"), ("b", "12*7=", "84"), ("c", "x", "y")]
 ]
 GROUP = 4  # samples per prompt (algorithm.groupSize)
 TOLERANCE = 1e-4  # fp32 both sides; measured ~1e-6 (0.03 after a reload without the expert repack)
-
-
-def vllm_venv_python() -> Path:
-    if not VLLM_PYTHON.exists():
-        pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm-venv` (hack/vllm-venv.sh) first")
-    return VLLM_PYTHON
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_local_runtime import EXAMPLE, run_job
-from test_vllm_engine_cpu import VLLM_ENV, vllm_venv_python
+
+from tests.support.local_runtime import EXAMPLE, run_job
+from tests.support.vllm import VLLM_ENV, vllm_venv_python
 
 pytestmark = pytest.mark.slow
 

@@ -21,8 +21,10 @@ import pytest
 import torch
 from grpo_rollout.client import RolloutClient, bucketize
 from grpo_rollout.protocol import Prompt, Sampling, WeightStreamRequest
-from grpo_rollout.testing import build_tiny_model, free_port, running_servers, start_server, wait_ready
 from grpo_trainer.weight_sync import StreamSender, owned_items, tied_aliases
+
+from tests.support.ports import free_port
+from tests.support.rollout import build_tiny_model, running_servers, start_server, wait_ready
 
 pytestmark = pytest.mark.slow
 TOKEN = "weight-stream-token"

@@ -8,8 +8,6 @@ and the dashboard are wired to each other.
 
 import argparse
 import json
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,38 +16,9 @@ from grpo_operator import instance_types
 from grpo_operator.cli import build_parser
 from kopf._cogs.structs import references
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "grpo-operator"
-NAMESPACE = "grpo-system"
+from tests.support.chart import CHART, HELM, NAMESPACE, ROOT, helm, render
 
-
-def _bin_dir() -> Path:
-    out = subprocess.run(
-        ["bash", str(ROOT / "hack" / "build-control-plane.sh"), "print-bin-dir"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return Path(out.stdout.strip())
-
-
-HELM = _bin_dir() / "helm"
 pytestmark = pytest.mark.skipif(not HELM.exists(), reason="helm not built yet (make control-plane)")
-
-
-def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=120, check=False)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def render(*sets: str) -> list[dict[str, Any]]:
-    args = ["template", "grpo", str(CHART), "--namespace", NAMESPACE]
-    for s in sets:
-        args += ["--set", s]
-    return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
 
 
 def admission(doc: dict[str, Any]) -> bool:

@@ -24,8 +24,8 @@ from grpo_operator.api.status import GRPOJobStatus, Phase
 from grpo_operator.render import names
 from grpo_trainer import exporter
 
-from tests.unit.test_chart import render as chart
-from tests.unit.test_status import all_ready, decide
+from tests.support.chart import render as chart
+from tests.support.status import all_ready, decide
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "grpo-operator"

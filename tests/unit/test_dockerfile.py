@@ -22,7 +22,7 @@ from grpo_operator.cli import COMMANDS
 from grpo_operator.render import names, pods
 from packaging.requirements import Requirement
 
-from tests.dockerfile import (
+from tests.support.dockerfile import (
     DOCKERFILE,
     GLOBAL_ARGS,
     ROOT,

@@ -22,8 +22,8 @@ from grpo_operator.validation import escalation, validate_text
 from grpo_operator.validation.check import escalation_warnings
 from grpo_operator.validation.schema import apply_defaults
 
-from tests.unit import escalation_cases as cases
-from tests.unit.test_chart import HELM, render
+from tests.support import escalation_cases as cases
+from tests.support.chart import HELM, render
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p for p in (ROOT / "examples").rglob("*.yaml") if "kind: GRPOJob" in p.read_text())

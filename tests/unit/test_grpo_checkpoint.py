@@ -13,11 +13,13 @@ from grpo_operator import render
 from grpo_operator.api.job import GRPOJob
 from grpo_operator.api.status import Reason
 from grpo_operator.validation import check_object
-from grpo_rollout.testing import build_tiny_model, free_port
 from grpo_trainer import checkpoint
 from grpo_trainer.checkpoint import layout, state
 from grpo_trainer.checkpoint.dcp_io import merge
 from grpo_trainer.config import ConfigError, RankInfo
+
+from tests.support.ports import free_port
+from tests.support.rollout import build_tiny_model
 
 INFO = RankInfo(rank=0, local_rank=0, world_size=1, pod_index=0, ep_size=1)
 

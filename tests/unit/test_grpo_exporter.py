@@ -10,12 +10,12 @@ import pytest
 from grpo_operator import render
 from grpo_operator.api.job import GRPOJob
 from grpo_operator.api.report import EvalScore, StepReport
-from grpo_rollout.testing import free_port
 from grpo_trainer import exporter
 from grpo_trainer.progress import ProgressReporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.unit.test_grpo_progress import REPORT
+from tests.support.ports import free_port
+from tests.support.progress import REPORT
 
 SPEC = {
     "model": {"path": "/m"},

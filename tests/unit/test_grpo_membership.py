@@ -14,7 +14,7 @@ from grpo_operator.local import scaling
 from grpo_operator.local.procs import PodCommand
 from grpo_trainer import membership
 
-from tests.unit.test_render import job
+from tests.support.render import job
 
 
 def contract(ports: list[int]) -> RunContract:
@@ -95,7 +95,7 @@ def test_in_a_cluster_without_an_api_the_contract_file_is_followed(tmp_path: Pat
 def test_job_file_watch_reports_replica_edits_and_ignores_bad_ones(tmp_path: Path) -> None:
     import yaml
 
-    from tests.unit.test_render import BASE
+    from tests.support.render import BASE
 
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(BASE))

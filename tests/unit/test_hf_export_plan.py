@@ -16,8 +16,8 @@ from grpo_trainer.checkpoint.safetensors_stream import StreamWriter, TensorSpec
 from safetensors import safe_open
 from safetensors.torch import save
 
-from tests.integration.test_hf_export import tensors
-from tests.unit.test_memory_plan_shapes import TINY
+from tests.support.hf_files import tensors
+from tests.support.model_configs import TINY
 
 
 def unit(name: str, rows: int, holders: tuple[int, ...] = (), expert: int | None = None) -> Unit:

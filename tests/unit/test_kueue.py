@@ -8,7 +8,7 @@ from grpo_operator.api.status import Phase, Reason
 from grpo_operator.controller import admission
 from grpo_operator.render import kueue, names, render
 
-from tests.unit.test_status import all_ready, cond, decide
+from tests.support.status import all_ready, cond, decide
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 

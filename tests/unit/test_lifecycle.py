@@ -13,7 +13,7 @@ from grpo_operator.lifecycle import Outcome, gang_decision, seconds_left
 from grpo_operator.local import supervisor
 from grpo_operator.local.procs import PodCommand, PodProcess, stop_all
 
-from tests.unit.test_status import pod, spec
+from tests.support.status import pod, spec
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 RUNNING, SIGKILL = None, "SIGKILL"  # a pod still running; one killed by SIGKILL (exit code 137)

@@ -1,54 +1,10 @@
 """Unit tests of grpo_operator.render: contract topology, children, EFA-aware pods."""
 
-import copy
-
 import pytest
 from grpo_operator import instance_types, render
-from grpo_operator.api.job import GRPOJob
 from grpo_operator.render import names
 
-BASE = {
-    "apiVersion": "grpo.dev/v1alpha1",
-    "kind": "GRPOJob",
-    "metadata": {"name": "moe", "namespace": "team"},
-    "spec": {
-        "model": {"path": "pvc://models/qwen3-moe"},
-        "dataset": {"path": "s3://bucket/gsm8k.jsonl"},
-        "reward": {"functions": [{"builtin": "math"}]},
-        "checkpoint": {"path": "pvc://ckpt/runs"},
-        "trainer": {"replicas": 2, "instanceType": "p5.48xlarge", "expertParallelSize": 16},
-        "rollout": {"replicas": 2, "instanceType": "p5.48xlarge", "tensorParallelSize": 8},
-    },
-}
-
-
-def job(**spec_updates) -> GRPOJob:
-    raw = copy.deepcopy(BASE)
-    for path, value in spec_updates.items():
-        node = raw["spec"]
-        *parents, leaf = path.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return GRPOJob.model_validate(raw)
-
-
-def rendered(j: GRPOJob | None = None, **kw) -> render.Rendered:
-    return render.render(j or job(), name="moe", namespace="team", uid="uid-1", **kw)
-
-
-def by_kind(r: render.Rendered, kind: str, name: str | None = None) -> dict:
-    found = [c for c in r.children if c["kind"] == kind and (name is None or c["metadata"]["name"] == name)]
-    assert len(found) == 1, f"{kind} {name}: {len(found)} found"
-    return found[0]
-
-
-def container(r: render.Rendered, role: str) -> dict:
-    return by_kind(r, "StatefulSet", f"moe-{role}")["spec"]["template"]["spec"]["containers"][0]
-
-
-def env(c: dict) -> dict:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+from tests.support.render import by_kind, container, env, job, rendered
 
 
 def test_contract_topology_uses_service_dns_and_ep_layout():

@@ -6,7 +6,7 @@ import pytest
 from grpo_operator import render
 from grpo_operator.render import names, overrides
 
-from tests.unit.test_render import by_kind, container, env, job, rendered
+from tests.support.render import by_kind, container, env, job, rendered
 
 PROMETHEUS = {
     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},

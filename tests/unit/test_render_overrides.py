@@ -2,7 +2,7 @@
 
 from grpo_operator.render import overrides
 
-from tests.unit.test_render import by_kind, container, env, job, rendered
+from tests.support.render import by_kind, container, env, job, rendered
 
 
 def test_user_additions_are_merged():

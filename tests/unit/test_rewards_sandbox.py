@@ -13,7 +13,7 @@ import pytest
 from grpo_rollout.rewards import sandbox
 from grpo_rollout.rewards.worker import PluginError, PluginTimeout, PluginWorker
 
-from tests.unit.reward_processes import alive, in_session
+from tests.support.reward_processes import alive, in_session
 
 PLUGINS = """
 import json, os, subprocess, sys, time

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 from grpo_rollout.__main__ import listen_host
-from grpo_rollout.testing import write_contract
+
+from tests.support.rollout import write_contract
 
 
 def serve(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:

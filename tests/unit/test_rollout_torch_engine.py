@@ -16,8 +16,10 @@ from grpo_rollout.engines.base import EngineConfig, create_engine
 from grpo_rollout.engines.routing import RoutingRecorder
 from grpo_rollout.engines.sampling import policy_logprobs
 from grpo_rollout.protocol import Sampling, WeightStreamRequest
-from grpo_rollout.testing import build_tiny_model, free_port
 from safetensors.torch import save
+
+from tests.support.ports import free_port
+from tests.support.rollout import build_tiny_model
 
 PROMPTS = ["1+1=", "what is 12 * 7?", "a", "hello world, how are you"]
 

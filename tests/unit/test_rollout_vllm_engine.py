@@ -13,8 +13,9 @@ import pytest
 import torch
 from grpo_rollout.engines.base import EngineConfig, create_engine
 from grpo_rollout.engines.hf_names import CheckpointNames
-from grpo_rollout.testing import build_tiny_model
 from safetensors.torch import load_file
+
+from tests.support.rollout import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,12 @@ import pytest
 import torch
 from grpo_rollout.engines.base import EngineConfig, create_engine
 from grpo_rollout.protocol import Completion, PromptResult, Sampling
-from grpo_rollout.testing import build_tiny_model
 from grpo_trainer import moe
 from grpo_trainer.batch import Rollouts, micro_batches
 from grpo_trainer.loop import forward_logp
 from transformers import AutoModelForCausalLM
+
+from tests.support.rollout import build_tiny_model
 
 PROMPTS = ["1+1=", "what is 12 * 7?", "hello world, how are you"]
 GROUP = 2

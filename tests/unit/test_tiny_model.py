@@ -1,4 +1,5 @@
-"""The tiny demo model: built offline through the operator CLI, reloadable by HF, a usable starting point."""
+"""The tiny demo model: built offline through the operator CLI, reloadable by HF, a usable starting point;
+and its untrained variants (`save_untrained`), the models of the tests and GPU benchmarks."""
 
 import json
 import os
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from grpo_trainer.tiny_model import DATASET_FILE, build_tokenizer
+from grpo_trainer.tiny_model import DATASET_FILE, TinyConfig, build_model, build_tokenizer, save_untrained
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,35 @@ def test_warm_up_leaves_signal_and_room(built: tuple[Path, dict]) -> None:
     _, summary = built
     assert 0.2 <= summary["sampled_accuracy"] <= 0.6
     assert 0 < summary["warmup_steps"] <= 400
+
+
+@pytest.mark.parametrize(
+    ("cfg", "model_type"),
+    [
+        (TinyConfig(experts=4, expert_width=32, head_dim=32), "qwen3_moe"),
+        (TinyConfig(arch="qwen2", tied=True), "qwen2"),
+    ],
+    ids=["moe", "dense-tied"],
+)
+def test_an_untrained_variant_reloads_with_its_sizes_and_names_eos_and_pad(
+    tmp_path: Path, cfg: TinyConfig, model_type: str
+) -> None:
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    save_untrained(tmp_path, cfg)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, local_files_only=True)
+    assert model.config.model_type == model_type and model.config.tie_word_embeddings == cfg.tied
+    if model_type == "qwen3_moe":
+        assert (model.config.num_experts, model.config.head_dim) == (4, 32)
+    tok = build_tokenizer()
+    generation = GenerationConfig.from_pretrained(tmp_path, local_files_only=True)
+    assert (generation.eos_token_id, generation.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
+    assert not (tmp_path / DATASET_FILE).exists()  # no warm-up, no dataset
+
+
+def test_an_unknown_arch_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown tiny arch 'llama'"):
+        build_model(TinyConfig(arch="llama"), build_tokenizer())
 
 
 @pytest.mark.slow

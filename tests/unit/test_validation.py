@@ -8,7 +8,7 @@ from grpo_operator import crd, validation
 from grpo_operator.cli import main
 from grpo_operator.validation import structural
 
-from tests.unit import example_mutations
+from tests.support import example_mutations
 
 ROOT = Path(__file__).resolve().parents[2]
 INVALID = sorted((ROOT / "tests" / "fixtures" / "invalid").glob("*.yaml"))

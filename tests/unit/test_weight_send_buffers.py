@@ -12,8 +12,9 @@ import threading
 import pytest
 import torch
 from grpo_rollout import weight_stream
-from grpo_rollout.testing import free_port
 from grpo_trainer.weight_sync import StreamSender
+
+from tests.support.ports import free_port
 
 BUCKET = 40 << 20  # above glibc's largest mmap threshold, as the 64 to 256 MiB buckets in use
 

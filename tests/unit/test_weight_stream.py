@@ -15,9 +15,10 @@ import pytest
 import torch
 import torch.distributed as dist
 from grpo_rollout import weight_stream
-from grpo_rollout.testing import free_port
 from grpo_rollout.weights import BadBucket, Coverage
 from grpo_trainer.weight_sync import share
+
+from tests.support.ports import free_port
 
 SENDERS, SERVERS = 2, 2
 

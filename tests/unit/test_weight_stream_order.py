@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from grpo_rollout import stream_member, weight_stream
-from grpo_rollout.testing import free_port
+
+from tests.support.ports import free_port
 
 BUCKET = 1024  # bytes: 256 float32 per bucket
 BUCKETS = [5, 1, 0]  # per sender: streams of different lengths, one with no bucket at all

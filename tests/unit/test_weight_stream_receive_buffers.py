@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from grpo_rollout import weight_stream
-from grpo_rollout.testing import free_port
+
+from tests.support.ports import free_port
 
 BUCKET = 4096  # bytes: 1024 float32
 SENDERS = 2

@@ -7,7 +7,7 @@ from grpo_operator import render
 from grpo_operator.render import names
 from grpo_trainer.weight_sync import transport
 
-from tests.unit.test_render import by_kind, job, rendered
+from tests.support.render import by_kind, job, rendered
 
 
 def ingress_from(r: render.Rendered, role: str) -> list[str]:

@@ -12,6 +12,10 @@ A short supervised warm-up teaches the answer format and a little arithmetic, st
 sampled accuracy at temperature 1 reaches `target_accuracy`: RL then starts with signal
 (reward clearly above 0) and plenty of room (far from 1). Everything is seeded: the same
 seed gives the same files on the same machine.
+
+`save_untrained(DIR, TinyConfig(...))` writes the same kind of directory without the warm-up or the
+dataset (random weights, any size, `qwen2` or tied embeddings too): what the tests and the GPU
+benchmarks load when they check mechanics (sampling, log-probs, weight sync, export), not answers.
 """
 
 import argparse
@@ -22,7 +26,15 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 DATASET_FILE = "addition.jsonl"
 TRAIN_FILE, HELDOUT_FILE = "addition-train.jsonl", "addition-heldout.jsonl"
@@ -34,12 +46,17 @@ SPECIALS = ("<pad>", "<eos>", "<unk>")
 class TinyConfig:
     """Size of the tiny model and length of its warm-up."""
 
-    hidden: int = 64  # model width
-    layers: int = 2  # decoder layers, every one an MoE layer
+    arch: str = "qwen3_moe"  # or "qwen2": dense (the expert fields unused), for tests without MoE
+    hidden: int = 64  # model width; the dense MLPs are twice that
+    layers: int = 2  # decoder layers (qwen3_moe: every one an MoE layer)
     experts: int = 8  # routed experts per layer
     top_k: int = 2  # experts per token
     expert_width: int = 64  # moe_intermediate_size
-    head_dim: int = 16  # attention head width; vLLM's CPU attention needs 32, 64, 80, ... (not 16)
+    heads: int = 4  # attention heads
+    kv_heads: int = 2  # key/value heads (grouped-query attention)
+    head_dim: int = 16  # attention head width (qwen3_moe); vLLM's CPU attention needs 32, 64, ... (not 16)
+    max_positions: int = 256  # max_position_embeddings
+    tied: bool = False  # lm_head is the input embedding; the demo's is separate (no tie for EP or sync)
     seed: int = 0  # seeds init, warm-up batches and the accuracy probe
     max_warmup_steps: int = 400  # upper bound on supervised steps
     target_accuracy: float = 0.3  # stop the warm-up at this sampled accuracy (temperature 1)
@@ -60,26 +77,52 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_model(cfg: TinyConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3MoeForCausalLM:
+def build_model(cfg: TinyConfig, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
+    """A random causal LM of `cfg`'s size over `tokenizer`'s vocabulary, seeded by `cfg.seed`. Its
+    generation config carries EOS and pad (what `generate()` and vLLM stop and pad with) as set
+    here, not as transformers would derive them from the model config."""
     torch.manual_seed(cfg.seed)
-    config = Qwen3MoeConfig(
+    common = dict(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden,
         intermediate_size=2 * cfg.hidden,
-        moe_intermediate_size=cfg.expert_width,
         num_hidden_layers=cfg.layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=cfg.head_dim,
-        num_experts=cfg.experts,
-        num_experts_per_tok=cfg.top_k,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,  # separate lm_head: weight sync and EP need no tie handling
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.kv_heads,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=cfg.tied,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
-    return Qwen3MoeForCausalLM(config)
+    model: PreTrainedModel
+    if cfg.arch == "qwen3_moe":
+        model = Qwen3MoeForCausalLM(
+            Qwen3MoeConfig(
+                moe_intermediate_size=cfg.expert_width,
+                head_dim=cfg.head_dim,
+                num_experts=cfg.experts,
+                num_experts_per_tok=cfg.top_k,
+                **common,
+            )
+        )
+    elif cfg.arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        raise ValueError(f"unknown tiny arch {cfg.arch!r}; choose qwen3_moe or qwen2")
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    return model
+
+
+def save_untrained(out: Path, cfg: TinyConfig, dtype: torch.dtype = torch.float32) -> Path:
+    """Write `build_model(cfg)`'s random weights (in `dtype`) and the tokenizer to `out`: a model
+    directory for checking mechanics, without the warm-up or the dataset of `build`."""
+    tok = build_tokenizer()
+    build_model(cfg, tok).to(dtype).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
 
 
 def addition_rows() -> list[dict[str, str]]:
@@ -87,7 +130,7 @@ def addition_rows() -> list[dict[str, str]]:
 
 
 def sampled_accuracy(
-    model: Qwen3MoeForCausalLM, tok: PreTrainedTokenizerFast, rows: list[dict], seed: int
+    model: PreTrainedModel, tok: PreTrainedTokenizerFast, rows: list[dict], seed: int
 ) -> float:
     """Fraction of exact answers when sampling at temperature 1 (what RL starts from)."""
     ids = torch.tensor([tok(r["prompt"]).input_ids for r in rows])  # [N, 4]: all prompts are 4 chars
@@ -104,7 +147,7 @@ def sampled_accuracy(
     return good / len(rows)
 
 
-def warm_up(model: Qwen3MoeForCausalLM, tok: PreTrainedTokenizerFast, cfg: TinyConfig) -> tuple[int, float]:
+def warm_up(model: PreTrainedModel, tok: PreTrainedTokenizerFast, cfg: TinyConfig) -> tuple[int, float]:
     """Supervised steps on prompt+answer+EOS (loss on answer tokens only) until the target accuracy."""
     rows = addition_rows()
     seqs = [[*tok(r["prompt"] + r["answer"]).input_ids, tok.eos_token_id] for r in rows]

@@ -10,7 +10,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 
 
@@ -158,7 +158,7 @@ def pip_installs(name: str) -> list[PipInstall]:
             elif word in {"--no-cache-dir", "--upgrade"}:
                 continue
             elif word.startswith("-"):
-                raise ValueError(f"{name}: pip option {word} is not modelled by tests/dockerfile.py")
+                raise ValueError(f"{name}: pip option {word} is not modelled by tests/support/dockerfile.py")
             else:
                 requirements.append(substitute(word, args))
         installs.append(PipInstall(tuple(requirements), no_deps, index_url, tuple(extra)))

@@ -1,6 +1,6 @@
 """What Kueue's scheduler writes, for e2e tests on a cluster with Kueue's CRDs but no Kueue.
 
-Shared by test_operator.py and test_helm_rbac.py, which play the scheduler's part (admit,
+Shared by tests/e2e/test_operator.py and test_helm_rbac.py, which play the scheduler's part (admit,
 evict) as kwok plays the kubelet's.
 """
 

