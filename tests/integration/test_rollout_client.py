@@ -30,7 +30,10 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture
 def two_servers(model_dir, tmp_path):
-    with running_servers(model_dir, tmp_path, TOKEN) as servers:
+    # A drain of 1 s leaves running work under the service's 2 s margin: a SIGTERM hands it back
+    # at once, so a drained server's prompts are always resent (with 3 s a request that ended within
+    # the first second needed none, and the test failed by timing).
+    with running_servers(model_dir, tmp_path, TOKEN, drain_seconds=1.0) as servers:
         yield servers
 
 

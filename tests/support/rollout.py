@@ -139,13 +139,14 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None
 
 @contextlib.contextmanager
 def running_servers(
-    model_dir: str | Path, work: Path, token: str, count: int = 2
+    model_dir: str | Path, work: Path, token: str, count: int = 2, drain_seconds: float = 3.0
 ) -> Iterator[tuple[list[str], list[subprocess.Popen]]]:
     """`count` real rollout servers of one contract, ready; (urls, processes). Stopped servers
     (SIGSTOP in a test) are continued before the kill, so none is left behind."""
     ports = [free_port() for _ in range(count)]
     contract = write_contract(work / "servers.json", model_dir, ports=ports, max_batch_size=32)
-    procs = [start_server(contract, p, token, drain_seconds=3.0, log_path=work / f"{p}.log") for p in ports]
+    logs = {p: work / f"{p}.log" for p in ports}
+    procs = [start_server(contract, p, token, drain_seconds=drain_seconds, log_path=logs[p]) for p in ports]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
         for url, proc in zip(urls, procs, strict=True):
