@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TINY := examples/.tiny
 
-.PHONY: setup vllm-venv control-plane lint test test-unit demo crd podspec-schema cluster-up cluster-down e2e-kind
+.PHONY: setup vllm-venv control-plane lint test test-quick test-unit demo crd podspec-schema cluster-up cluster-down e2e-kind
 
 setup:
 	bash hack/venv.sh >/dev/null
@@ -25,7 +25,15 @@ lint: setup
 	$(VENV)/bin/lint-imports --no-cache
 
 test: setup vllm-venv control-plane lint
-	$(PY) -m pytest tests
+	bash hack/test.sh
+
+# The edit loop (a few minutes): lint, the unit ring but its slow tests, one real scenario of the
+# integration ring (a local job end to end) and one of the e2e ring (a p5 job on the API server).
+QUICK := tests/integration/test_local_runtime.py::test_runs_to_completion_with_summary_plot_and_no_leftovers \
+	tests/e2e/test_operator.py::test_p5_job_gets_children_efa_pods_and_runs
+test-quick: setup control-plane lint
+	$(PY) -m pytest -q -m "not slow" tests/unit
+	$(PY) -m pytest -q $(QUICK)
 
 test-unit: setup
 	$(PY) -m pytest tests/unit

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# `make test`'s rings in two pytest processes side by side: the e2e ring (it mostly waits on the
+# API server) beside unit + integration (CPU-bound), each to its end; e2e's output is printed whole
+# after the other's, and the run fails if either fails. Extra arguments go to both.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+py="$root/.venv/bin/python"
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+start=$SECONDS
+# Its own block of loopback ports (tests/support/ports.py), so the two processes never pick alike.
+GRPO_TEST_PORT_BLOCK=1 "$py" -m pytest tests/e2e "$@" >"$out/e2e.log" 2>&1 &
+e2e=$!
+"$py" -m pytest tests/unit tests/integration "$@"
+rest=$?
+wait "$e2e"
+e2e_rc=$?
+echo "================================ e2e ring ================================"
+cat "$out/e2e.log"
+echo "unit + integration: exit $rest; e2e: exit $e2e_rc; $((SECONDS - start)) s in all"
+[ "$rest" -eq 0 ] && [ "$e2e_rc" -eq 0 ]
