@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `make test`'s rings in two pytest processes side by side: the e2e ring (it mostly waits on the
-# API server) beside unit + integration (CPU-bound), each to its end; e2e's output is printed whole
-# after the other's, and the run fails if either fails. Extra arguments go to both.
+# `make test`'s rings in two pytest processes side by side: the e2e ring and the tests marked
+# `waits` (they mostly wait, on the API server or on PyPI) beside the CPU-bound unit + integration
+# rings, each to its end; the waiting side's output is printed whole after the other's, and the
+# run fails if either fails. Extra arguments go to both.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -10,13 +11,13 @@ out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 start=$SECONDS
 # Its own block of loopback ports (tests/support/ports.py), so the two processes never pick alike.
-GRPO_TEST_PORT_BLOCK=1 "$py" -m pytest tests/e2e "$@" >"$out/e2e.log" 2>&1 &
+GRPO_TEST_PORT_BLOCK=1 "$py" -m pytest tests/e2e tests/integration -m "e2e or waits" "$@" >"$out/e2e.log" 2>&1 &
 e2e=$!
-"$py" -m pytest tests/unit tests/integration "$@"
+"$py" -m pytest tests/unit tests/integration -m "not waits" "$@"
 rest=$?
 wait "$e2e"
 e2e_rc=$?
-echo "================================ e2e ring ================================"
+echo "======================= e2e ring and the waiting tests ======================="
 cat "$out/e2e.log"
 echo "unit + integration: exit $rest; e2e: exit $e2e_rc; $((SECONDS - start)) s in all"
 [ "$rest" -eq 0 ] && [ "$e2e_rc" -eq 0 ]

@@ -31,7 +31,7 @@ from tests.support.dockerfile import (
     pip_installs,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]  # on PyPI: it runs beside the CPU-bound rings
 
 IMAGES = ("trainer", "rollout")
 PROJECT = "grpo-operator"
