@@ -342,22 +342,25 @@ port, bucket = int(sys.argv[1]), int(sys.argv[2])
 state = [torch.randn(2048, 1024) for _ in range(24)]  # 192 MiB of fp32 training state, 96 MiB in bf16
 status = lambda key: next(int(l.split()[1]) * 1024 for l in Path("/proc/self/status").read_text().splitlines()
                           if l.startswith(key + ":"))
+items = lambda: iter((f"w{i}", 0, t.view(-1)) for i, t in enumerate(state))
+send = dict(servers=1, backend="gloo", dtype=torch.bfloat16, device=torch.device("cpu"))
 sender = StreamSender("127.0.0.1", port, 0, timeout_s=60)
-group = sender.group(3, 1, "gloo")  # formed before measuring: the receiver joins first
+sender.send(items(), epoch=3, bucket_bytes=64 << 10, **send)  # one-time costs; its small buffers go
+sender.group(4, 1, "gloo")  # formed before measuring: the receiver joins first
 Path("/proc/self/clear_refs").write_text("5")
 before = status("VmRSS")
-stats = sender.send(iter((f"w{i}", 0, t.view(-1)) for i, t in enumerate(state)), epoch=3, servers=1,
-                    backend="gloo", dtype=torch.bfloat16, bucket_bytes=bucket, device=torch.device("cpu"))
+stats = sender.send(items(), epoch=4, bucket_bytes=bucket, **send)
 print(json.dumps({"extra": status("VmHWM") - before, "tracked": stats.peak_bytes, "buckets": stats.buckets}))
 """
 
 
 @pytest.mark.slow
 def test_a_sending_rank_holds_at_most_two_buckets_beyond_its_training_state():
-    """Measured in a sender process of its own: its resident memory (VmHWM, reset just before)
-    grows by two buckets (plus 4 MiB of one-time interpreter and gloo allocations) at most while it
-    streams 96 MiB of bf16 from 192 MiB of fp32; a sender that converted or gathered the model
-    first would grow by 96 MiB or more."""
+    """Measured in a sender process of its own, on its second stream (the first one's one-time
+    gloo and interpreter allocations, 3.5-7.5 MiB depending on the environment and load, are
+    behind it): its resident memory (VmHWM, reset just before) grows by two buckets plus 1 MiB at
+    most while it streams 96 MiB of bf16 from 192 MiB of fp32; a sender that converted or gathered
+    the model first would grow by 96 MiB or more, one holding a third bucket by 8 MiB more."""
     import json
 
     bucket, port = 8 << 20, free_port()
@@ -365,21 +368,22 @@ def test_a_sending_rank_holds_at_most_two_buckets_beyond_its_training_state():
         [sys.executable, "-c", SENDER, str(port), str(bucket)], stdout=subprocess.PIPE, text=True
     )
     link = weight_stream.ReceiverLink()
-    where = dict(epoch=3, host="127.0.0.1", port=port, backend="gloo")
-    groups = link.groups_for(**where, senders=1, members=1, member=0, timeout_s=120)
     got = {f"w{i}": torch.empty(2 << 20, dtype=torch.bfloat16) for i in range(24)}
 
     def apply(bucket: weight_stream.Received) -> None:
         for p in bucket.pieces:
             got[p.name][p.start : p.start + p.count].copy_(weight_stream.piece_values(bucket.payload, p))
 
-    received = weight_stream.receive_all(groups, torch.device("cpu"), apply)
+    for epoch in (3, 4):
+        where = dict(epoch=epoch, host="127.0.0.1", port=port, backend="gloo")
+        groups = link.groups_for(**where, senders=1, members=1, member=0, timeout_s=120)
+        received = weight_stream.receive_all(groups, torch.device("cpu"), apply)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0
     m = json.loads(out)
     assert received == 96 << 20 and m["buckets"] == 12
     assert m["tracked"] <= 2 * bucket + 64 * 1024
-    assert m["extra"] <= 2 * bucket + (4 << 20) < 96 << 20
+    assert m["extra"] <= 2 * bucket + (1 << 20), m
 
 
 RETRYING_SENDER = """
@@ -393,11 +397,13 @@ state = [torch.randn(2048, 1024) for _ in range(24)]
 status = lambda key: next(int(l.split()[1]) * 1024 for l in Path("/proc/self/status").read_text().splitlines()
                           if l.startswith(key + ":"))
 items = lambda: iter((f"w{i}", 0, t.view(-1)) for i, t in enumerate(state))
-send = dict(servers=1, backend="gloo", dtype=torch.bfloat16, bucket_bytes=bucket, device=torch.device("cpu"))
+send = dict(servers=1, backend="gloo", dtype=torch.bfloat16, device=torch.device("cpu"))
 sender = StreamSender("127.0.0.1", port, 0, timeout_s=30)
+sender.send(items(), epoch=2, bucket_bytes=64 << 10, **send)  # one-time costs; its small buffers go
 sender.group(3, 1, "gloo")
 Path("/proc/self/clear_refs").write_text("5")
 before = status("VmRSS")
+send["bucket_bytes"] = bucket
 try:
     sender.send(items(), epoch=3, **send)
     broke = False
@@ -426,26 +432,28 @@ weight_stream.receive_all(groups, torch.device("cpu"), apply)
 def test_a_stream_broken_halfway_and_sent_again_still_holds_at_most_two_buckets():
     """The trainer's retry path (`loop.stream_weights`): the first stream's receiver dies after two
     of six buckets, the same sender streams the version again in a new epoch. Its resident memory
-    across both (VmHWM) stays within two buckets plus 12 MiB (measured: two buckets plus 6 MiB at 8
-    and at 16 MiB buckets: the second group's connections and the first one's error): the broken
-    attempt's two buckets are freed before the retry allocates its own, else it would be four."""
+    across both (VmHWM; a first small-bucket stream took the one-time costs) stays under three
+    buckets (measured: two buckets plus 5-10 MiB at 16 MiB buckets, the second group's connections
+    and the first one's error, by environment): the broken attempt's two buckets are freed before
+    the retry allocates its own, else it would be four."""
     import json
 
     bucket, port = 16 << 20, free_port()
     sender = subprocess.Popen(
         [sys.executable, "-c", RETRYING_SENDER, str(port), str(bucket)], stdout=subprocess.PIPE, text=True
     )
+    link = weight_stream.ReceiverLink()
+    where = dict(host="127.0.0.1", port=port, backend="gloo", senders=1, members=1, member=0, timeout_s=60)
+    weight_stream.receive_all(link.groups_for(epoch=2, **where), torch.device("cpu"), lambda bucket: None)
     dying = subprocess.run([sys.executable, "-c", DYING_RECEIVER, str(port)], timeout=120, check=False)
     assert dying.returncode == 9
-    link = weight_stream.ReceiverLink()
-    groups = link.groups_for(epoch=4, host="127.0.0.1", port=port, backend="gloo", senders=1, members=1,
-                             member=0, timeout_s=60)  # fmt: skip
+    groups = link.groups_for(epoch=4, **where)
     received = weight_stream.receive_all(groups, torch.device("cpu"), lambda bucket: None)
     out, _ = sender.communicate(timeout=120)
     assert sender.returncode == 0
     m = json.loads(out)
     assert m["broke"] and received == 96 << 20 and m["buckets"] == 6
-    assert m["extra"] <= 2 * bucket + (12 << 20) < 4 * bucket, m
+    assert m["extra"] < 3 * bucket, m
 
 
 def test_the_ranks_shares_cover_every_weight_once_and_a_tied_head_is_sent_as_the_embedding():
