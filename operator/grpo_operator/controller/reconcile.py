@@ -234,6 +234,8 @@ class Reconciler:
             stale = role == names.ROLE_TRAINER and observe.pod_attempt(pod) != attempt
             failed_rollout = running and meta["name"] in obs.failed_rollout_pods
             if stale or failed_rollout or (gone and meta.get("deletionTimestamp")):
+                why = f"of attempt {observe.pod_attempt(pod)}" if stale else "failed or node gone"
+                log.info("deleting pod %s/%s (%s, now attempt %s)", namespace, meta["name"], why, attempt)
                 self.kube.delete_pod(namespace, meta["name"], uid=meta.get("uid"), force=gone)
 
     def _write_status(self, body: dict, new: GRPOJobStatus) -> None:
