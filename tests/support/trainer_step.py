@@ -85,12 +85,12 @@ def worker(
     groups = make_groups(info)
     algo = contract.spec.algorithm
     cpu = torch.device("cpu")
-    model = load_policy(model_dir, groups, "gloo", cpu, replay=algo.routing_replay, sharding=sharding)
+    model = load_policy(model_dir, groups, "gloo", cpu, sharding=sharding)
     lr = 1e-2
     opt = (
         torch.optim.SGD(model.parameters(), lr=1.0)
         if zero is None
-        else GangAdamW(model, groups, lr=lr, zero_stage=zero)
+        else GangAdamW(model, groups, lr=lr, sharding="optimizer" if zero else "none")
     )
     ref = (
         load_policy(

@@ -131,7 +131,7 @@ def policy(tiny: Path, seed: int):
 
     groups = Groups(ep=None, expert_dp=None)
     model = load_policy(str(tiny), groups, "gloo", torch.device("cpu"))
-    opt = GangAdamW(model, groups, lr=0.1, zero_stage=1)
+    opt = GangAdamW(model, groups, lr=0.1, sharding="optimizer")
     torch.manual_seed(seed)
     for p in model.parameters():
         p.grad = torch.randn_like(p)

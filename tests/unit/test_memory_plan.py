@@ -2,7 +2,7 @@
 
 The yardstick (DESIGN §9, issue 10): Qwen3-30B-A3B on 2 x p5.48xlarge, as the flagship example
 sets it up, fits in 80 GB per GPU with full sharding; DeepSeek-V3 on the same two nodes does not;
-today's trainer (zeroStage, no FSDP2) does not either. `validate` warns when a role cannot fit.
+nor does the ZeRO-1 default (`sharding: optimizer`, no FSDP2). `validate` warns when a role cannot fit.
 """
 
 import dataclasses

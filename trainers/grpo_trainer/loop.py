@@ -107,7 +107,7 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     groups = make_groups(info)
     backend, replay = str(spec.trainer.ep_backend), algo.routing_replay
     cache = spec.storage.cache_dir  # s3:// models: fetched once per pod into this emptyDir
-    sharding = spec.trainer.effective_sharding
+    sharding = spec.trainer.sharding
     load = dict(replay=replay, cache_dir=cache, sharding=sharding)  # each rank reads only its part
     # tokens one MoE layer dispatches at once: what `auto` measures with and DeepEP's buffers hold
     load["ep_tokens"] = ep_tokens_per_dispatch(

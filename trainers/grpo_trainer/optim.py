@@ -61,15 +61,12 @@ class GangAdamW:
         groups: Groups,
         *,
         lr: float,
-        sharding: str | None = None,
-        zero_stage: int | None = None,
+        sharding: str = "optimizer",
         offload: str = "none",
     ) -> None:
-        """sharding: none | optimizer | full; or the old zero_stage (0 = none, 1 = optimizer).
+        """sharding: none | optimizer | full (`trainer.sharding`).
         offload: none | cpu (`trainer.optimizerOffload`: the state of whatever this rank updates
         lives in host memory, see `grpo_trainer.offload`)."""
-        if sharding is None:
-            sharding = "optimizer" if (zero_stage if zero_stage is not None else 1) >= 1 else "none"
         dense, experts = split_parameters(model)
         world = dist.get_world_size()
         expert_replicas = dist.get_world_size(groups.expert_dp) if groups.expert_dp is not None else 1

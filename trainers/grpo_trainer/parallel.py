@@ -112,7 +112,6 @@ def load_policy(
     backend: str,
     device: torch.device,
     *,
-    replay: bool = False,
     cache_dir: str | None = None,
     sharding: str = "optimizer",
     activation_checkpointing: bool | None = None,
@@ -127,8 +126,8 @@ def load_policy(
     Built on the meta device and filled from safetensors with only this rank's tensors
     (`grpo_trainer.loading`): its experts, its rows of FSDP-sharded tensors, replicated tensors whole.
 
-    replay: kept for callers; MoE blocks are `MoELayer`s at EP = 1 too (over this rank's one-rank
-    group), since only those take given expert choices and the loader fills their experts.
+    MoE blocks are `MoELayer`s at EP = 1 too (over this rank's one-rank group), since only those
+    take given expert choices (routing replay) and the loader fills their experts.
     activation_checkpointing: per decoder layer; None means on under "full"."""
     check_ep_backend(backend, 1 if groups.ep is None else dist.get_world_size(groups.ep))
     local = storage.model_dir(path, cache_dir)

@@ -200,15 +200,15 @@ class TrainerSpec(RoleCommon):
     ep_backend: EPBackend = Field(
         default=EPBackend.AUTO, description="epBackend: optional, default auto. auto, deepep, nccl or gloo."
     )
-    sharding: TrainerSharding | None = Field(
-        default=None,
-        description="sharding: optional, default from zeroStage (optimizer). How the trainer spreads "
+    sharding: TrainerSharding = Field(
+        default=TrainerSharding.OPTIMIZER,
+        description="sharding: optional, default optimizer. How the trainer spreads "
         "its memory: none (dense parameters and AdamW state on every rank), optimizer (AdamW state "
         "split over each parameter family's replicas, ZeRO-1), full (FSDP2 over the data-parallel "
         "dimension: dense parameters, gradients and AdamW state split over the world, bf16 compute over "
         "fp32 masters on GPU, activation checkpointing per decoder layer; experts also split in whole "
         "experts over the ranks that share an EP block when the world is larger than "
-        "expertParallelSize). Experts are split by expertParallelSize in every mode. Replaces zeroStage.",
+        "expertParallelSize). Experts are split by expertParallelSize in every mode.",
     )
     optimizer_offload: OptimizerOffload = Field(
         default=OptimizerOffload.NONE,
@@ -222,20 +222,6 @@ class TrainerSpec(RoleCommon):
         description="activationCheckpointing: optional, default on when sharding is full, else off. "
         "Recompute each decoder layer in backward instead of keeping its activations.",
     )
-    zero_stage: int = Field(
-        default=1,
-        ge=0,
-        le=1,
-        description="zeroStage: optional, default 1, [0, 1]. Deprecated: use sharding (0 = none, "
-        "1 = optimizer); read only when sharding is unset. Stages 2 and 3 are refused: use sharding full.",
-    )
-
-    @property
-    def effective_sharding(self) -> TrainerSharding:
-        """`sharding`, or the mode the old `zeroStage` field names."""
-        if self.sharding is not None:
-            return TrainerSharding(self.sharding)
-        return TrainerSharding.OPTIMIZER if self.zero_stage >= 1 else TrainerSharding.NONE
 
 
 class RolloutEngine(StrEnum):

@@ -34,8 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sharding",
         choices=[str(s) for s in memory_plan.Sharding],
-        help="plan the FSDP2 trainer with this mode (default: the spec's trainer.sharding, else today's "
-        "trainer from zeroStage)",
+        help="plan the trainer with this mode (default: the spec's trainer.sharding)",
     )
     parser.add_argument(
         "--prompt-tokens",

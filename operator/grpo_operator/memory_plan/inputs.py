@@ -5,8 +5,7 @@ start-up check (`grpo_trainer.memory`), so all three read a job the same way. Th
 models: sharding `none | optimizer | full` (full = FSDP2 for the dense part, experts by EP and by
 FSDP2 over the EP replicas), AdamW state optionally offloaded to the host (`optimizerOffload`),
 bf16 compute over fp32 master state, activation checkpointing per decoder layer (on by default
-under full), log-probs in token chunks, weight sync in buckets. A spec with only the old
-`zeroStage` means none (0) or optimizer (1), as the trainer reads it.
+under full), log-probs in token chunks, weight sync in buckets.
 """
 
 from dataclasses import dataclass
@@ -74,10 +73,8 @@ class RolloutInputs:
 
 
 def resolve_sharding(trainer: Any, override: str | None = None) -> Sharding:
-    """The override, else the spec's sharding (`sharding`, or what the old `zeroStage` names)."""
-    if override is not None:
-        return Sharding(override)
-    return Sharding(str(trainer.effective_sharding))
+    """The override (`plan --sharding`), else the spec's `trainer.sharding`."""
+    return Sharding(override if override is not None else str(trainer.sharding))
 
 
 def inputs_from_spec(

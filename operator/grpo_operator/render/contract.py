@@ -71,11 +71,6 @@ def contract(
     spec = job.spec
     trainer, rollout = spec.trainer, spec.rollout
     world = trainer.replicas * trainer.processes_per_pod
-    if world % trainer.expert_parallel_size:
-        raise RenderError(
-            f"trainer.expertParallelSize {trainer.expert_parallel_size} must divide "
-            f"replicas * processesPerPod = {world}"
-        )
     backend = "nccl" if trainer_gpus(job, table) > 0 else "gloo"
     if local_ports is not None:
         if len(local_ports.rollout_ports) != rollout.replicas:

@@ -8,14 +8,7 @@ None means "not applicable" and counts as 0. Built-ins are named here; anything 
 
 import importlib
 from collections.abc import Callable
-from typing import Any, Protocol
-
-
-class RewardFn(Protocol):
-    def __call__(
-        self, prompts: list[str], completions: list[str], **columns: list[Any]
-    ) -> list[float | None]: ...
-
+from typing import Any
 
 BUILTINS: dict[str, str] = {
     "exact_match": "grpo_rollout.rewards.exact_match:exact_match",
