@@ -93,9 +93,7 @@ def worker(
         else GangAdamW(model, groups, lr=lr, sharding="optimizer" if zero else "none")
     )
     ref = (
-        load_policy(
-            model_dir, groups, "gloo", cpu, replay=algo.routing_replay, sharding=sharding
-        ).requires_grad_(False)
+        load_policy(model_dir, groups, "gloo", cpu, sharding=sharding).requires_grad_(False)
         if algo.kl_coef
         else None
     )
