@@ -16,7 +16,8 @@ from grpo_operator.api.job import GRPOJob
 from grpo_trainer import checkpoint, moe
 from grpo_trainer.batch import Rollouts
 from grpo_trainer.config import RankInfo
-from grpo_trainer.loop import Run, forward_logp, train_step
+from grpo_trainer.forward import forward_logp
+from grpo_trainer.loop import Run, train_step
 from grpo_trainer.losses import LossConfig
 from grpo_trainer.optim import GangAdamW
 from grpo_trainer.parallel import load_policy, make_groups, split_parameters

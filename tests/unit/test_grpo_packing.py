@@ -9,7 +9,7 @@ positions to continue from the previous one, its log-probs would differ from the
 import pytest
 import torch
 from grpo_trainer.batch import Rollouts, collate, pack
-from grpo_trainer.loop import batch_logp
+from grpo_trainer.forward import batch_logp
 from grpo_trainer.tiny_model import TinyConfig, build_model, build_tokenizer
 
 

@@ -18,12 +18,13 @@ from grpo_operator.api.spec import BuiltinReward, Dtype
 from grpo_operator.api.status import GRPOJobStatus
 from grpo_operator.controller.reconcile import OPERATOR_STATUS_FIELDS
 from grpo_operator.lifecycle import Verdict, VerdictKind
+from grpo_operator.memory_plan.inputs import TrainerInputs
 from grpo_operator.memory_plan.shapes import MODEL_TYPES
 from grpo_rollout.engines.base import ENGINES
 from grpo_rollout.engines.routing import MOE_BLOCKS
 from grpo_rollout.engines.torch_engine import DTYPES
 from grpo_rollout.rewards.base import BUILTINS
-from grpo_trainer import moe
+from grpo_trainer import forward, moe
 from grpo_trainer.advantages import ADVANTAGES
 from grpo_trainer.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grpo_trainer.parallel import EP_BACKENDS
@@ -63,6 +64,10 @@ def test_the_memory_plan_knows_exactly_the_architectures_the_trainer_converts() 
     }
     assert set(MODEL_TYPES) == set(block_of)
     assert {block_of[t] for t in MODEL_TYPES} == set(moe.ARCHITECTURES)
+
+
+def test_the_memory_plan_plans_the_log_prob_chunk_the_trainer_computes_in() -> None:
+    assert TrainerInputs.__dataclass_fields__["logits_chunk_tokens"].default == forward.LOGITS_CHUNK_TOKENS
 
 
 def test_the_operator_writes_every_status_field_but_the_progress_rank0_owns() -> None:

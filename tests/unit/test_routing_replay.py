@@ -13,7 +13,7 @@ from grpo_rollout.engines.base import EngineConfig, create_engine
 from grpo_rollout.protocol import Completion, PromptResult, Sampling
 from grpo_trainer import moe
 from grpo_trainer.batch import Rollouts, micro_batches
-from grpo_trainer.loop import forward_logp
+from grpo_trainer.forward import forward_logp
 from transformers import AutoModelForCausalLM
 
 from tests.support.rollout import build_tiny_model

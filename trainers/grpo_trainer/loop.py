@@ -16,10 +16,8 @@ launcher `grpo_trainer.launcher`). Per step, in this order:
                `grpo_trainer.evaluation`; also once before step 1, the baseline)
 """
 
-import contextlib
 import logging
 import time
-import types
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -29,7 +27,6 @@ import torch
 import torch.distributed as dist
 from grpo_operator import storage
 from grpo_operator.api.contract import RunContract
-from grpo_operator.memory_plan.inputs import LOGITS_CHUNK_TOKENS
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -46,9 +43,10 @@ from grpo_trainer.batch import (
 from grpo_trainer.config import MAX_GRAD_NORM, RankInfo, job_token
 from grpo_trainer.data import PromptOrder, load_rows
 from grpo_trainer.evaluation import Evaluator
+from grpo_trainer.forward import autocast, batch_logp, packs
 from grpo_trainer.generation import Generator, WeightSyncError
 from grpo_trainer.inputs import check_inputs
-from grpo_trainer.losses import LossConfig, Totals, chunked_token_stats, grpo_loss
+from grpo_trainer.losses import LossConfig, Totals, grpo_loss
 from grpo_trainer.optim import GangAdamW
 from grpo_trainer.parallel import (
     Groups,
@@ -105,10 +103,10 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     # a resumeFrom that names no save fails here, before any weights are read
     saves = checkpoint.find_saves(contract.checkpoint_dir, spec.checkpoint.resume_from, info, device)
     groups = make_groups(info)
-    backend, replay = str(spec.trainer.ep_backend), algo.routing_replay
+    backend = str(spec.trainer.ep_backend)
     cache = spec.storage.cache_dir  # s3:// models: fetched once per pod into this emptyDir
     sharding = spec.trainer.sharding
-    load = dict(replay=replay, cache_dir=cache, sharding=sharding)  # each rank reads only its part
+    load = dict(cache_dir=cache, sharding=sharding)  # each rank reads only its part
     # tokens one MoE layer dispatches at once: what `auto` measures with and DeepEP's buffers hold
     load["ep_tokens"] = ep_tokens_per_dispatch(
         algo.micro_batch_size, algo.max_tokens_per_micro_batch, algo.max_new_tokens
@@ -287,79 +285,20 @@ def sync_at_start(run: Run, *, resumed: bool) -> None:
         push_weights(run, decision)
 
 
-def autocast(run: Run) -> contextlib.AbstractContextManager:
-    """GPU: compute in the spec's dtype (bf16) over float32 master weights. CPU: float32 throughout."""
-    dtype = getattr(torch, str(run.contract.spec.model.dtype))
-    enabled = run.device.type == "cuda" and dtype != torch.float32
-    return torch.autocast(device_type=run.device.type, dtype=dtype, enabled=enabled)
-
-
-@contextlib.contextmanager
-def _forward_as(model: nn.Module, fn) -> contextlib.AbstractContextManager:
-    """Run `fn` as `model`'s forward inside the block: `model(...)` keeps its hooks (FSDP2's root
-    unshard/reshard and gradient finalisation), so the head can be applied outside HF's forward."""
-    model.forward = types.MethodType(fn, model)
-    try:
-        yield
-    finally:
-        del model.forward
-
-
-def forward_logp(
-    model: nn.Module,
-    ids: torch.Tensor,
-    temperature: float,
-    *,
-    entropy: bool = False,
-    chunk_tokens: int = LOGITS_CHUNK_TOKENS,
-    position_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of each next token under `model` at the sampling temperature, and the entropy of
-    each position when asked: [b, L] → ([b, L-1], [b, L-1] or None).
-
-    The decoder (final norm included) runs once; the head and log-softmax then run per chunk of
-    `chunk_tokens` tokens (`chunked_token_stats`), so the full-vocab logits never exist at once.
-    `position_ids` that restart mark packed sequences: attention stays within each."""
-
-    def run(
-        self: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        decoder = self.get_decoder()
-        out = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False)
-        hidden = out.last_hidden_state  # [b, L, H]
-        logp, ent = chunked_token_stats(
-            hidden[:, :-1],
-            self.get_output_embeddings(),
-            input_ids[:, 1:],
-            temperature,
-            chunk_tokens=chunk_tokens,
-            entropy=entropy,
-        )
-        # [b, L-1] each, returned as fresh tensors: FSDP2 hooks the root's outputs and warns on views
-        return logp.clone(), ent.clone() if ent is not None else None
-
-    with _forward_as(model, run):
-        return model(ids, position_ids)
-
-
-def batch_logp(
-    model: nn.Module, mb: MicroBatch, temperature: float, *, entropy: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`forward_logp` of a micro-batch, padded or packed, in the padded [b, L-1] layout."""
-    logp, ent = forward_logp(model, mb.input_ids, temperature, entropy=entropy, position_ids=mb.position_ids)
-    return mb.padded(logp), None if ent is None else mb.padded(ent)
-
-
 def micro_step(
     run: Run, mb: MicroBatch, totals: Totals, *, entropy: bool
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Forward (policy, reference), loss and backward of one micro-batch; returns (loss, metrics)."""
     algo = run.contract.spec.algorithm
-    with autocast(run):
+    with autocast(run.device, run.contract.spec.model.dtype):
         logp, ent = batch_logp(run.model, mb, algo.temperature, entropy=entropy)
     ref_logp = None
     if run.ref is not None:
-        with torch.no_grad(), moe.replaying(run.ref, mb.routing), autocast(run):
+        with (
+            torch.no_grad(),
+            moe.replaying(run.ref, mb.routing),
+            autocast(run.device, run.contract.spec.model.dtype),
+        ):
             ref_logp, _ = batch_logp(run.ref, mb, algo.temperature)
     if ent is not None and run.loss_cfg.entropy_coef == 0:
         ent = ent.detach()  # metric only (entropy collapse is GRPO's classic failure)
@@ -378,21 +317,17 @@ def micro_step(
     return loss, metrics
 
 
-def packs(model: nn.Module) -> bool:
-    """Whether token-budget micro-batches are packed end to end (else length-sorted padded rows):
-    flash-attention takes the sequence boundaries from the position ids (varlen) and skips
-    attention across them; SDPA and eager would compute the whole row's attention under a
-    block-diagonal mask, quadratic in the row's length, which costs more than the padding saved."""
-    return str(getattr(model.config, "_attn_implementation", "")).startswith("flash")
-
-
 def old_logprobs(run: Run, batches: list[MicroBatch]) -> None:
     """π_old's log-probs of every micro-batch, once, without gradient (the policy at the step's
     start): the denominator of every later update's ratio. Stored on each micro-batch."""
     algo = run.contract.spec.algorithm
     for mb in batches:
         dev = mb.to(run.device)
-        with torch.no_grad(), moe.replaying(run.model, dev.routing), autocast(run):
+        with (
+            torch.no_grad(),
+            moe.replaying(run.model, dev.routing),
+            autocast(run.device, run.contract.spec.model.dtype),
+        ):
             mb.old_logp = batch_logp(run.model, dev, algo.temperature)[0].float()
 
 

@@ -19,7 +19,7 @@ MIB = 1024**2
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_PROMPT_TOKENS = 1024  # the API has no prompt-length bound: an assumption, overridable
-LOGITS_CHUNK_TOKENS = 1024  # tokens per log-prob chunk of the FSDP2 trainer
+LOGITS_CHUNK_TOKENS = 1024  # the trainer's grpo_trainer.forward.LOGITS_CHUNK_TOKENS (test_mirrors)
 
 
 class Sharding(StrEnum):
