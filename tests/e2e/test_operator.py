@@ -471,10 +471,12 @@ def test_node_loss_restarts_the_gang(operator, cluster, wait_for):
         cluster.core.delete_node(victim)
         wait_for(lambda: cluster.status("node").get("restarts") == 1, what="restarts == 1")
         assert victim in cluster.condition("node", "Restarting")["message"]
-        events = cluster.core.list_namespaced_event(
-            cluster.ns, field_selector="involvedObject.name=node"
-        ).items
-        assert any(e.reason == "NodeLost" and victim in e.message for e in events)
+
+        def node_lost_event() -> bool:  # posted at the end of the pass whose status said it first
+            events = cluster.core.list_namespaced_event(cluster.ns, field_selector="involvedObject.name=node")
+            return any(e.reason == "NodeLost" and victim in e.message for e in events.items)
+
+        wait_for(node_lost_event, what="a NodeLost event naming the node", timeout=30)
         st = cluster.wait_phase("node", "Running")
         assert st["restarts"] == 1
         assert {p.spec.node_name for p in cluster.pods("node", "trainer")} <= set(nodes) - {victim}

@@ -216,3 +216,24 @@ def test_zone_pins_the_trainer_gang_only():
     rollout = by_kind(r, "StatefulSet", "moe-rollout")["spec"]["template"]["spec"]["nodeSelector"]
     assert trainer["topology.kubernetes.io/zone"] == "us-west-2a"
     assert "topology.kubernetes.io/zone" not in rollout
+
+
+def test_a_new_attempt_is_kept_off_the_nodes_seen_lost_and_keeps_its_gang_affinity():
+    """A scheduler whose cache still lists a node just deleted bound a new attempt's rank there
+    (seen on the e2e fleet): the lost node took a second gang restart. By name, required."""
+    spec = by_kind(rendered(avoid_nodes=("p5-a", "p5-b")), "StatefulSet", "moe-trainer")["spec"]
+    affinity = spec["template"]["spec"]["affinity"]
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [
+        {
+            "matchFields": [
+                {"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in ("p5-a", "p5-b")
+            ]
+        }
+    ]
+    assert "podAffinity" in affinity  # the one-zone gang rule stays
+    rollout = by_kind(rendered(avoid_nodes=("p5-a",)), "StatefulSet", "moe-rollout")["spec"]["template"]
+    assert "nodeAffinity" not in (rollout["spec"].get("affinity") or {})
+    assert "nodeAffinity" not in (
+        by_kind(rendered(), "StatefulSet", "moe-trainer")["spec"]["template"]["spec"]["affinity"] or {}
+    )

@@ -103,6 +103,15 @@ def test_node_loss_and_deletion_are_failures():
     assert observe.verdict(pod("trainer", 1, deleting=True)).kind == "deleted"
 
 
+def test_a_pod_deleted_before_it_was_scheduled_is_no_failure():
+    """No rank ran in it and its StatefulSet makes it again: seen on the e2e fleet, a new
+    attempt's Pending pod deleted within a second of its creation took the gang's last restart."""
+    assert observe.verdict(pod("trainer", 1, node=None, phase="Pending", ready=False, deleting=True)) is None
+    obs = observe.summarize([pod("trainer", 0), pod("trainer", 1, node=None, deleting=True)], attempt=0)
+    d = status.decide(spec=spec(), generation=1, old=GRPOJobStatus(phase=Phase.RUNNING), obs=obs, now=NOW)
+    assert not d.gang_restart and d.status.phase != Phase.FAILED
+
+
 def test_suspend_removes_pods_and_resume_restarts_clock():
     running = decide(all_ready()).status
     d = decide(all_ready(), old=running, s=spec(suspend=True))

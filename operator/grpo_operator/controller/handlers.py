@@ -12,6 +12,7 @@ its namespace never waits for a running operator: the worker ends when its job i
 import asyncio
 import contextlib
 import dataclasses
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -22,6 +23,8 @@ from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from grpo_operator.controller import metrics, observe
 from grpo_operator.controller.reconcile import GONE, JobMemory, Reconciler
 from grpo_operator.render import kueue, names
+
+log = logging.getLogger("grpo_operator.pods")
 
 DEBOUNCE_SECONDS = 0.2
 ERROR_BACKOFF_SECONDS = 5.0  # only for a failure the reconciler could not report itself
@@ -143,12 +146,14 @@ async def job_changed(namespace: str, name: str, body: kopf.Body, memo: kopf.Mem
 async def pod_changed(
     body: kopf.Body, type: str | None, namespace: str, labels, memo: kopf.Memo, **_
 ) -> None:
-    """Remember trainer failures before the StatefulSet replaces the pod, then wake the job."""
+    """Remember trainer failures before the StatefulSet replaces the pod, then wake the job. A pod
+    deleted before it was scheduled is no failure: no rank ran in it, and its StatefulSet makes it
+    again (seen: a new attempt's pod deleted while Pending took the gang's last restart)."""
     rt: Runtime = memo.runtime
     job = labels[names.LABEL_JOB]
     pod = dict(body)
     verdict = observe.verdict(pod, rt.reconciler.lost_nodes)
-    if verdict is None and type == "DELETED":
+    if verdict is None and type == "DELETED" and (pod.get("spec") or {}).get("nodeName"):
         verdict = lifecycle.Verdict(
             lifecycle.VerdictKind.DELETED,
             pod=body.metadata.name,
@@ -159,6 +164,7 @@ async def pod_changed(
         )
     # Only for live workers: a deleted job's pods must not leave news for a later namesake.
     if verdict is not None and verdict.role == names.ROLE_TRAINER and (namespace, job) in rt.jobs.wakers:
+        log.info("%s/%s: %s (attempt %s, %s)", namespace, job, verdict.describe(), verdict.attempt, type)
         rt.jobs.memory(namespace, job).verdicts.append(verdict)
     rt.jobs.wake(namespace, job)
 

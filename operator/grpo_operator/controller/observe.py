@@ -56,9 +56,9 @@ def verdict(pod: dict, lost_nodes: frozenset[str] | set[str] = frozenset()) -> V
         return Verdict(VerdictKind.FAILED, **base, exit_code=term.get("exitCode"), reason=why)
     if phase == "Failed":
         return Verdict(VerdictKind.FAILED, **base, reason=status.get("reason") or status.get("message") or "")
-    if meta.get("deletionTimestamp"):
-        return Verdict(VerdictKind.DELETED, **base, reason=status.get("reason") or "")
     node = (pod.get("spec") or {}).get("nodeName")
+    if meta.get("deletionTimestamp") and node:  # one never scheduled ran no rank: it broke nothing
+        return Verdict(VerdictKind.DELETED, **base, reason=status.get("reason") or "")
     if node and node in lost_nodes:
         return Verdict(VerdictKind.NODE_LOST, **base, reason=f"node {node} is gone or NotReady")
     return None

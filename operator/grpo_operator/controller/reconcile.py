@@ -42,6 +42,7 @@ class JobMemory:
     children: AppliedMemory = field(default_factory=AppliedMemory)
     warned_generation: int | None = None
     zone: tuple[int, str | None] | None = None  # (attempt, zone) of the trainer gang
+    avoid: tuple[int, tuple[str, ...]] | None = None  # (attempt, nodes lost when it began)
     verdicts: deque = field(default_factory=deque)
     queue: QueueMemory = field(default_factory=QueueMemory)
     last_good: GRPOJob | None = None  # the last spec that rendered: a refused live edit runs on it
@@ -203,6 +204,8 @@ class Reconciler:
             if memory.zone is None or memory.zone[0] != attempt:  # chosen once per attempt
                 memory.zone = (attempt, placement.gang_zone(self.kube, job, meta, attempt))
             zone = memory.zone[1]
+        if memory.avoid is None or memory.avoid[0] != attempt:  # fixed per attempt: no template churn
+            memory.avoid = (attempt, tuple(sorted(self.lost_nodes)))
         out = render.render(
             job,
             name=meta["name"],
@@ -212,6 +215,7 @@ class Reconciler:
             attempt=attempt,
             running=decision.running,
             zone=zone,
+            avoid_nodes=memory.avoid[1],
             instance_types=self.table,
             flavors=place.flavors,
             rollout_replicas=_rollout_count(decision.status, place.rollout_cap),

@@ -42,6 +42,7 @@ def render(
     attempt: int = 0,
     running: bool = True,
     zone: str | None = None,
+    avoid_nodes: tuple[str, ...] = (),
     instance_types: InstanceTable | None = None,
     flavors: dict[str, kueue.FlavorPlacement] | None = None,
     rollout_replicas: int | None = None,
@@ -49,7 +50,8 @@ def render(
 ) -> Rendered:
     """Render all children. `attempt` labels the trainer gang (bumped per gang restart);
     `running=False` (suspended or finished) scales both StatefulSets to zero pods; `zone`
-    pins the trainer gang to one availability zone chosen by the caller (see pods).
+    pins the trainer gang to one availability zone chosen by the caller and `avoid_nodes` keeps it
+    off nodes the caller saw lost (see pods).
     `flavors` (per role) add the node labels and tolerations of the Kueue ResourceFlavors a
     queued job was admitted on; `rollout_replicas` caps rollout pods at what Kueue admitted.
     `metrics_from` (NetworkPolicy peers, e.g. the Prometheus pods' namespace and pod selectors)
@@ -65,7 +67,14 @@ def render(
         rollout_replicas=rollout_replicas,
     )
     trainer_tpl, w1 = pods.pod_template(
-        job, name=name, uid=uid, role=names.ROLE_TRAINER, attempt=attempt, table=table, zone=zone
+        job,
+        name=name,
+        uid=uid,
+        role=names.ROLE_TRAINER,
+        attempt=attempt,
+        table=table,
+        zone=zone,
+        avoid_nodes=avoid_nodes,
     )
     rollout_tpl, w2 = pods.pod_template(
         job, name=name, uid=uid, role=names.ROLE_ROLLOUT, attempt=attempt, table=table

@@ -86,6 +86,7 @@ def pod_template(
     attempt: int,
     table: InstanceTable,
     zone: str | None = None,
+    avoid_nodes: tuple[str, ...] = (),
 ) -> tuple[dict, list[str]]:
     """(pod template, override conflicts) for one role's StatefulSet; `uid` is the job's, on
     the pods' labels (what NetworkPolicies select on) and in the token Secret's name.
@@ -93,6 +94,8 @@ def pod_template(
     `zone` (trainer only) becomes a node selector. The gang's required one-zone affinity
     alone lets rank 0 pick a zone too small for the rest (a deadlock the e2e fleet shows:
     one p5 in us-west-2b), so the controller chooses a zone with room for the whole gang.
+    `avoid_nodes` (trainer only): nodes the controller saw lost; a new attempt is never bound
+    there, even by a scheduler whose cache still lists a node just deleted.
     """
     spec = job.spec.trainer if role == names.ROLE_TRAINER else job.spec.rollout
     hw = hardware(job, role, table)
@@ -127,6 +130,8 @@ def pod_template(
         container["env"] += _tracking_env(job)
         labels[names.LABEL_ATTEMPT] = str(attempt)
         pod_spec["affinity"] = _gang_affinity(name) if hw.instance_type else None
+        if avoid_nodes:
+            pod_spec["affinity"] = {**(pod_spec["affinity"] or {}), **_away_from(avoid_nodes)}
         _gang_scheduling(job, name, labels, annotations, pod_spec)
     _placement(spec, hw, pod_spec, zone if role == names.ROLE_TRAINER else None)
     sched = job.spec.scheduling
@@ -311,6 +316,13 @@ def _placement(spec: RoleCommon, hw: Hardware, pod_spec: dict, zone: str | None)
         pod_spec["nodeSelector"] = selector
     if tolerations:
         pod_spec["tolerations"] = tolerations
+
+
+def _away_from(nodes: tuple[str, ...]) -> dict:
+    """Required node affinity: none of `nodes`, by name (a lost node's labels may be gone). The
+    API server takes one value per `metadata.name` field selector: one NotIn each, ANDed."""
+    term = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in nodes]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
 def _gang_affinity(name: str) -> dict:
