@@ -107,6 +107,8 @@ def test_a_pod_deleted_before_it_was_scheduled_is_no_failure():
     """No rank ran in it and its StatefulSet makes it again: seen on the e2e fleet, a new
     attempt's Pending pod deleted within a second of its creation took the gang's last restart."""
     assert observe.verdict(pod("trainer", 1, node=None, phase="Pending", ready=False, deleting=True)) is None
+    assert observe.verdict(pod("trainer", 1, node=None, phase="Pending", ready=False), gone=True) is None
+    assert observe.verdict(pod("trainer", 1), gone=True).kind == "deleted"  # the watch's DELETED event
     obs = observe.summarize([pod("trainer", 0), pod("trainer", 1, node=None, deleting=True)], attempt=0)
     d = status.decide(spec=spec(), generation=1, old=GRPOJobStatus(phase=Phase.RUNNING), obs=obs, now=NOW)
     assert not d.gang_restart and d.status.phase != Phase.FAILED

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 import kopf
 
-from grpo_operator import lifecycle
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from grpo_operator.controller import metrics, observe
 from grpo_operator.controller.reconcile import GONE, JobMemory, Reconciler
@@ -146,22 +145,11 @@ async def job_changed(namespace: str, name: str, body: kopf.Body, memo: kopf.Mem
 async def pod_changed(
     body: kopf.Body, type: str | None, namespace: str, labels, memo: kopf.Memo, **_
 ) -> None:
-    """Remember trainer failures before the StatefulSet replaces the pod, then wake the job. A pod
-    deleted before it was scheduled is no failure: no rank ran in it, and its StatefulSet makes it
-    again (seen: a new attempt's pod deleted while Pending took the gang's last restart)."""
+    """Remember trainer failures before the StatefulSet replaces the pod, then wake the job."""
     rt: Runtime = memo.runtime
     job = labels[names.LABEL_JOB]
     pod = dict(body)
-    verdict = observe.verdict(pod, rt.reconciler.lost_nodes)
-    if verdict is None and type == "DELETED" and (pod.get("spec") or {}).get("nodeName"):
-        verdict = lifecycle.Verdict(
-            lifecycle.VerdictKind.DELETED,
-            pod=body.metadata.name,
-            role=labels.get(names.LABEL_ROLE, ""),
-            attempt=observe.pod_attempt(pod),
-            created=body.metadata.get("creationTimestamp", ""),
-            job_uid=labels.get(names.LABEL_JOB_UID, ""),
-        )
+    verdict = observe.verdict(pod, rt.reconciler.lost_nodes, gone=type == "DELETED")
     # Only for live workers: a deleted job's pods must not leave news for a later namesake.
     if verdict is not None and verdict.role == names.ROLE_TRAINER and (namespace, job) in rt.jobs.wakers:
         log.info("%s/%s: %s (attempt %s, %s)", namespace, job, verdict.describe(), verdict.attempt, type)

@@ -35,8 +35,13 @@ def _terminated(pod: dict, role: str) -> dict | None:
     return None
 
 
-def verdict(pod: dict, lost_nodes: frozenset[str] | set[str] = frozenset()) -> Verdict | None:
-    """The verdict on one pod, or None while it is fine (pending, starting or running)."""
+def verdict(
+    pod: dict, lost_nodes: frozenset[str] | set[str] = frozenset(), *, gone: bool = False
+) -> Verdict | None:
+    """The verdict on one pod, or None while it is fine (pending, starting or running). `gone`:
+    the watch saw it removed. A pod deleted before it was scheduled is no failure: no rank ran in
+    it and its StatefulSet makes it again (seen: a new attempt's Pending pod deleted at once took
+    the gang's last restart)."""
     meta, status = pod.get("metadata", {}), pod.get("status") or {}
     role = (meta.get("labels") or {}).get(names.LABEL_ROLE, "")
     base = {
@@ -57,7 +62,7 @@ def verdict(pod: dict, lost_nodes: frozenset[str] | set[str] = frozenset()) -> V
     if phase == "Failed":
         return Verdict(VerdictKind.FAILED, **base, reason=status.get("reason") or status.get("message") or "")
     node = (pod.get("spec") or {}).get("nodeName")
-    if meta.get("deletionTimestamp") and node:  # one never scheduled ran no rank: it broke nothing
+    if (gone or meta.get("deletionTimestamp")) and node:
         return Verdict(VerdictKind.DELETED, **base, reason=status.get("reason") or "")
     if node and node in lost_nodes:
         return Verdict(VerdictKind.NODE_LOST, **base, reason=f"node {node} is gone or NotReady")
