@@ -78,6 +78,24 @@ build_kwok() {
   GOBIN="$BIN_DIR" go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" "sigs.k8s.io/kwok/cmd/kwokctl@$KWOK_VERSION"
 }
 
+# kwok's own default Stages at the pinned version, from its Go module (the harness replaces only
+# their pod-delete: hack/kwok-pod-delete.yaml says why). Custom Stages replace every default, so
+# hack/cluster.sh passes these together with ours. The heartbeat is the lease one, as kwokctl picks
+# for a binary cluster (pkg/kwokctl/runtime/cluster.go, getDefaultNodeStages).
+build_kwok_stages() {
+  local dir="$BIN_DIR/kwok-stages" src work
+  [ -f "$dir/.complete" ] && return 0
+  work="$(mktemp -d)"
+  src="$(cd "$work" && go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+  rm -rf "$work" "$dir"; mkdir -p "$dir"
+  cp "$src/kustomize/stage/node/fast/node-initialize.yaml" \
+    "$src/kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml" \
+    "$src/kustomize/stage/pod/fast/pod-ready.yaml" "$src/kustomize/stage/pod/fast/pod-complete.yaml" \
+    "$src/kustomize/stage/pod/fast/pod-delete.yaml" "$dir/"
+  chmod u+w "$dir"/*.yaml
+  touch "$dir/.complete"
+}
+
 fetch_kubectl_helm() {
   need kubectl helm || return 0
   local work; work="$(mktemp -d)"
@@ -106,11 +124,12 @@ PY
 
 case "${1:-all}" in
   # The lock makes concurrent callers (parallel CI jobs, e2e sessions) wait for one build.
-  all) exec 9>"$BIN_DIR.lock"; flock 9; fetch_kubectl_helm; build_etcd; build_kwok; build_kubernetes ;;
+  all) exec 9>"$BIN_DIR.lock"; flock 9; fetch_kubectl_helm; build_etcd; build_kwok; build_kwok_stages; build_kubernetes ;;
   print-bin-dir) echo "$BIN_DIR"; exit 0 ;;
   *) echo "usage: $0 [all|print-bin-dir]" >&2; exit 2 ;;
 esac
 for b in etcd kube-apiserver kube-controller-manager kube-scheduler kwok kwokctl kubectl helm; do
   [ -x "$BIN_DIR/$b" ] || { log "missing $b after build"; exit 1; }
 done
+[ -f "$BIN_DIR/kwok-stages/.complete" ] || { log "missing kwok's default stages after build"; exit 1; }
 log "binaries ready in $BIN_DIR"

@@ -9,6 +9,9 @@
 #                               `export KUBECONFIG=...` on stdout once every node is Ready
 #   hack/cluster.sh down        stop every process it started and delete the cluster's state
 #   hack/cluster.sh kubeconfig  print the kubeconfig path
+#   hack/cluster.sh stages [harness|kwok-default]
+#                               write the kwok Stage set (the cluster's, or kwok's defaults
+#                               unchanged) to a file and print its path
 #   hack/cluster.sh fail-pod NAMESPACE POD [EXIT_CODE]
 #                               mark a pod Failed through its status subresource, as a
 #                               kubelet would after its container exited with EXIT_CODE (1)
@@ -63,18 +66,52 @@ api_ready() {
 }
 
 healthy() {
-  [ -f "$KUBECONFIG_PATH" ] && processes_alive && api_ready
+  [ -f "$KUBECONFIG_PATH" ] && processes_alive && stages_current && api_ready
+}
+
+# The Stage set kwok plays: kwok's own defaults (hack/build-control-plane.sh copies them from the
+# pinned module) with pod-delete replaced by hack/kwok-pod-delete.yaml ("harness"), or left as
+# kwok ships it ("kwok-default", for tests/e2e/test_kwok_stages.py). Custom Stages replace all of
+# kwok's defaults, hence the whole set. Prints the file's path.
+stages() {
+  local which="${1:-harness}" src="$BIN_DIR/kwok-stages" out f
+  case "$which" in
+    harness) f="$here/kwok-pod-delete.yaml" ;;
+    kwok-default) f="$src/pod-delete.yaml" ;;
+    *) log "unknown stage set '$which' (harness or kwok-default)"; return 2 ;;
+  esac
+  [ -f "$src/.complete" ] || { log "no kwok stages in $src; run hack/build-control-plane.sh"; return 1; }
+  mkdir -p "$KWOK_WORKDIR"
+  out="$KWOK_WORKDIR/stages-$which.yaml"
+  for y in node-initialize node-heartbeat-with-lease pod-ready pod-complete; do
+    cat "$src/$y.yaml"; printf -- '---\n'
+  done >"$out.tmp"
+  cat "$f" >>"$out.tmp"
+  mv "$out.tmp" "$out"
+  echo "$out"
+}
+
+stages_digest() { sha256sum "$1" | cut -d' ' -f1; }
+
+# The running cluster's kwok plays this checkout's Stage set: a cluster made by an older
+# hack/cluster.sh (kwok's default pod-delete) must be recreated, not reused.
+stages_current() {
+  [ -f "$CLUSTER_DIR/grpo-stages.sha256" ] \
+    && [ "$(cat "$CLUSTER_DIR/grpo-stages.sha256")" = "$(stages_digest "$(stages harness)")" ]
 }
 
 create_cluster() {
+  local staged
+  staged="$(stages harness)"
   log "creating kwok cluster '$CLUSTER_NAME' in $CLUSTER_DIR"
-  kwokctl create cluster --config "$here/kwokctl.yaml" --runtime binary --kubeconfig "" --disable-qps-limits \
+  kwokctl create cluster --config "$here/kwokctl.yaml" --config "$staged" --runtime binary --kubeconfig "" --disable-qps-limits \
     --etcd-binary "$BIN_DIR/etcd" \
     --kube-apiserver-binary "$BIN_DIR/kube-apiserver" \
     --kube-controller-manager-binary "$BIN_DIR/kube-controller-manager" \
     --kube-scheduler-binary "$BIN_DIR/kube-scheduler" \
     --kwok-controller-binary "$BIN_DIR/kwok" \
     --wait "$READY_TIMEOUT" >&2
+  stages_digest "$staged" >"$CLUSTER_DIR/grpo-stages.sha256"
 }
 
 # Reuses a running cluster; otherwise starts a fresh one. A cluster left half-dead (a crash,
@@ -85,6 +122,7 @@ ensure_running() {
   if [ -d "$CLUSTER_DIR" ]; then
     local why="API server not ready"
     processes_alive || why="a component's process is dead"
+    stages_current || why="its kwok Stages are not this checkout's (hack/kwok-pod-delete.yaml)"
     log "cluster '$CLUSTER_NAME' exists but is not healthy ($why); recreating it"
     event "delete: $why"
     kwokctl delete cluster >&2 || rm -rf "$CLUSTER_DIR"
@@ -199,6 +237,7 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   kubeconfig) echo "$KUBECONFIG_PATH" ;;
+  stages) stages "${2:-harness}" ;;
   fail-pod) [ $# -ge 3 ] || { echo "usage: $0 fail-pod NAMESPACE POD [EXIT_CODE]" >&2; exit 2; }; fail_pod "$2" "$3" "${4:-1}" ;;
-  *) echo "usage: $0 up|down|kubeconfig|fail-pod NAMESPACE POD [EXIT_CODE]" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|kubeconfig|stages [harness|kwok-default]|fail-pod NAMESPACE POD [EXIT_CODE]" >&2; exit 2 ;;
 esac
