@@ -216,7 +216,8 @@ class AlgorithmSpec(ApiModel):
         "rollout servers return the top-k experts each MoE layer chose for every prompt and completion "
         "token, and the trainer's forwards reuse those choices (routing weights still come from its own "
         "router), so the importance ratio compares one network, not two routings. Costs tokens x MoE "
-        "layers x top-k bytes per sequence on the wire (twice that above 256 experts). Needs "
-        "rollout.engine torch. Immutable: it changes the trainer's parameter layout in checkpoints.",
+        "layers x top-k bytes per sequence on the wire (twice that above 256 experts). Both engines "
+        "capture them (vllm: its routed-experts capture, with prefix caching on). Immutable: it changes the "
+        "trainer's parameter layout in checkpoints.",
         json_schema_extra=immutable("algorithm.routingReplay"),
     )

@@ -316,9 +316,10 @@ class VllmSpec(ApiModel):
     )
     sleep_for_updates: bool = Field(
         default=False,
-        description="sleepForUpdates: optional, default false. Release the KV cache while a weight version "
-        "loads (vLLM sleep level 2, woken after), so the update's buffers have the room; the prefix "
-        "cache is lost, which a new version invalidates anyway.",
+        description="sleepForUpdates: optional, default false. Release the KV cache and the weights while a "
+        "weight version loads (vLLM sleep level 2, woken after), so the update's buffers have the room; the "
+        "prefix cache is lost, which a new version invalidates anyway. An update that breaks part-way leaves "
+        "no old weights to serve: the server refuses to generate until the next whole version.",
     )
 
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from grpo_rollout.engines.base import BucketPiece, EngineConfig, PromptSamples, Sample
 from grpo_rollout.engines.hf_names import CheckpointNames
+from grpo_rollout.engines.serving_weights import ServingWeights
 from grpo_rollout.protocol import Routing, Sampling, WeightStreamRequest
 
 if TYPE_CHECKING:
@@ -318,7 +319,7 @@ class VllmEngine:
         self.routing = RoutingLayout.of(config.model_path) if self.opts.routed_experts else None
         # where a streamed bucket is received before it goes to the workers: vLLM's own device
         self.device = current_platform.device_type
-        self.torn = False  # an update broke after some layers took new weights: mixed until the next
+        self.weights = ServingWeights()  # whether the workers' parameters may serve (updates end part-way)
         self.loop = LoopThread()
 
         gpu_bytes = current_platform.get_device_total_memory() if self.device == "cuda" else None
@@ -345,11 +346,8 @@ class VllmEngine:
         *,
         routing: bool = False,
     ) -> list[PromptSamples | None]:
-        if self.torn:
-            raise RuntimeError(
-                "the vllm engine's weights are mixed (a weight update broke after some layers took "
-                "new weights): it generates again once the next whole version is loaded"
-            )
+        if refusal := self.weights.refusal():
+            raise RuntimeError(refusal)
         if routing and self.routing is None:
             raise ValueError(
                 "this vllm server was started without routed-experts capture (routingReplay off)"
@@ -452,21 +450,32 @@ class VllmEngine:
 
     def abort_update(self) -> None:
         """Close the reload: layers not yet whole keep their old tensors; if some layer already
-        took new weights (vLLM cannot undo that), refuse to generate until the next version."""
+        took new weights (vLLM cannot undo that), or a level-2 sleep dropped them all, refuse to
+        generate until the next version."""
         self._assembler = None
         taken = self._rpc("grpo_abort_update")
-        self.torn = self.torn or any(int(n) > 0 for n in taken)
+        self.weights.ended_partway(any(int(n) > 0 for n in taken))
         self._wake()
 
     def _begin(self) -> None:
-        if self.opts.sleep_for_updates:  # level 2: the KV cache goes, parameters are rewritten anyway
+        self._sleep()
+        self._rpc("grpo_begin_update")
+
+    def _sleep(self) -> None:
+        """sleepForUpdates: level 2 frees the KV cache and the parameters (rewritten by the update;
+        until it is whole, `weights` refuses to serve), then the parameters' memory comes back."""
+        self.weights.begin(sleeps=self.opts.sleep_for_updates)
+        if self.opts.sleep_for_updates:
             self.loop.run(self.llm.sleep(level=2, mode="wait"))
             self.loop.run(self.llm.wake_up(["weights"]))
-        self._rpc("grpo_begin_update")
+
+    @property
+    def torn(self) -> bool:
+        return self.weights.torn
 
     def _finish(self) -> int:
         counts = self._rpc("grpo_finish_update")
-        self.torn = False
+        self.weights.whole()
         self._wake()
         return int(counts[0])
 
@@ -486,12 +495,14 @@ class VllmEngine:
         so a bucket never passes through the host. `refused`: the workers consume and drop it."""
         from grpo_rollout.stream_member import Outcome, combine
 
-        if not refused and self.opts.sleep_for_updates:  # as `_begin`: the KV cache goes meanwhile
-            self.loop.run(self.llm.sleep(level=2, mode="wait"))
-            self.loop.run(self.llm.wake_up(["weights"]))
+        if not refused:  # as `_begin`
+            self._sleep()
         answers = self._rpc("grpo_receive_stream", request.model_dump_json(), refused)
         outcome = combine([Outcome.from_dict(a) for a in answers])
         if not refused:
-            self.torn = False if outcome.kind == "live" else self.torn or outcome.loaded
+            if outcome.kind == "live":
+                self.weights.whole()
+            else:
+                self.weights.ended_partway(outcome.loaded)
             self._wake()
         return outcome
