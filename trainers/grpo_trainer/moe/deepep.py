@@ -2,8 +2,8 @@
 
 The versions live in `grpo_trainer.moe.deepep_v1` (inside one NVLink node) and
 `grpo_trainer.moe.deepep_v2` (EP groups across EFA nodes, over NCCL GIN). Each registers itself
-as a backend only when its `deep_ep` class imports (`import_deep_ep`: a DeepEP that fails its own
-import checks raises AssertionError, not ImportError, and must not crash registration), and as
+as a backend only when its `deep_ep` class imports (`grpo_trainer.moe.deepep_import`: a DeepEP that
+fails its own import checks raises AssertionError, not ImportError, and must not crash registration), and as
 an `auto` candidate always, refused with the import's reason when it is missing. `deepep` (the
 GRPOJob's `epBackend: deepep`) is always registered: it picks v1 for a group inside one node and
 v2 for one that spans nodes, and fails naming the component and what to change when that one
@@ -27,7 +27,6 @@ by local expert, so the experts still run once per layer.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import os
@@ -39,19 +38,6 @@ import torch.distributed as dist
 from grpo_trainer.moe.dispatch import Dispatched, ExchangeClock, register_backend, sum_per_token
 
 log = logging.getLogger(__name__)
-
-
-def import_deep_ep(attr: str) -> tuple[Any, str]:
-    """(`deep_ep.<attr>`, "") or (None, why). DeepEP's import runs its own checks, which raise
-    AssertionError (`check_nccl_so`: two NCCL libraries loaded; `find_cuda_home`: no CUDA), so any
-    exception means "not usable here", with its type and text as the reason."""
-    try:
-        module = importlib.import_module("deep_ep")
-    except Exception as e:
-        return None, f"deep_ep does not import ({type(e).__name__}: {e})"
-    if not hasattr(module, attr):
-        return None, f"this deep_ep has no {attr} (installed version {getattr(module, '__version__', '?')})"
-    return getattr(module, attr), ""
 
 
 def comm_ptr_problem(comm_ptr: int | None, reuse_torch_comm: bool) -> str | None:

@@ -34,7 +34,8 @@ import torch
 import torch.distributed as dist
 
 from grpo_trainer.moe import autoselect
-from grpo_trainer.moe.deepep import DeepEPDispatcher, check_communicator, import_deep_ep, release_exchanges
+from grpo_trainer.moe.deepep import DeepEPDispatcher, check_communicator, release_exchanges
+from grpo_trainer.moe.deepep_import import import_deep_ep
 from grpo_trainer.moe.dispatch import register_backend
 
 NAME = "deepep_v2"
