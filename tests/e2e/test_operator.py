@@ -14,6 +14,7 @@ import urllib.request
 
 import pytest
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
+from grpo_operator.api.report import AttemptStart, ep_progress
 from kubernetes import client
 
 from tests.support import operator_e2e as e2e
@@ -201,27 +202,42 @@ def test_rollout_autoscaling_follows_the_trainers_wait_and_never_writes_spec(ope
     assert scale["status"]["selector"] == "grpo.dev/job=elastic,grpo.dev/role=rollout"
 
 
-def test_a_failed_auto_candidate_is_one_event_and_one_count(operator, cluster, wait_for):
+def test_the_auto_choice_is_announced_before_the_first_step_once(operator, cluster, wait_for):
     cluster.create(manifest("auto"))
     cluster.wait_phase("auto", "Running")
-    failures = {"deepep_v2": "RuntimeError: NCCL GIN is unavailable"}
-    for step in (1, 2):  # rank 0 repeats the failure in every step's report: announced once
-        stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        progress = {"step": step, "epBackend": "alltoall", "epBackendFailures": failures, "updatedAt": stamp}
+    candidates = {
+        "alltoall": "1.250 ms",
+        "deepep_v1": "skipped: rank 0: the EP group spans 2 nodes",
+        "deepep_v2": "failed: rank 3: RuntimeError: NCCL GIN is unavailable",
+    }
+
+    def report(progress: dict) -> None:
         cluster.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, cluster.ns, PLURAL, "auto", {"status": {"progress": progress}}
         )
-        time.sleep(5)  # two resync passes (--resync-seconds 2) see each report
 
-    def announced() -> list:
+    def announced(reason: str) -> list:
         events = cluster.core.list_namespaced_event(cluster.ns, field_selector="involvedObject.name=auto")
-        return [e for e in events.items if e.reason == "EPBackendFailed"]
+        return [e for e in events.items if e.reason == reason]
 
-    wait_for(lambda: announced(), what="an EPBackendFailed Event", timeout=30)
-    (event,) = announced()
-    assert event.type == "Warning" and "deepep_v2" in event.message and "GIN is unavailable" in event.message
-    assert (event.count or 1) == 1
+    # what rank 0 writes once `auto` has chosen, before its first step (which can take minutes)
+    start = AttemptStart(ep_backend="alltoall", ep_candidates=candidates, time=time.time())
+    report(start.to_progress_patch())
+    wait_for(lambda: announced("EPBackendChosen"), what="an EPBackendChosen Event", timeout=30)
+    assert not cluster.status("auto")["progress"].get("step")  # no step reported yet
+    for step in (1, 2):  # rank 0 repeats the choice in every step's report: announced once
+        stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        report({"step": step, "updatedAt": stamp} | ep_progress("alltoall", candidates))
+        time.sleep(5)  # two resync passes (--resync-seconds 2) see each report
+    (chosen,) = announced("EPBackendChosen")
+    assert chosen.type == "Normal" and "alltoall" in chosen.message and "1.250 ms" in chosen.message
+    assert "spans 2 nodes" in chosen.message and (chosen.count or 1) == 1
+    (failed,) = announced("EPBackendFailed")
+    assert failed.type == "Warning" and "deepep_v2" in failed.message
+    assert "GIN is unavailable" in failed.message
+    assert (failed.count or 1) == 1
     assert operator.metric("grpo_operator_ep_backend_failures_total") == 1
+    assert operator.metric("grpo_operator_ep_backend_refused_total") == 1
 
 
 def test_live_rollout_replicas_and_success(operator, cluster, fail_pod, wait_for):

@@ -105,9 +105,17 @@ class ProgressReporter:
         return cls(contract, path, in_cluster="KUBERNETES_SERVICE_HOST" in os.environ)
 
     def attempt_started(self, resumed_from_step: int | None, resumed_from: str | None) -> None:
-        """Say where this attempt starts, before its first step: in the log, the progress file (the
-        local runtime prints it) and, in a cluster, status.progress."""
-        start = AttemptStart(resumed_from_step=resumed_from_step, resumed_from=resumed_from, time=time.time())
+        """Say where this attempt starts and which EP backend `auto` chose (and why), before its
+        first step: in the log, the progress file (the local runtime prints it) and, in a cluster,
+        status.progress (the operator announces the choice with an Event)."""
+        selection = autoselect.last_selection()
+        start = AttemptStart(
+            resumed_from_step=resumed_from_step,
+            resumed_from=resumed_from,
+            ep_backend=selection.backend if selection else None,
+            ep_candidates=selection.summary() if selection else {},
+            time=time.time(),
+        )
         log.info("attempt %s", start.describe())
         self._out.write(start.model_dump_json() + "\n")
         self._out.flush()

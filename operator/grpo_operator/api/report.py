@@ -32,12 +32,22 @@ class EvalScore(BaseModel):
 
 
 FAILED = "failed: "  # how `ep_candidates` marks a candidate that failed
+SKIPPED = "skipped: "  # and one refused by the layout or the installed library
 MAX_REASON = 1024
 
 
 def ep_failures(candidates: dict[str, str]) -> dict[str, str]:
     """The failed `auto` candidates of a report, each with its reason (cut to MAX_REASON)."""
     return {k: v.removeprefix(FAILED)[:MAX_REASON] for k, v in candidates.items() if v.startswith(FAILED)}
+
+
+def ep_progress(backend: str | None, candidates: dict[str, str]) -> dict[str, object]:
+    """status.progress's EP fields (wire names) for the gang's backend and `auto`'s candidates."""
+    return {
+        "epBackend": backend,
+        "epBackendFailures": ep_failures(candidates),
+        "epBackendCandidates": {k: v[:MAX_REASON] for k, v in candidates.items()},
+    }
 
 
 class StepReport(BaseModel):
@@ -131,13 +141,30 @@ class AttemptStart(BaseModel):
     attempt_start: bool = Field(default=True, description="Marks the record kind in the progress file.")
     resumed_from_step: int | None = Field(default=None, ge=0, description="Step loaded; None when fresh.")
     resumed_from: str | None = Field(default=None, description="Path of the save loaded; None when fresh.")
+    ep_backend: str | None = Field(
+        default=None,
+        description="The EP backend `auto` chose for the gang at start-up; None when not `auto`.",
+    )
+    ep_candidates: dict[str, str] = Field(
+        default_factory=dict, description="Why: each candidate's time, or skipped/failed with the reason."
+    )
     time: float = Field(description="Unix time of the record.")
 
     def describe(self) -> str:
-        if self.resumed_from_step is None:
-            return "starting fresh (no checkpoint to resume)"
-        return f"resumed from step {self.resumed_from_step} ({self.resumed_from})"
+        where = (
+            "starting fresh (no checkpoint to resume)"
+            if self.resumed_from_step is None
+            else f"resumed from step {self.resumed_from_step} ({self.resumed_from})"
+        )
+        if self.ep_backend is None:
+            return where
+        why = "; ".join(f"{k} {v}" for k, v in self.ep_candidates.items())
+        return f"{where}; EP backend {self.ep_backend} (epBackend auto: {why})"
 
     def to_progress_patch(self) -> dict[str, object]:
-        """The status.progress fields it sets (a merge patch: the step counters stay as they are)."""
-        return {"resumedFromStep": self.resumed_from_step, "resumedFrom": self.resumed_from}
+        """The status.progress fields it sets (a merge patch: the step counters stay as they are):
+        where the attempt starts and, before the first step, the EP backend `auto` chose and why."""
+        out: dict[str, object] = {"resumedFromStep": self.resumed_from_step, "resumedFrom": self.resumed_from}
+        if self.ep_backend is not None:
+            out |= ep_progress(self.ep_backend, self.ep_candidates)
+        return out

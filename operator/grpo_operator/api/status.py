@@ -165,7 +165,8 @@ class Progress(ApiModel):
         default=None,
         max_length=64,
         description="epBackend: the expert-parallel backend the whole gang runs when epBackend is auto "
-        "(measured at start-up: alltoall, deepep_v1 or deepep_v2); unset otherwise.",
+        "(measured at start-up: alltoall, deepep_v1 or deepep_v2; set before the first step and announced "
+        "by an EPBackendChosen Event); unset otherwise.",
     )
     ep_backend_failures: dict[str, str] = Field(
         default_factory=dict,
@@ -179,7 +180,8 @@ class Progress(ApiModel):
         max_length=16,
         description="epBackendCandidates: why epBackend auto chose epBackend: each candidate's seconds per "
         'dispatch+combine round trip at start-up ("1.234 ms", the slowest rank\'s; the fastest wins), or '
-        '"skipped: <reason>" (refused by the layout or the installed library) or "failed: <reason>".',
+        '"skipped: <reason>" (refused by the layout or the installed library, counted in '
+        'grpo_operator_ep_backend_refused_total) or "failed: <reason>".',
     )
     rollout_wait_fraction: float | None = Field(
         default=None,

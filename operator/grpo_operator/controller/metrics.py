@@ -34,6 +34,12 @@ EP_BACKEND_FAILURES = Counter(
     "epBackend auto candidates that failed in a trainer gang (each reported failure counted once).",
     ["backend"],
 )
+EP_BACKEND_REFUSED = Counter(
+    "grpo_operator_ep_backend_refused_total",
+    "epBackend auto candidates a trainer gang skipped, refused by its layout or installed library "
+    "(e.g. DeepEP not importable; each reported refusal counted once).",
+    ["backend"],
+)
 
 
 class Heartbeat:

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from grpo_operator import render
 from grpo_operator.api.job import API_VERSION, KIND, GRPOJob
 from grpo_operator.api.status import TERMINAL_PHASES, GRPOJobStatus
-from grpo_operator.controller import ep_failures, failures, metrics, observe, placement, status
+from grpo_operator.controller import ep_backend, failures, metrics, observe, placement, status
 from grpo_operator.controller.children import AppliedMemory, ChildApplier
 from grpo_operator.controller.kube import Kube
 from grpo_operator.controller.queueing import Gate, Queueing, QueueMemory
@@ -49,7 +49,7 @@ class JobMemory:
     failures: int = 0  # passes that raised in a row (backoff)
     generation: int | None = None  # of the job as the last pass read it
     reported: str | None = None  # the failure last reported as an Event
-    ep_failures: set = field(default_factory=set)  # epBackend auto failures announced (Event + counter)
+    ep_announced: set = field(default_factory=set)  # epBackend auto: choice and candidates announced
 
 
 @dataclass
@@ -141,12 +141,15 @@ class Reconciler:
         rendered = self._apply(snap, decision, memory, now)
         if not decision.gang_restart:
             self._write_status(body, decision.status)
-        failed_candidates = ep_failures.fresh(snap.old.progress, memory.ep_failures)
-        decision.events += [ep_failures.event(f) for f in failed_candidates]
+        ep_news = ep_backend.fresh(snap.old.progress, memory.ep_announced)
+        decision.events += [e for e in map(ep_backend.event, ep_news) if e is not None]
         self._emit(body, decision.events, memory, rendered, now)
-        for backend, why in failed_candidates:  # once each, after its Event went out
-            metrics.EP_BACKEND_FAILURES.labels(backend=backend).inc()
-            memory.ep_failures.add((backend, why))
+        for kind, backend, why in ep_news:  # once each, after its Event went out
+            if kind == ep_backend.FAILED:
+                metrics.EP_BACKEND_FAILURES.labels(backend=backend).inc()
+            elif kind == ep_backend.REFUSED:
+                metrics.EP_BACKEND_REFUSED.labels(backend=backend).inc()
+            memory.ep_announced.add((kind, backend, why))
         metrics.set_phase(f"{namespace}/{name}", decision.status.phase)
         if decision.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished passed", namespace, name)
