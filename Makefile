@@ -5,6 +5,9 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 TINY := examples/.tiny
+# `make demo ENGINE=vllm`: the same job on vLLM's CPU build (.venv-vllm, built here first), with a
+# tiny model whose heads vLLM's CPU attention takes (head_dim 32).
+ENGINE ?= torch
 
 .PHONY: setup vllm-venv control-plane lint test test-quick test-unit demo crd podspec-schema cluster-up cluster-down e2e-kind
 
@@ -38,10 +41,18 @@ test-quick: setup control-plane lint
 test-unit: setup
 	$(PY) -m pytest tests/unit
 
+ifeq ($(ENGINE),vllm)
+demo: setup vllm-venv
+	$(VENV)/bin/grpo-operator tiny-model $(TINY)-vllm --head-dim 32
+	rm -rf out/demo-vllm  # a fresh run each time: its checkpoints would otherwise resume the last one
+	$(VENV)/bin/grpo-operator run examples/tiny-local-vllm.yaml --workdir out/demo-vllm \
+		--summary-json out/demo-vllm/summary.json
+else
 demo: setup
 	$(VENV)/bin/grpo-operator tiny-model $(TINY)
 	rm -rf out/demo  # a fresh run each time: its checkpoints would otherwise resume the last one
 	$(VENV)/bin/grpo-operator run examples/tiny-local.yaml --workdir out/demo --summary-json out/demo/summary.json
+endif
 
 crd: setup
 	$(VENV)/bin/grpo-operator crd > crds/grpojobs.grpo.dev.yaml

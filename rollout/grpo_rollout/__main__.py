@@ -5,7 +5,9 @@ first, `grpo_operator.storage`), this pod's index from $GRPO_POD_INDEX and the p
 token from $GRPO_TOKEN; listens on this pod's endpoint port from the contract (--host/--port
 override it for tests), on loopback only when that endpoint is a loopback address (the local
 runtime), on every interface otherwise (a pod behind its Service). Exits 0 after a drain
-(SIGTERM), non-zero with a clear message otherwise.
+(SIGTERM), non-zero with a clear message otherwise; `EXIT_ENGINE_DEAD` when the engine died, its
+first error on stderr and in the pod's termination message (what `kubectl describe` and the
+operator's pod verdict read).
 """
 
 import argparse
@@ -22,10 +24,13 @@ from grpo_operator.api.contract import ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN, R
 from grpo_operator.api.roles import stream_receive_reserve
 from grpo_operator.api.spec import GRPOJobSpec
 
-from grpo_rollout.engines.base import EngineConfig
+from grpo_rollout.engines.base import EngineConfig, EngineDead
 from grpo_rollout.engines.vllm_engine import VllmEngineConfig, VllmOptions
 from grpo_rollout.server import serve
 from grpo_rollout.service import RolloutService, ServiceConfig
+
+EXIT_ENGINE_DEAD = 4  # the engine died: restart the pod (no other exit code of ours means this)
+TERMINATION_LOG = "/dev/termination-log"  # the pod's default terminationMessagePath
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -121,8 +126,25 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     endpoints = contract.rollout.endpoints
     host = args.host or listen_host(endpoints[args.pod_index] if args.pod_index < len(endpoints) else None)
-    asyncio.run(serve(RolloutService(config), token, host, port))
+    try:
+        asyncio.run(serve(RolloutService(config), token, host, port))
+    except EngineDead as e:
+        stated = f"EngineDead: {config.server_id}: the {config.engine} engine died: {e}"
+        logging.getLogger("grpo_rollout").error("%s; exiting for a restart", stated)
+        write_termination_message(stated)
+        return EXIT_ENGINE_DEAD
     return 0
+
+
+def write_termination_message(text: str) -> None:
+    """In a pod, where Kubernetes reads why the container ended; the log carries it everywhere."""
+    if "KUBERNETES_SERVICE_HOST" not in os.environ:
+        return
+    try:
+        with open(TERMINATION_LOG, "w") as f:
+            f.write(text[:4000])  # the kubelet keeps at most 4096 bytes
+    except OSError as e:
+        print(f"rollout: cannot write {TERMINATION_LOG}: {e}", file=sys.stderr)
 
 
 if __name__ == "__main__":

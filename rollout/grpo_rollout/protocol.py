@@ -10,9 +10,12 @@ Endpoints (all JSON except the weight body):
   POST /weights   one safetensors bucket, WeightBucket headers -> WeightUpdateResponse (bearer token)
   POST /weights/stream  WeightStreamRequest -> WeightUpdateResponse, the version itself arriving over
                   a torch.distributed group (`grpo_rollout.weight_stream`; bearer token)
-  GET  /health    -> HealthResponse (200 ready, 503 loading/draining; no token, for probes)
+  GET  /health    -> HealthResponse (200 ready, 503 loading/draining/failed; no token, for probes)
   GET  /metrics   Prometheus text (no token)
-Every error is an ErrorResponse with a machine-readable `code`.
+Every error is an ErrorResponse with a machine-readable `code`. One of them is permanent for the
+server that sends it: `engine_dead` (HTTP 500, health state `failed`): its engine cannot serve any
+more, it exits at once and only a new process (a restarted pod) serves again; a client re-sends
+elsewhere and never to that process. Every other 5xx/409/429 means "not now, maybe later".
 """
 
 import base64
@@ -40,7 +43,7 @@ WEIGHTS_CONTENT_TYPE = "application/vnd.safetensors"
 FinishReason = Literal["stop", "length"]
 RoutingDtype = Literal["uint8", "int16"]
 ROUTING_ITEMSIZE: dict[str, int] = {"uint8": 1, "int16": 2}
-ServerState = Literal["loading", "ready", "draining"]
+ServerState = Literal["loading", "ready", "draining", "failed"]
 
 
 class WireModel(BaseModel):
@@ -328,6 +331,11 @@ class HealthResponse(Versioned):
         description="stream_members: ranks this server takes in every weight group (its process for "
         "the torch engine, each tensor-parallel worker for vLLM).",
     )
+    error: str | None = Field(
+        default=None,
+        max_length=4000,
+        description="error: set when state is failed: the engine's own first error (the server exits).",
+    )
 
 
 ErrorCode = Literal[
@@ -341,8 +349,10 @@ ErrorCode = Literal[
     "weight_version_conflict",
     "weight_version_refused",
     "weight_stream_cancelled",
+    "engine_dead",
     "internal",
 ]
+ENGINE_DEAD: ErrorCode = "engine_dead"  # permanent for the server process that answers it
 
 
 class ErrorResponse(Versioned):

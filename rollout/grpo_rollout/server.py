@@ -4,7 +4,10 @@
 check and translate: bodies are read with a hard byte limit (413), payloads validated by the
 protocol models (422, protocol_mismatch for another protocol version), /generate and /weights need
 the per-job bearer token (401); /health and /metrics are open for probes and scrapers. On SIGTERM
-or SIGINT the service drains and the process exits 0.
+or SIGINT the service drains and the process exits 0. When the engine dies, requests in flight are
+answered `engine_dead`, health says `failed` with the engine's first error, and `serve` raises
+`EngineDead` after a short grace: the process exits non-zero, so the pod is restarted (a dead
+engine never comes back in this process).
 """
 
 import asyncio
@@ -12,6 +15,7 @@ import hmac
 import json
 import logging
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -19,6 +23,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
+from grpo_rollout.engines.base import EngineDead
 from grpo_rollout.protocol import (
     AUTH_HEADER,
     MAX_GENERATE_BODY_BYTES,
@@ -36,6 +41,7 @@ log = logging.getLogger(__name__)
 SERVICE = web.AppKey("service", RolloutService)
 TOKEN = web.AppKey("token", str)
 OPEN_PATHS = {"/health", "/metrics"}
+DEAD_GRACE_S = 5.0  # a dead engine's server answers what is in flight (engine_dead), then exits
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -183,18 +189,32 @@ async def serve(service: RolloutService, token: str, host: str, port: int) -> No
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watch = asyncio.ensure_future(service.watch())
     try:
         loading = asyncio.ensure_future(service.start())
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait({loading, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if loading.done():
             loading.result()  # a failed load raises here and the process exits non-zero
-            await stopped
+            await asyncio.wait({stopped, watch}, return_when=asyncio.FIRST_COMPLETED)
         else:
             loading.cancel()
+        if watch.done():
+            await _answer_in_flight(service)
+            raise EngineDead(watch.result())
         log.info("signal received: draining")
         await service.drain()
     finally:
+        watch.cancel()
         await runner.cleanup()
         service.close()
         log.info("%s stopped", service.config.server_id)
+
+
+async def _answer_in_flight(service: RolloutService) -> None:
+    """Let requests already in flight get their `engine_dead` answer (and a probe see `failed`)
+    before the listener goes away, so a client learns the death rather than a reset connection."""
+    deadline = time.monotonic() + DEAD_GRACE_S
+    await asyncio.sleep(1.0)
+    while service.in_flight and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)

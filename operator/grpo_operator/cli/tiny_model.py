@@ -19,9 +19,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.3,
         help="stop the supervised warm-up at this sampled accuracy (default 0.3)",
     )
+    parser.add_argument(
+        "--head-dim",
+        type=int,
+        default=None,
+        help="attention head width (default 16); vLLM's CPU attention takes 32, 64, 80, 96, 112, 128, ... "
+        "(`make demo ENGINE=vllm` builds with 32)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "grpo_trainer.tiny_model", args.dir, "--seed", str(args.seed)]
     cmd += ["--target-accuracy", str(args.target_accuracy)]
+    if args.head_dim is not None:
+        cmd += ["--head-dim", str(args.head_dim)]
     return subprocess.call(cmd)

