@@ -10,6 +10,8 @@ local expert, the autograd wiring, the dtypes, counting host syncs — is checke
 from __future__ import annotations
 
 import contextlib
+import inspect
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -223,6 +225,27 @@ def test_sm_and_qp_counts_are_the_setting_or_v2s_estimate_never_zero() -> None:
     assert deepep_v2.resolve_count("sms", None, lambda: 24) == 24
     with pytest.raises(ValueError, match="GRPO_DEEPEP_NUM_SMS"):
         deepep_v2.resolve_count("sms", None, lambda: 0)
+
+
+# ElasticBuffer.__init__'s keyword parameters at DEEPEP_COMMIT (elastic.py:228-246), read from the source.
+V2_BUFFER_PARAMS = {
+    "num_bytes", "num_cpu_bytes", "num_max_tokens_per_rank", "hidden", "num_topk", "use_fp8_dispatch",
+    "deterministic", "allow_hybrid_mode", "allow_multiple_reduction", "prefer_overlap_with_compute",
+    "sl_idx", "num_allocated_qps", "num_cpu_timeout_secs", "num_gpu_timeout_secs", "explicitly_destroy",
+}  # fmt: skip
+
+
+def test_on_efa_v2_runs_upstreams_capped_qps_and_allocates_only_those() -> None:
+    """DeepEP PR #612: QPs capped at 2 on EFA (129 overflow aws-ofi-nccl's 128-slot GIN ring)."""
+    assert deepep_v2.settings({"FI_PROVIDER": "efa"}) == (16384, 12, 2)
+    assert deepep_v2.settings({"FI_PROVIDER": "efa", "GRPO_DEEPEP_NUM_QPS": "8"})[2] == 8  # overridable
+    assert deepep_v2.settings({}) == (16384, None, None)  # elsewhere v2's own estimates
+    assert deepep_v2.allocated_qps(2) == 2 and deepep_v2.allocated_qps(None) == 0
+    with pytest.raises(ValueError, match="GRPO_DEEPEP_NUM_QPS"):
+        deepep_v2.allocated_qps(0)
+    source = inspect.getsource(deepep_v2.V2Exchange.__init__)
+    passed = set(re.findall(r"^\s+(\w+)=", source.split("ElasticBuffer(")[1].split(")\n")[0], re.M))
+    assert "num_allocated_qps" in passed and passed <= V2_BUFFER_PARAMS, passed
 
 
 def test_v2_refuses_a_communicator_torch_has_not_created() -> None:

@@ -19,9 +19,10 @@ Settings (pod env, the same on every rank):
 - GRPO_DEEPEP_MAX_TOKENS: the cap on tokens per rank per dispatch (default 16384), which bounds the
   buffer's memory (it grows with tokens x hidden x nodes).
 - GRPO_DEEPEP_NUM_SMS / GRPO_DEEPEP_NUM_QPS: SMs and QPs per dispatch/combine. v2 estimates them by
-  parsing `ibstat` for mlx5 NICs, which EFA does not have, so on EFA (FI_PROVIDER=efa) SMs are
-  always given: 12 (the AWS launcher's value); elsewhere v2's own estimate, taken once. QPs: v2's
-  estimate for that SM count unless given.
+  parsing `ibstat` for mlx5 NICs, which EFA does not have, so on EFA (FI_PROVIDER=efa) both are
+  given: 12 SMs (the AWS launcher's value) and EFA_QPS queue pairs, which the buffer also allocates
+  (`num_allocated_qps`; v2's automatic count is 129 in hybrid mode, `elastic.py:328-335` at
+  DEEPEP_COMMIT). Elsewhere v2's own estimates, taken once, and v2's allocation.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ NAME = "deepep_v2"
 API = "deep_ep.ElasticBuffer"
 MAX_LOCAL_EXPERTS = 256  # upstream's documented bound on experts per rank
 DEFAULT_MAX_TOKENS = 16384
+EFA_SMS = 12  # the AWS launcher's value
+# Upstream's EFA guidance (DeepEP PR #612, validated on 2 x p5.48xlarge with Qwen3-30B-A3B): cap v2's QPs
+# at 2 on EFA. 129 QPs overflow aws-ofi-nccl's per-peer GIN request ring (128 slots; its PR #1206 made
+# the size OFI_NCCL_GIN_MAX_REQUESTS): "Next sequence number is in use" at the first dispatch.
+EFA_QPS = 2
 ElasticBuffer, WHY = import_deep_ep("ElasticBuffer")  # None and the reason on CPU images or a v1 build
 AVAILABLE = ElasticBuffer is not None
 
@@ -70,9 +76,17 @@ def settings(env: dict[str, str] | None = None) -> tuple[int, int | None, int | 
     if max_tokens < 1:
         raise ValueError(f"GRPO_DEEPEP_MAX_TOKENS must be positive, got {max_tokens}")
     efa = env.get("FI_PROVIDER") == "efa"
-    sms = env.get("GRPO_DEEPEP_NUM_SMS", "12" if efa else "")
-    qps = env.get("GRPO_DEEPEP_NUM_QPS", "")
+    sms = env.get("GRPO_DEEPEP_NUM_SMS", str(EFA_SMS) if efa else "")
+    qps = env.get("GRPO_DEEPEP_NUM_QPS", str(EFA_QPS) if efa else "")
     return max_tokens, int(sms) if sms else None, int(qps) if qps else None
+
+
+def allocated_qps(qps: int | None) -> int:
+    """`ElasticBuffer(num_allocated_qps=...)`: the QPs every call uses when they are given (EFA), so the
+    buffer does not allocate v2's automatic 129; 0 (v2 decides) otherwise."""
+    if qps is not None and qps < 1:
+        raise ValueError(f"GRPO_DEEPEP_NUM_QPS must be positive, got {qps}")
+    return qps or 0
 
 
 def buffer_tokens(tokens: int | None, cap: int) -> int:
@@ -126,6 +140,7 @@ class V2Exchange:
             num_max_tokens_per_rank=self.max_tokens,
             hidden=hidden,
             num_topk=top_k,
+            num_allocated_qps=allocated_qps(qps),
             explicitly_destroy=True,
         )
         self.num_experts = num_experts
