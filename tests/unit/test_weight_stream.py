@@ -431,11 +431,15 @@ weight_stream.receive_all(groups, torch.device("cpu"), apply)
 @pytest.mark.slow
 def test_a_stream_broken_halfway_and_sent_again_still_holds_at_most_two_buckets():
     """The trainer's retry path (`loop.stream_weights`): the first stream's receiver dies after two
-    of six buckets, the same sender streams the version again in a new epoch. Its resident memory
-    across both (VmHWM; a first small-bucket stream took the one-time costs) stays under three
-    buckets (measured: two buckets plus 5-10 MiB at 16 MiB buckets, the second group's connections
-    and the first one's error, by environment): the broken attempt's two buckets are freed before
-    the retry allocates its own, else it would be four."""
+    of six buckets; this test then calls the stream off, as rank 0 does when a server's stream request
+    fails; the same sender streams the version again in a new epoch. Its resident memory across both
+    (VmHWM; a first small-bucket stream took the one-time costs) stays under three buckets (measured:
+    two buckets plus 5-10 MiB at 16 MiB buckets, the second group's connections and the first one's
+    error, by environment): the retry refills the broken stream's two buffers. It once allocated its
+    own, and about one run in eight held a third bucket (51 MiB): gloo left a send to the member that
+    died mid-transfer pending until the op timeout (no error, and `abort` does not end it), so the
+    retired group kept that bucket alive; the same pending send was the 30 s wait before the stream
+    broke, which the call-off now ends."""
     import json
 
     bucket, port = 16 << 20, free_port()
@@ -447,6 +451,7 @@ def test_a_stream_broken_halfway_and_sent_again_still_holds_at_most_two_buckets(
     weight_stream.receive_all(link.groups_for(epoch=2, **where), torch.device("cpu"), lambda bucket: None)
     dying = subprocess.run([sys.executable, "-c", DYING_RECEIVER, str(port)], timeout=120, check=False)
     assert dying.returncode == 9
+    weight_stream.CallOff(weight_stream.store_client("127.0.0.1", port, 30), 3).call()  # rank 0's part
     groups = link.groups_for(epoch=4, **where)
     received = weight_stream.receive_all(groups, torch.device("cpu"), lambda bucket: None)
     out, _ = sender.communicate(timeout=120)

@@ -123,8 +123,10 @@ class StreamSender:
     """One trainer rank's end of the weight groups: the store (rank 0 hosts it) and the rank's
     group with the servers of the current epoch, formed again when the epoch changes. Its two
     bucket buffers are kept from one version to the next (the trainer's memory plan counts them
-    for the whole step), so a version does not pay for fresh memory; a stream that fails drops
-    them (its transfers may still read them) and the next one allocates its own."""
+    for the whole step), so a version does not pay for fresh memory, and across a stream that
+    broke: its retired group's transfers may still read them (gloo cannot abort a transfer, and
+    one whose peer died mid-send can stay pending until the op timeout), but only towards members
+    that gave that stream up, while a fresh pair of buffers would make the retry hold four."""
 
     def __init__(self, host: str, port: int, rank: int, *, timeout_s: float = 300.0) -> None:
         import datetime
@@ -182,6 +184,7 @@ class StreamSender:
         fits = (bucket_bytes, torch.device(device))
         kept = self._kept[1] if self._kept[0] == fits else []
         self._kept = ((), [])  # a different bucket size or device frees the old buffers first
+        sender: weight_stream.BucketSender | None = None
         try:
             sender = weight_stream.BucketSender(
                 self.group(epoch, servers, backend, off), dtype, bucket_bytes, device, off, kept
@@ -192,6 +195,7 @@ class StreamSender:
                 off.call()
             weight_stream.retire(self._group)  # before any other reference to it goes
             self._key, self._group = None, None  # a broken group is formed again next time
+            self._kept = (fits, sender.keep() if sender is not None else kept)  # see the class docstring
             raise
         stats = SendStats(
             sender.buckets, sender.sent_bytes, sender.peak_bytes, sender.waited_s, sender.filled_s
