@@ -21,12 +21,13 @@ import torch
 import torch.distributed as dist
 from grpo_operator import storage
 from grpo_operator.api.contract import RunContract
+from grpo_operator.api.status import Reason
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
 from grpo_trainer import fsdp, loading, moe
-from grpo_trainer.config import RankInfo
+from grpo_trainer.config import ConfigError, RankInfo
 
 log = logging.getLogger(__name__)
 PG_TIMEOUT = datetime.timedelta(minutes=30)  # a dead peer fails collectives instead of hanging forever
@@ -133,7 +134,12 @@ def load_policy(
     local = storage.model_dir(path, cache_dir)
     model = loading.skeleton(local)
     if groups.ep is not None:
-        moe.expert_parallel(model, group=groups.ep, backend=EP_BACKENDS[backend], tokens_per_batch=ep_tokens)
+        try:
+            moe.expert_parallel(
+                model, group=groups.ep, backend=EP_BACKENDS[backend], tokens_per_batch=ep_tokens
+            )
+        except moe.BackendUnavailable as e:  # permanent: the job fails with it, no gang restarts
+            raise ConfigError(str(e), reason=Reason.EP_BACKEND_UNAVAILABLE) from e
     else:  # MoELayers at EP = 1 too: replay needs them, and the loader fills their fused experts
         moe.expert_parallel(model, group=groups.own_ep, backend="local")
     full = str(sharding) == "full"

@@ -72,6 +72,7 @@ class Reason(StrEnum):
     STORAGE_ACCESS_DENIED = "StorageAccessDenied"  # the credentials cannot read or write it
     MODEL_INVALID = "ModelInvalid"  # a folder, but not a Hugging Face model
     DATASET_EMPTY = "DatasetEmpty"  # no usable row
+    EP_BACKEND_UNAVAILABLE = "EPBackendUnavailable"  # epBackend deepep that cannot serve this gang
 
 
 # Reasons a trainer states in its termination message ("<Reason>: <message>"); a permanent failure
@@ -89,6 +90,7 @@ TRAINER_STATED = frozenset(
         Reason.STORAGE_ACCESS_DENIED,
         Reason.MODEL_INVALID,
         Reason.DATASET_EMPTY,
+        Reason.EP_BACKEND_UNAVAILABLE,
     }
 )
 

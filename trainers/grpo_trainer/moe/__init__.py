@@ -32,6 +32,7 @@ Model code stays single-device: nothing here is imported by a model definition.
 
 from grpo_trainer.moe.checkpoint import full_state_dict, iter_full_state_dict, load_checkpoint
 from grpo_trainer.moe.dispatch import (
+    BackendUnavailable,
     Dispatched,
     Dispatcher,
     available_backends,
@@ -53,6 +54,7 @@ from grpo_trainer.moe.router import Router, RouterConfig, load_balancing_loss
 
 __all__ = [
     "ARCHITECTURES",
+    "BackendUnavailable",
     "Dispatched",
     "Dispatcher",
     "GroupedExperts",

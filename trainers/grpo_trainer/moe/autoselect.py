@@ -18,9 +18,10 @@ order (the collectives below are over the WORLD, so all EP groups end up on one 
    time, or why it was skipped or failed): the start-up log line and the step report's
    `ep_backend`/`ep_candidates`, which become the job's `status.progress`.
 
-Caveat: a backend that fails on some ranks *inside* a collective (DeepEP's constructor is one)
-leaves its peers waiting until that collective's timeout raises there; the guard then catches
-that error like any other. On EFA, NCCL all-to-all often beats DeepEP at small EP, which is why
+A backend that fails on some ranks *inside* a collective constructor (DeepEP's buffers) cannot be
+dropped like this: its peers are blocked there. `collective_build` bounds that case: every rank
+ends its process with all ranks' verdicts within its timeout (see there).
+On EFA, NCCL all-to-all often beats DeepEP at small EP, which is why
 this is measured rather than assumed.
 """
 

@@ -35,7 +35,13 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from grpo_trainer.moe.dispatch import Dispatched, ExchangeClock, register_backend, sum_per_token
+from grpo_trainer.moe.dispatch import (
+    BackendUnavailable,
+    Dispatched,
+    ExchangeClock,
+    register_backend,
+    sum_per_token,
+)
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +275,7 @@ def deepep_dispatcher(
     why = version.requires(layout, num_experts)
     if why:
         where = f"across {layout.nodes} nodes" if layout.spans_nodes else "inside one node"
-        raise RuntimeError(
+        raise BackendUnavailable(
             f"epBackend deepep: an EP group {where} needs {version.NAME} ({version.API}), which cannot "
             f"serve it here: {why}. Install DeepEP in the trainer image (docs/deepep-efa.md) or set "
             "spec.trainer.epBackend to auto or nccl"

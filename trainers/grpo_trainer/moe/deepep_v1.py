@@ -11,12 +11,13 @@ mode pipelines any token count through its buffer, so it needs no token cap.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from grpo_trainer.moe import autoselect
+from grpo_trainer.moe import autoselect, collective_build
 from grpo_trainer.moe.deepep import DeepEPDispatcher, release_exchanges
 from grpo_trainer.moe.deepep_import import import_deep_ep
 from grpo_trainer.moe.dispatch import register_backend
@@ -99,7 +100,10 @@ class Dispatcher(DeepEPDispatcher):
     def exchange(self, hidden: int, top_k: int) -> V1Exchange:
         key = (id(self.group), hidden * torch.bfloat16.itemsize)
         if key not in _EXCHANGES:
-            _EXCHANGES[key] = V1Exchange(self.group, key[1])
+            build = partial(V1Exchange, self.group, key[1])
+            _EXCHANGES[key] = collective_build.build(
+                "DeepEP v1's Buffer", self.group, build
+            )  # bounded, agreed
         return _EXCHANGES[key]
 
     def release(self) -> None:

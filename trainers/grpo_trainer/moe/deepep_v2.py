@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from grpo_trainer.moe import autoselect
+from grpo_trainer.moe import autoselect, collective_build
 from grpo_trainer.moe.deepep import DeepEPDispatcher, check_communicator, release_exchanges
 from grpo_trainer.moe.deepep_import import import_deep_ep
 from grpo_trainer.moe.dispatch import register_backend
@@ -181,7 +182,10 @@ class Dispatcher(DeepEPDispatcher):
     def exchange(self, hidden: int, top_k: int) -> V2Exchange:
         key = (id(self.group), hidden, top_k, self.num_experts, self.tokens)
         if key not in _EXCHANGES:
-            _EXCHANGES[key] = V2Exchange(self.group, hidden, top_k, self.num_experts, self.tokens)
+            build = partial(V2Exchange, self.group, hidden, top_k, self.num_experts, self.tokens)
+            _EXCHANGES[key] = collective_build.build(
+                "DeepEP v2's ElasticBuffer", self.group, build
+            )  # bounded, agreed
         return _EXCHANGES[key]
 
     def release(self) -> None:

@@ -92,6 +92,11 @@ BackendFactory = Callable[..., Dispatcher]
 _BACKENDS: dict[str, BackendFactory] = {}
 
 
+class BackendUnavailable(RuntimeError):
+    """The EP backend asked for by name cannot serve this group here (not installed, its import
+    refused, no CUDA, a layout it does not take): a restart cannot fix it."""
+
+
 def register_backend(name: str) -> Callable[[BackendFactory], BackendFactory]:
     """Class decorator: make `name` available to `make_dispatcher` and `expert_parallel`."""
 
