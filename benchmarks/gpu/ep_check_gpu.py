@@ -141,17 +141,16 @@ def check_auto(rows: list[dict]) -> None:
 
 
 def check_deepep(rows: list[dict]) -> None:
-    try:
-        import deep_ep
-    except ImportError as e:
-        check(rows, "deepep_installed", None, why=f"deep_ep does not import: {e}")
+    from grpo_trainer.moe import deepep_v1, deepep_v2  # the trainer's import of deep_ep and its checks
+
+    apis = {"Buffer": deepep_v1.Buffer is not None, "ElasticBuffer": deepep_v2.AVAILABLE}
+    if not any(apis.values()):
+        check(rows, "deepep_installed", None, why=f"deep_ep does not import: {deepep_v2.WHY}")
         return
-    apis = {name: hasattr(deep_ep, name) for name in ("Buffer", "ElasticBuffer")}
     check(rows, "deepep_installed", True, apis=apis)
     if not apis["ElasticBuffer"]:
-        check(rows, "deepep_v2_ep1_vs_local", None, why="no ElasticBuffer in this deep_ep")
+        check(rows, "deepep_v2_ep1_vs_local", None, why=f"no ElasticBuffer: {deepep_v2.WHY}")
         return
-    from grpo_trainer.moe import deepep_v2
 
     x = torch.randn(TOKENS, HIDDEN, device="cuda", dtype=torch.bfloat16)
     ref = layer("local", None, dtype=torch.bfloat16)
@@ -177,7 +176,9 @@ def main() -> int:
     guarded(rows, "bf16_matmul_peak", lambda: check_peak(rows))
     guarded(rows, "grouped_vs_loop", lambda: check_grouped(rows))
     with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("nccl", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+        dist.init_process_group(  # device_id: the communicator exists before DeepEP v2 reuses it
+            "nccl", init_method=f"file://{tmp}/store", rank=0, world_size=1, device_id=torch.device("cuda", 0)
+        )
         try:
             for name, fn in (
                 ("alltoall_nccl_world1_vs_local", check_alltoall_world1),
