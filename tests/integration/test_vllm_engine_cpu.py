@@ -228,3 +228,49 @@ def test_an_aborted_update_keeps_the_old_weights_where_vllm_still_has_them(
     and log-probs do not change); once a layer took new weights, the engine refuses to generate."""
     report = json.loads(run_checks(vllm_python, "abort", str(model_dir)).splitlines()[-1])
     assert report == {"partial_same": True, "partial_torn": False, "whole_torn": True, "refused": True}
+
+
+# -- data parallelism inside one server: two vLLM engines, each its own weight-group member ---------
+
+
+@pytest.fixture(scope="module")
+def dp_server(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A server of two data-parallel vLLM engines (`rollout.vllm.dataParallelSize: 2`) on a dense
+    model: vLLM's CPU build runs DP engines of a dense model (independent replicas, `core.py:1472-
+    1482`), not of an MoE one (its CPU communicator has no `all_gatherv` for the DP all2all)."""
+    tmp = tmp_path_factory.mktemp("vllm-dp")
+    model_dir = build_tiny_model(tmp / "model", arch="qwen2", hidden=128, heads=4)  # head width 32
+    port = free_port()
+    vllm = {"enforceEager": True, "maxModelLen": 256, "dataParallelSize": 2, "gpuMemoryUtilization": 0.2}
+    contract = write_contract(tmp / "job.json", model_dir, ports=[port], engine="vllm", vllm=vllm)
+    log = tmp / "server.log"
+    proc = start_server(contract, port, TOKEN, python=str(vllm_python), env=VLLM_ENV, log_path=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            wait_ready(url, proc, timeout=600)
+        except (RuntimeError, TimeoutError) as e:
+            raise RuntimeError(f"{e}\n{log.read_text(errors='replace')[-4000:]}") from None
+        yield Live(url, load(model_dir), 0, log)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+
+
+def test_every_data_parallel_engine_is_a_member_of_its_own_and_takes_the_streamed_version(dp_server: Live):
+    """Past data-parallel 1, vLLM's collective_rpc answered with engine 0's workers only: the server
+    counted one member, engine 1's worker took the next server's rank, and its outcome was never
+    heard. Now both engines are members 0 and 1, and a version streamed to two members goes live
+    only when both loaded it: every prompt, whichever engine vLLM's balancer gives it, samples it."""
+
+    async def members() -> int:
+        async with RolloutClient([dp_server.url], TOKEN) as client:
+            return (await client.health())[dp_server.url].stream_members
+
+    assert asyncio.run(members()) == 2
+    new = moved(dp_server.model, seed=900)
+    result = stream(dp_server, new, 1)
+    assert result.live == {dp_server.url: 1} and not result.failed, result
+    dp_server.model, dp_server.version = new, 1
+    for seed in (5, 6, 7):  # concurrent prompts of each call spread over both engines
+        assert_serves(dp_server, seed)

@@ -21,6 +21,8 @@ def signatures() -> None:
     from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
     from vllm.model_executor.model_loader.reload.types import LayerReloadingInfo
     from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.engine.core_client import AsyncMPClient, DPLBAsyncMPClient
 
     pins = {
         "initialize_layerwise_reload": (params(reload.initialize_layerwise_reload), ["model"]),
@@ -31,6 +33,15 @@ def signatures() -> None:
         "get_layerwise_info": (params(get_layerwise_info), ["layer"]),
         "AsyncLLM.collective_rpc": (
             params(AsyncLLM.collective_rpc),
+            ["self", "method", "timeout", "args", "kwargs"],
+        ),
+        # the engine's `_rpc`: the utility "collective_rpc" on every engine (core.py:1073), positionally
+        "AsyncMPClient.call_utility_all_async": (
+            params(AsyncMPClient.call_utility_all_async),
+            ["self", "method", "args"],
+        ),
+        "EngineCore.collective_rpc": (
+            params(EngineCore.collective_rpc),
             ["self", "method", "timeout", "args", "kwargs"],
         ),
         "AsyncLLM.reset_prefix_cache": (
@@ -48,6 +59,8 @@ def signatures() -> None:
             ["self", "layer"],
         ),
     }
+    # the DP client answers call_utility_async with engine 0 only; it must not narrow the "all" call
+    assert DPLBAsyncMPClient.call_utility_all_async is AsyncMPClient.call_utility_all_async
     for name, (got, want) in pins.items():
         assert got == want, f"vLLM {vllm.__version__}: {name} takes {got}, the engine calls it with {want}"
     # finalize_layerwise_reload forwards *args/**kwargs to finalize_layerwise_processing

@@ -280,6 +280,11 @@ def checkpoint_named(names: CheckpointNames, tensors: dict[str, Any]) -> dict[st
     return names.to_checkpoint(tensors) if tensors else {}
 
 
+def all_workers(per_engine: Sequence[Sequence[Any]]) -> list[Any]:
+    """One list of every worker's answer from the per-engine lists of `call_utility_all_async`."""
+    return [answer for workers in per_engine for answer in workers]
+
+
 def stream_members(indices: Sequence[int]) -> int:
     """How many members the engine's workers are, from each worker's member index: they must be
     0..k-1, each once (else two workers would take one rank in the weight groups)."""
@@ -451,12 +456,20 @@ class VllmEngine:
         return checkpoint_named(self.names, tensors)
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
+        """`method` on every worker of every data-parallel engine of this server, their answers in
+        engine order. `AsyncLLM.collective_rpc` is not that past data-parallel 1: it goes through
+        `call_utility_async`, which the DP clients answer with engine 0's workers only
+        (vllm 0.32.0 `v1/engine/core_client.py:1699-1701`); `call_utility_all_async` asks every
+        engine (`:1262-1269`), as vLLM's own `compute_weight_checksums_async` does (`:1399-1401`)."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
         try:
-            return self.loop.run(self.llm.collective_rpc(method, args=args))
+            per_engine = self.loop.run(
+                self.llm.engine_core.call_utility_all_async("collective_rpc", method, None, args, None)
+            )
         except EngineDeadError as e:
             raise self._dead(e) from e
+        return all_workers(per_engine)
 
     def load_weights(self, buckets: Sequence[bytes]) -> int:
         """A whole version over HTTP: every bucket renamed and checked first (ValueError before vLLM
