@@ -28,7 +28,7 @@ from grpo_rollout.protocol import Prompt, PromptResult, Sampling, WeightStreamRe
 from grpo_trainer.weight_sync import StreamSender, owned_items
 
 from tests.support.ports import free_port
-from tests.support.rollout import build_tiny_model, start_server, wait_ready, write_contract
+from tests.support.rollout import build_tiny_model, start_server, stop_server, wait_ready, write_contract
 from tests.support.vllm import VLLM_ENV, vllm_venv_python
 
 pytestmark = pytest.mark.slow
@@ -96,8 +96,7 @@ def server(vllm_python: Path, model_dir: Path, tmp_path_factory: pytest.TempPath
             raise RuntimeError(f"{e}\n{log.read_text(errors='replace')[-4000:]}") from None
         yield Live(url, load(model_dir), 0, log)
     finally:
-        proc.kill()
-        proc.wait(timeout=60)
+        stop_server(proc)
 
 
 def generate(url: str, sampling: Sampling, n: int = GROUP) -> list[PromptResult]:
@@ -253,8 +252,7 @@ def dp_server(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory):
             raise RuntimeError(f"{e}\n{log.read_text(errors='replace')[-4000:]}") from None
         yield Live(url, load(model_dir), 0, log)
     finally:
-        proc.kill()
-        proc.wait(timeout=60)
+        stop_server(proc)
 
 
 def test_every_data_parallel_engine_is_a_member_of_its_own_and_takes_the_streamed_version(dp_server: Live):

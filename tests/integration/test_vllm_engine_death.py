@@ -30,7 +30,7 @@ from grpo_rollout.protocol import Prompt, PromptResult, Sampling
 from grpo_trainer.generation import Generator
 
 from tests.support.ports import free_port
-from tests.support.rollout import build_tiny_model, start_server, wait_ready, write_contract
+from tests.support.rollout import build_tiny_model, start_server, stop_server, wait_ready, write_contract
 from tests.support.vllm import VLLM_ENV, vllm_venv_python
 
 pytestmark = pytest.mark.slow
@@ -135,9 +135,7 @@ def test_a_killed_engine_core_fails_the_server_and_the_client_stops_using_it(tmp
         asyncio.run(only_dead())
     finally:
         for proc in (server, other):
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=60)
+            stop_server(proc)
 
 
 def test_a_head_width_cpu_attention_refuses_stops_the_server_at_start(tmp_path: Path) -> None:

@@ -53,3 +53,33 @@ def test_a_local_job_on_the_vllm_engine_learns(
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10  # means of 10 steps: 1,280 samples each
     print(f"vllm local job: reward {first:.3f} -> {last:.3f} over {len(rewards)} steps")
     assert last > first + 0.05, rewards
+
+
+def test_a_killed_engine_core_under_a_running_job_costs_one_rollout_restart_not_the_job(
+    tmp_path: Path, vllm_tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's engine core killed mid-job (as the OOM killer would): the rollout server sees its engine
+    dead, says so with how it ended and exits (4), the local runtime replaces that server alone (as
+    its StatefulSet would), the trainer waits for it instead of retrying the dead one for ever, and
+    the job ends with all its steps and no gang restart."""
+    import os
+    import signal
+
+    for name in ("GRPO_ROLLOUT_PYTHON", "VLLM_CPU_KVCACHE_SPACE"):
+        monkeypatch.delenv(name, raising=False)
+    manifest = yaml.safe_load((REPO / "examples" / "tiny-local-vllm.yaml").read_text())
+    manifest["spec"]["model"]["path"] = str(vllm_tiny_model)
+    manifest["spec"]["dataset"] = {"path": str(vllm_tiny_model / "addition-train.jsonl")}
+    manifest["spec"]["algorithm"]["maxSteps"] = 24
+    run = run_job(tmp_path, manifest)
+    run.wait_until("5 steps", lambda: len(run.steps()) >= 5, timeout=600)
+    cores = [pid for pid, cmdline, _ in run.processes() if "EngineCore" in cmdline]
+    assert cores, [cmdline for _, cmdline, _ in run.processes()]
+    for pid in cores:
+        os.kill(pid, signal.SIGKILL)
+    assert run.finish(timeout=1200) == 0, run.output()
+    out = run.output()
+    assert "rollout-0 exited with code 4" in out and "restarting it alone" in out, out[-3000:]
+    logs = "".join(p.read_text(errors="replace") for p in (run.workdir / "logs").glob("rollout-0*.log"))
+    assert "killed by signal 9" in logs, logs[-3000:]
+    assert len(run.steps()) == 24 and run.summary()["restarts"] == 0, run.summary()

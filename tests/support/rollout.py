@@ -118,7 +118,16 @@ def start_server(
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--threads", "1", "--drain-seconds", str(drain_seconds)]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 (owned by the child)
-    return subprocess.Popen(cmd, env=child_env, stdout=out, stderr=subprocess.STDOUT)
+    # a session of its own: `stop_server` ends what it forked too (vLLM's engine cores and workers,
+    # several GiB, outlived a killed server and starved the rest of the suite)
+    return subprocess.Popen(cmd, env=child_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """Kill a server started by `start_server` and every process it started (its session)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
