@@ -74,7 +74,7 @@ def test_missing_versions_are_refused_with_the_import_error() -> None:
 
 
 def test_v2_settings_on_efa_pass_sms_explicitly() -> None:
-    assert deepep_v2.settings({"FI_PROVIDER": "efa"}) == (16384, 12, None)
+    assert deepep_v2.settings({"FI_PROVIDER": "efa"}) == (16384, 12, 2)  # QPs: upstream's EFA cap
     assert deepep_v2.settings({}) == (16384, None, None)
     env = {"FI_PROVIDER": "efa", "GRPO_DEEPEP_NUM_SMS": "24", "GRPO_DEEPEP_NUM_QPS": "33"}
     env["GRPO_DEEPEP_MAX_TOKENS"] = "4096"

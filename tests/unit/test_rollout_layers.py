@@ -2,8 +2,8 @@
 
 The trainer imports only `grpo_rollout.protocol` and `grpo_rollout.client`; both must load without
 torch (the client is used from the trainer's asyncio thread, and the protocol by anything). The
-rollout package itself may use `grpo_operator.api` and the storage layer `grpo_operator.storage`,
-but never the trainer, kopf or the rest of the operator.
+rollout package itself may use `grpo_operator.api`, the storage layer `grpo_operator.storage` and
+the pure sizing laws of `grpo_operator.memory_plan`, but never the trainer, kopf or the rest of the operator.
 """
 
 import ast
@@ -35,7 +35,9 @@ def test_rollout_imports_only_the_operator_api_and_storage_and_no_trainer():
         for name in imported_modules(path):
             assert not name.startswith(FORBIDDEN), f"{path.relative_to(ROOT)} imports {name}"
             if name.startswith("grpo_operator"):
-                allowed = ("grpo_operator.api", "grpo_operator.storage")
+                # the memory plan: pure sizing laws the CPU vLLM engine sizes its KV cache with, the
+                # same the operator plans with (one source per fact); part of the shared core
+                allowed = ("grpo_operator.api", "grpo_operator.storage", "grpo_operator.memory_plan")
                 assert name.startswith(allowed), f"{path.relative_to(ROOT)} imports {name}"
 
 
