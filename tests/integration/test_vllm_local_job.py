@@ -75,8 +75,14 @@ def test_a_killed_engine_core_under_a_running_job_costs_one_rollout_restart_not_
     manifest["spec"]["algorithm"]["maxSteps"] = 24
     run = run_job(tmp_path, manifest)
     run.wait_until("5 steps", lambda: len(run.steps()) >= 5, timeout=600)
-    cores = [pid for pid, cmdline, _ in run.processes() if "EngineCore" in cmdline]
-    assert cores, [cmdline for _, cmdline, _ in run.processes()]
+    import psutil
+
+    servers = [psutil.Process(pid) for pid, cmdline, _ in run.processes() if "grpo_rollout serve" in cmdline]
+    # found by the process tree: vLLM retitles its engine core (setproctitle), which can move its environ
+    cores = [
+        c.pid for s in servers for c in s.children(recursive=True) if "EngineCore" in " ".join(c.cmdline())
+    ]
+    assert cores, [" ".join(c.cmdline()) for s in servers for c in s.children(recursive=True)]
     for pid in cores:
         os.kill(pid, signal.SIGKILL)
     assert run.finish(timeout=1200) == 0, run.output()
