@@ -18,6 +18,7 @@ import os
 import random
 import subprocess
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,11 +81,9 @@ class Live:
     log: Path
 
 
-@pytest.fixture(scope="module")
-def server(vllm_python: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    tmp = tmp_path_factory.mktemp("vllm-server")
+def serve(vllm_python: Path, model_dir: Path, tmp: Path, vllm: dict) -> Iterator[Live]:
+    """A rollout server on our vLLM engine (`spec.rollout.vllm` = `vllm`), stopped with all it forked."""
     port = free_port()
-    vllm = {"enforceEager": True, "maxModelLen": 256}
     contract = write_contract(tmp / "job.json", model_dir, ports=[port], engine="vllm", vllm=vllm)
     log = tmp / "server.log"
     proc = start_server(contract, port, TOKEN, python=str(vllm_python), env=VLLM_ENV, log_path=log)
@@ -97,6 +96,12 @@ def server(vllm_python: Path, model_dir: Path, tmp_path_factory: pytest.TempPath
         yield Live(url, load(model_dir), 0, log)
     finally:
         stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def server(vllm_python: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    vllm = {"enforceEager": True, "maxModelLen": 256}
+    yield from serve(vllm_python, model_dir, tmp_path_factory.mktemp("vllm-server"), vllm)
 
 
 def generate(url: str, sampling: Sampling, n: int = GROUP) -> list[PromptResult]:
@@ -239,20 +244,8 @@ def dp_server(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory):
     1482`), not of an MoE one (its CPU communicator has no `all_gatherv` for the DP all2all)."""
     tmp = tmp_path_factory.mktemp("vllm-dp")
     model_dir = build_tiny_model(tmp / "model", arch="qwen2", hidden=128, heads=4)  # head width 32
-    port = free_port()
     vllm = {"enforceEager": True, "maxModelLen": 256, "dataParallelSize": 2, "gpuMemoryUtilization": 0.2}
-    contract = write_contract(tmp / "job.json", model_dir, ports=[port], engine="vllm", vllm=vllm)
-    log = tmp / "server.log"
-    proc = start_server(contract, port, TOKEN, python=str(vllm_python), env=VLLM_ENV, log_path=log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        try:
-            wait_ready(url, proc, timeout=600)
-        except (RuntimeError, TimeoutError) as e:
-            raise RuntimeError(f"{e}\n{log.read_text(errors='replace')[-4000:]}") from None
-        yield Live(url, load(model_dir), 0, log)
-    finally:
-        stop_server(proc)
+    yield from serve(vllm_python, model_dir, tmp, vllm)
 
 
 def test_every_data_parallel_engine_is_a_member_of_its_own_and_takes_the_streamed_version(dp_server: Live):
