@@ -20,7 +20,13 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from grpo_operator import storage
-from grpo_operator.api.contract import ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN, RunContract
+from grpo_operator.api.contract import (
+    ENV_CONTRACT,
+    ENV_POD_INDEX,
+    ENV_TOKEN,
+    RunContract,
+    write_termination_message,
+)
 from grpo_operator.api.roles import stream_receive_reserve
 from grpo_operator.api.spec import GRPOJobSpec
 
@@ -30,7 +36,6 @@ from grpo_rollout.server import serve
 from grpo_rollout.service import RolloutService, ServiceConfig
 
 EXIT_ENGINE_DEAD = 4  # the engine died: restart the pod (no other exit code of ours means this)
-TERMINATION_LOG = "/dev/termination-log"  # the pod's default terminationMessagePath
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -131,20 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     except EngineDead as e:
         stated = f"EngineDead: {config.server_id}: the {config.engine} engine died: {e}"
         logging.getLogger("grpo_rollout").error("%s; exiting for a restart", stated)
-        write_termination_message(stated)
+        write_termination_message(stated, who="rollout")
         return EXIT_ENGINE_DEAD
     return 0
-
-
-def write_termination_message(text: str) -> None:
-    """In a pod, where Kubernetes reads why the container ended; the log carries it everywhere."""
-    if "KUBERNETES_SERVICE_HOST" not in os.environ:
-        return
-    try:
-        with open(TERMINATION_LOG, "w") as f:
-            f.write(text[:4000])  # the kubelet keeps at most 4096 bytes
-    except OSError as e:
-        print(f"rollout: cannot write {TERMINATION_LOG}: {e}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -7,26 +7,11 @@ stopped by SIGTERM/SIGINT saves a checkpoint and exits with `EXIT_STOPPED` (128 
 """
 
 import logging
-import os
 import sys
 
-from grpo_operator.api.contract import EXIT_CONFIG, EXIT_STOPPED
+from grpo_operator.api.contract import EXIT_CONFIG, EXIT_STOPPED, write_termination_message
 
 from grpo_trainer.config import ConfigError, RankInfo, load_contract
-
-TERMINATION_LOG = "/dev/termination-log"  # the pod's default terminationMessagePath
-
-
-def write_termination_message(text: str) -> None:
-    """In a pod, where Kubernetes reads why the container ended, so the operator can fail the job
-    with the reason the message states. Elsewhere (the local runtime) stderr carries the same line."""
-    if "KUBERNETES_SERVICE_HOST" not in os.environ:
-        return
-    try:
-        with open(TERMINATION_LOG, "w") as f:
-            f.write(text[:4000])  # the kubelet keeps at most 4096 bytes
-    except OSError as e:
-        print(f"grpo-trainer: cannot write {TERMINATION_LOG}: {e}", file=sys.stderr)
 
 
 def rank_main() -> int:
@@ -39,7 +24,7 @@ def rank_main() -> int:
         finished = train(contract, info)
     except ConfigError as e:
         print(f"grpo-trainer: configuration error: {e.stated()}", file=sys.stderr)
-        write_termination_message(e.stated())
+        write_termination_message(e.stated(), who="grpo-trainer")
         return EXIT_CONFIG
     return 0 if finished else EXIT_STOPPED
 

@@ -6,6 +6,9 @@ rollout processes read it through these models and nothing else; env vars only c
 what differs per pod (the pod index).
 """
 
+import os
+import sys
+
 from pydantic import Field
 
 from grpo_operator.api.base import ApiModel
@@ -24,6 +27,20 @@ EXIT_STOPPED = 143  # stopped by SIGTERM/SIGINT after saving a checkpoint (not f
 # Errors a restart cannot fix fail the job at once instead of burning its backoff limit:
 # EXIT_CONFIG, and sysexits' EX_USAGE, EX_DATAERR and EX_CONFIG for custom trainer images.
 PERMANENT_EXIT_CODES = frozenset({EXIT_CONFIG, 64, 65, 78})
+TERMINATION_LOG = "/dev/termination-log"  # the pod's default terminationMessagePath
+
+
+def write_termination_message(text: str, who: str) -> None:
+    """In a pod, say why the container ends where Kubernetes reads it (the operator states it in the
+    job's status); elsewhere (the local runtime) the log carries the same line. `who` names the
+    writer in the one line printed when the file cannot be written."""
+    if "KUBERNETES_SERVICE_HOST" not in os.environ:
+        return
+    try:
+        with open(TERMINATION_LOG, "w") as f:
+            f.write(text[:4000])  # the kubelet keeps at most 4096 bytes
+    except OSError as e:
+        print(f"{who}: cannot write {TERMINATION_LOG}: {e}", file=sys.stderr)
 
 
 class TrainerTopology(ApiModel):

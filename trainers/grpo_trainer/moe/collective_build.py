@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import torch.distributed as dist
+from grpo_operator.api.contract import write_termination_message
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -90,12 +91,7 @@ def _stop(message: str) -> None:
         time.sleep(HOST_LINGER_S)
     log.error("%s", message)
     print(f"grpo-trainer: {message}", file=sys.stderr, flush=True)
-    if "KUBERNETES_SERVICE_HOST" in os.environ:
-        try:
-            with open("/dev/termination-log", "w") as f:
-                f.write(message[:4000])
-        except OSError:
-            pass
+    write_termination_message(message, who="grpo-trainer")
     os._exit(EXIT_STUCK)
 
 
