@@ -71,3 +71,36 @@ def test_killed_rollout_server_is_replaced_and_the_job_finishes(tmp_path: Path, 
     assert "rollout-1 was killed by SIGKILL" in run.output()
     assert "restarting it alone" in run.output()
     assert run.pod_pids() == {}
+
+
+@pytest.mark.parametrize("transport", ["collective", "http"])
+def test_the_only_rollout_server_killed_is_caught_up_by_its_replacement_without_a_gang_restart(
+    tmp_path: Path, tiny_model: Path, transport: str
+) -> None:
+    """With one rollout server, its loss leaves no server for a while: a weight version pushed
+    meanwhile finds none ready, and the replacement starts from the model on disk, behind the live
+    version, which generation's staleness bound refuses. Neither may cost the gang: the version goes
+    to the replacement as it comes up (over HTTP the kept copy; over the collective transport a
+    stream every rank joins while rank 0 waits for rollouts)."""
+    manifest = job_manifest(tiny_model, maxSteps=MAX_STEPS)
+    manifest["spec"]["rollout"]["weightSync"] = {"transport": transport}
+    run = run_job(tmp_path, manifest)
+    run.wait_until("a few steps", lambda: len(run.steps()) >= 3)
+    servers = [
+        pid
+        for pid, cmdline, env in run.processes()
+        if "grpo_rollout serve" in cmdline and env["GRPO_POD_INDEX"] == "0"  # not its reward worker
+    ]
+    assert len(servers) == 1, run.processes()
+    os.kill(servers[0], signal.SIGKILL)
+
+    assert run.finish() == 0, run.output()
+    summary = run.summary()
+    assert summary["steps"] == MAX_STEPS and summary["restarts"] == 0, summary  # the gang never went down
+    assert [s["step"] for s in run.steps()] == list(range(1, MAX_STEPS + 1))
+    assert "rollout-0 was killed by SIGKILL" in run.output()
+    trainer = (run.workdir / "logs" / "trainer-0.log").read_text()
+    if transport == "collective":  # the replacement came up at version 0 while the job was past it
+        assert "which came up behind it" in trainer, trainer[-3000:]
+    else:
+        assert "are behind weight version" in trainer, trainer[-3000:]

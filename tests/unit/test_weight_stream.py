@@ -430,7 +430,7 @@ weight_stream.receive_all(groups, torch.device("cpu"), apply)
 
 @pytest.mark.slow
 def test_a_stream_broken_halfway_and_sent_again_still_holds_at_most_two_buckets():
-    """The trainer's retry path (`loop.stream_weights`): the first stream's receiver dies after two
+    """The trainer's retry path (`WeightPusher._stream`): the first stream's receiver dies after two
     of six buckets; this test then calls the stream off, as rank 0 does when a server's stream request
     fails; the same sender streams the version again in a new epoch. Its resident memory across both
     (VmHWM; a first small-bucket stream took the one-time costs) stays under three buckets (measured:

@@ -14,11 +14,14 @@ restarts, `grpo_rollout.client`); when every server is dead, generation waits, b
 replacement to report ready instead of retrying the dead ones. Every wait is bounded; failures
 name the server.
 
-Weights go out over one of two transports (spec.rollout.weightSync): `push` sends HTTP buckets
-built on rank 0 (kept for servers that join later); `stream` tells the servers to receive a
-version over the trainer ranks' collective groups (`grpo_trainer.weight_sync`), the trainer
-ranks sending meanwhile. Under `stream` nothing is kept on rank 0: a server that joins is put in
-the group of the next version (`stream_plan` forms the groups again) and given work once it runs it.
+Weights go out over one of two transports (spec.rollout.weightSync, chosen by
+`grpo_trainer.pusher`): `push` sends HTTP buckets built on rank 0 (kept for servers that join
+later); `stream` tells the servers to receive a version over the trainer ranks' collective groups
+(`grpo_trainer.weight_sync`), the trainer ranks sending meanwhile. Under `stream` nothing is kept
+on rank 0: a server that joins is put in the group of the next version (`stream_plan` forms the
+groups again) and given work once it runs it; one that comes up behind the live version while
+generation waits (`behind`) is streamed that version at once, by every rank (`WeightPusher.catch_up`).
+A version that finds no server ready is not lost: it goes to the replacements as they come.
 """
 
 import asyncio
@@ -78,11 +81,13 @@ class Generator:
         request_timeout_s: float = 600.0,
         source: membership.Source | None = None,
         poll_s: float = membership.POLL_S,
+        streams: bool = False,
     ):
         """`source`: where the live server set is read every `poll_s` seconds (None: `endpoints`
-        stay fixed)."""
+        stay fixed); `streams`: weights go over the collective transport (nothing kept here)."""
         self._algo = algo
         self._token = token
+        self.streams = streams
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-client", daemon=True)
         self._thread.start()
@@ -100,13 +105,14 @@ class Generator:
             self._follow_task = self._run(self._follow(follower, poll_s))
 
     @classmethod
-    def for_contract(cls, contract: RunContract, token: str) -> "Generator":
+    def for_contract(cls, contract: RunContract, token: str, *, streams: bool) -> "Generator":
         """The job's servers, followed live through the best membership source available, each
         /generate answer awaited as long as the job's decode may take (rollout.generateTimeoutSeconds)."""
         source = membership.choose_source(contract)
         algo = contract.spec.algorithm
         timeout = contract.spec.rollout.generate_timeout_s(algo)
-        return cls(contract.rollout.endpoints, token, algo, request_timeout_s=timeout, source=source)
+        endpoints = contract.rollout.endpoints
+        return cls(endpoints, token, algo, request_timeout_s=timeout, source=source, streams=streams)
 
     @property
     def members(self) -> list[str]:
@@ -281,31 +287,61 @@ class Generator:
 
     def push(self, state_dict: Mapping[str, torch.Tensor], version: int) -> WeightPushResult:
         """Send weight `version` to every server; blocks until done (bounded); raises WeightSyncError
-        when no server took it."""
+        when a server that is ready refused it and none took it (with none ready, it is kept for the
+        replacements: `_repair`)."""
         buckets = bucketize(state_dict)
         return self._run(self._push(buckets, version)).result(timeout=PUSH_DEADLINE_S)
 
     async def _push(self, buckets: list[bytes], version: int) -> WeightPushResult:
         async with self._push_lock:  # a joining server is admitted between pushes, never during one
-            result = await self._client.push_weights(buckets, version)
+            try:
+                result = await self._client.push_weights(buckets, version)
+            except WeightSyncError as e:
+                if await self._ready():
+                    raise  # a server that is up refused it: a fault of the version, not of a server
+                log.warning("weights v%d: no rollout server is ready to take it; it goes to each "
+                            "replacement as it comes up:\n%s", version, e)  # fmt: skip
+                result = WeightPushResult(version=version, failed=e.failures)
             self._latest, self.version = (buckets, version), version
         return result
 
-    def stream_plan(self) -> dict:
-        """The servers the next streamed version goes to (members and ready joiners), the epoch of
-        their groups (a new one whenever that set, or what the servers contribute, changed, or the
-        last stream failed), and the receiving members of each group: every server takes
-        `stream_members` ranks (its process, or each of its engine's workers), the first at
-        `first[i]`, `members` in all."""
-        return self._run(self._stream_plan()).result(timeout=120)
-
-    async def _stream_plan(self) -> dict:
-        candidates = list(dict.fromkeys([*self._client.endpoints, *self._wanted]))
+    async def _ready(self, among: list[str] | None = None) -> dict[str, HealthResponse]:
+        """The health of the servers (members and joiners, or `among`) that are ready now."""
+        candidates = among if among is not None else [*self._client.endpoints, *self._wanted]
+        candidates = list(dict.fromkeys(candidates))
         async with RolloutClient(candidates, self._token) as probe:
             health = await probe.health()
-        ready = {
+        return {
             ep: h for ep in candidates if isinstance(h := health[ep], HealthResponse) and h.state == "ready"
         }
+
+    def sent_to_none(self, version: int) -> None:
+        """No server was ready to take streamed `version`: it is the live one all the same, and a
+        server that comes up behind it is caught up (`behind`)."""
+        log.warning("weights v%d: no rollout server is ready to take it; each replacement is "
+                    "streamed it as it comes up", version)  # fmt: skip
+        self.version = version
+
+    def behind(self) -> list[str]:
+        """Under the collective transport: ready servers that run an older version than the live
+        one (a replaced server starts from the model on disk), which only a stream can bring up
+        to date; `WeightPusher.catch_up` streams it to them. (Over HTTP the repair before each
+        generation round sends the kept copy: none here.)"""
+        if not self.streams or self.version == 0:
+            return []
+        ready = self._run(self._ready()).result(timeout=60)
+        return [ep for ep, h in ready.items() if h.weight_version < self.version]
+
+    def stream_plan(self, only: list[str] | None = None) -> dict:
+        """The servers the next streamed version goes to (members and ready joiners, or those of
+        `only` that are ready), the epoch of their groups (a new one whenever that set, or what the
+        servers contribute, changed, or the last stream failed), and the receiving members of each
+        group: every server takes `stream_members` ranks (its process, or each of its engine's
+        workers), the first at `first[i]`, `members` in all."""
+        return self._run(self._stream_plan(only)).result(timeout=120)
+
+    async def _stream_plan(self, only: list[str] | None) -> dict:
+        ready = await self._ready(only)
         servers = list(ready)
         shape = [(ep, ready[ep].stream_members) for ep in servers]
         if self._group is None or self._group[1] != shape:

@@ -19,7 +19,6 @@ launcher `grpo_trainer.launcher`). Per step, in this order:
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -28,7 +27,6 @@ import torch.distributed as dist
 from grpo_operator import storage
 from grpo_operator.api.contract import RunContract
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from grpo_trainer import checkpoint, memory, moe, weight_sync
 from grpo_trainer.batch import (
@@ -44,7 +42,7 @@ from grpo_trainer.config import MAX_GRAD_NORM, RankInfo, job_token
 from grpo_trainer.data import PromptOrder, load_rows
 from grpo_trainer.evaluation import Evaluator
 from grpo_trainer.forward import autocast, batch_logp, packs
-from grpo_trainer.generation import Generator, WeightSyncError
+from grpo_trainer.generation import Generator
 from grpo_trainer.inputs import check_inputs
 from grpo_trainer.losses import LossConfig, Totals, grpo_loss
 from grpo_trainer.optim import GangAdamW
@@ -61,11 +59,11 @@ from grpo_trainer.parallel import (
     sync_gradients,
 )
 from grpo_trainer.progress import ProgressReporter, StepSeconds, step_report
+from grpo_trainer.pusher import WeightPusher
 
 log = logging.getLogger(__name__)
 Prefetch = Future  # a Future[Rollouts] from `Generator.submit`
-PUSH_TIMEOUT_S = 300.0  # per collective operation of a weight stream (a vanished server fails it)
-STREAM_ATTEMPTS, STREAM_RETRY_S = 3, 2.0  # a stream no server took is sent again, to the servers still up
+CATCH_UP_POLL_S = 5.0  # how often rank 0, waiting for rollouts, looks for servers behind the live weights
 
 
 @dataclass
@@ -88,7 +86,7 @@ class Run:
     saver: checkpoint.Saver | None = None
     evaluator: Evaluator | None = None  # rank 0 only, with spec.dataset.eval: the held-out set
     resumed: checkpoint.Resumed | None = None  # the save this run started from
-    streamer: weight_sync.StreamSender | None = None  # the collective weight transport, once used
+    pusher: WeightPusher | None = None  # the weights to the rollout servers (every rank)
 
 
 def setup(contract: RunContract, info: RankInfo) -> Run:
@@ -137,152 +135,15 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     if run.resumed is not None:
         run.state = run.resumed.state
     if info.is_main:
-        run.generator = Generator.for_contract(contract, token)  # follows the rollout servers live
+        streams = weight_sync.transport(contract) == "collective"
+        run.generator = Generator.for_contract(contract, token, streams=streams)  # follows the servers live
         run.reporter = ProgressReporter.from_env(contract)
         run.reporter.attempt_started(run.resumed.state.step if run.resumed else None,
                                      run.resumed.path if run.resumed else None)  # fmt: skip
         run.evaluator = evaluator
-    sync_at_start(run, resumed=run.resumed is not None)
+    run.pusher = WeightPusher(contract, info, model, device, run.generator)
+    run.state.version = run.pusher.sync_at_start(run.state.version, resumed=run.resumed is not None)
     return run
-
-
-def full_state_items(run: Run) -> Iterator[tuple[str, torch.Tensor]] | None:
-    """Collective: the unsharded weights (HF names), one tensor at a time. Over rank 0's EP group
-    (other groups hold the same weights; None there), and under FSDP2 over the whole world, every
-    rank taking part in each DTensor's `full_tensor()` (other groups' items are to be dropped)."""
-    main = run.info.rank < run.info.ep_size
-    sharded = any(isinstance(p, DTensor) for p in run.model.parameters())
-    if not (main or sharded):
-        return None
-    return moe.iter_full_state_dict(run.model, gather_experts=main)
-
-
-def push_weights(run: Run, version: int) -> None:
-    """Send weight `version` to the rollout servers over the job's transport (collective on
-    every rank, see `stream_weights`), or over HTTP: gather the unsharded weights (collective,
-    see `full_state_items`) one tensor at a time, each converted at once to the rollout dtype on
-    the CPU; rank 0 sends them as `version`."""
-    if weight_sync.transport(run.contract) == "collective":
-        stream_weights(run, version)
-        return
-    items = full_state_items(run)
-    if items is None:
-        return
-    keep = run.generator is not None
-    dtype = getattr(torch, str(run.contract.spec.model.dtype))
-    seen: set[int] = set()
-    out = {}
-    for name, t in items:  # tied tensors share storage, which safetensors refuses
-        if not keep:
-            continue  # still iterated: the gathers are collective
-        ptr = t.data_ptr()
-        t = t.detach().to("cpu", dtype)
-        out[name] = t.clone() if ptr in seen else t
-        seen.add(ptr)
-    if keep:
-        assert run.generator is not None
-        run.generator.push(out, version)
-
-
-def stream_weights(run: Run, version: int) -> None:
-    """Collective: every rank streams the weights it holds, in the rollout dtype, bucket by
-    bucket, to the servers rank 0 names (`grpo_trainer.weight_sync`). A server lost mid-stream
-    breaks the groups for every member, so none may take the version: the ranks then agree to
-    stream it again, in new groups of the servers still up, and raise WeightSyncError only when
-    no server took it after STREAM_ATTEMPTS tries."""
-    for attempt in range(1, STREAM_ATTEMPTS + 1):
-        failed = broadcast_json(_stream_once(run, version), run.device)
-        if failed is None:
-            return
-        if attempt < STREAM_ATTEMPTS:
-            log.warning(
-                "weights v%d: no rollout server took it (%s); streaming it again to the servers "
-                "still up (attempt %d/%d)",
-                version, "; ".join(failed.values()), attempt + 1, STREAM_ATTEMPTS,
-            )  # fmt: skip
-            time.sleep(STREAM_RETRY_S)
-    raise WeightSyncError(version, failed)
-
-
-def _stream_once(run: Run, version: int) -> dict[str, str] | None:
-    """One try of `stream_weights`; rank 0 returns what failed when no server took the version."""
-    contract, info = run.contract, run.info
-    sync, backend = contract.spec.rollout.weight_sync, contract.trainer.backend
-    host = contract.trainer.master_addr
-    timeout_s = PUSH_TIMEOUT_S
-    plan = None
-    if run.generator is not None:
-        if run.streamer is None:  # rank 0 hosts the store first: the port it got goes out with the plan
-            port = contract.trainer.weight_sync_port
-            assert port is not None  # weight_sync.transport checked it
-            run.streamer = weight_sync.StreamSender(host, port, info.rank, timeout_s=timeout_s)
-        plan = {**run.generator.stream_plan(), "port": run.streamer.port}
-    plan = broadcast_json(plan, run.device)
-    if not plan["servers"]:
-        return {"-": "no rollout server is ready"}
-    if run.streamer is None:
-        run.streamer = weight_sync.StreamSender(host, plan["port"], info.rank, timeout_s=timeout_s)
-    pending = None
-    if run.generator is not None:
-        request = dict(
-            store_host=host,
-            store_port=plan["port"],
-            backend=backend,
-            senders=info.world_size,  # every rank streams its share
-            timeout_s=timeout_s,
-            tensors=weight_sync.full_shapes(run.model),
-        )
-        streamer = run.streamer
-        pending = run.generator.stream(plan, version, request, lambda *_: streamer.call_off(plan["epoch"]))
-    t0 = time.monotonic()
-    try:
-        stats = run.streamer.send(
-            weight_sync.owned_items(run.model, info.rank, info.world_size, info.ep_size),
-            epoch=plan["epoch"],
-            servers=plan["members"],  # receiving members in each group (all servers' ranks)
-            backend=backend,
-            dtype=getattr(torch, str(contract.spec.model.dtype)),
-            bucket_bytes=sync.bucket_mb << 20,
-            device=run.device if backend == "nccl" else torch.device("cpu"),
-        )
-        log.info(
-            "weights v%d: %d bucket(s), %.1f MB streamed in %.2fs (rank %d, at most %.1f MB held)",
-            version,
-            stats.buckets,
-            stats.sent_bytes / 1e6,
-            time.monotonic() - t0,
-            info.rank,
-            stats.peak_bytes / 1e6,
-        )
-    except Exception as e:  # a server left mid-stream: the servers' answers say who has the version
-        log.warning("weights v%d: streaming from rank %d failed: %s", version, info.rank, e)
-    if pending is None:
-        return None
-    try:
-        result = pending.result(timeout=timeout_s + 120)
-    except WeightSyncError as e:
-        return e.failures
-    if result.failed:
-        log.warning("weights v%d not taken by %s", version, ", ".join(result.failed))
-    return None
-
-
-def sync_at_start(run: Run, *, resumed: bool) -> None:
-    """Rollout servers start from the model on disk at version 0. After a resume, or when they
-    already run newer versions (the gang restarted before its first save), push this policy
-    under a version above all of theirs."""
-    decision = None
-    if run.generator is not None:
-        live = run.generator.live_versions()
-        newest = max(live.values(), default=0)
-        if resumed or newest > 0:
-            decision = max(run.state.version, newest) + 1
-        else:
-            run.generator.version = run.state.version
-    decision = broadcast_json(decision, run.device)
-    if decision is not None:
-        run.state.version = decision
-        push_weights(run, decision)
 
 
 def micro_step(
@@ -415,7 +276,7 @@ def next_rollouts(run: Run, pending: deque[Prefetch]) -> Rollouts:
     while True:
         if not pending:
             pending.append(submit_draw(run, state.position + len(taken) * n, ahead=0))
-        taken.append(pending.popleft().result())
+        taken.append(await_draw(run, pending.popleft()))
         if not algo.dynamic_sampling:
             rollouts = taken[0]
             break
@@ -428,6 +289,36 @@ def next_rollouts(run: Run, pending: deque[Prefetch]) -> Rollouts:
             break
         pending.append(submit_draw(run, consumed + (j - 1) * n, ahead=j))
     return rollouts
+
+
+def receive_rollouts(run: Run, pending: deque[Prefetch]) -> Rollouts:
+    """Collective: this step's rollouts, from rank 0 (`next_rollouts`). While it waits for them,
+    rank 0 may first call every rank to stream the live weights to servers behind them (see
+    `await_draw`): the other ranks take such calls until the rollouts come."""
+    if run.info.is_main:
+        mine = next_rollouts(run, pending).to_bytes()
+        broadcast_json({"rollouts": len(mine)}, run.device)
+        return Rollouts.from_bytes(broadcast_bytes(mine, run.device))
+    while "catch_up" in (call := broadcast_json(None, run.device)):
+        run.pusher.catch_up(call["catch_up"], run.state.version)
+    return Rollouts.from_bytes(broadcast_bytes(None, run.device))
+
+
+def await_draw(run: Run, draw: Prefetch) -> Rollouts:
+    """Rank 0: a draw's rollouts. A server that came up behind the live weights meanwhile (a
+    replacement starts from the model on disk) would refuse the draw's prompts; under the
+    collective transport only a stream brings it up to date, so rank 0 calls every rank to one
+    (`WeightPusher.catch_up`) and waits on: a lost server costs a catch-up, never the gang."""
+    assert run.generator is not None
+    while True:
+        try:
+            return draw.result(timeout=CATCH_UP_POLL_S)
+        except TimeoutError:
+            pass
+        if behind := run.generator.behind():
+            assert run.pusher is not None
+            broadcast_json({"catch_up": behind}, run.device)
+            run.pusher.catch_up(behind, run.state.version)
 
 
 def submit_draw(run: Run, position: int, *, ahead: int) -> Prefetch:
@@ -493,8 +384,7 @@ def loop(run: Run) -> bool:
         run.evaluator.evaluate(run.generator, step=0, version=run.state.version)
     while run.state.step < algo.max_steps:
         t0 = time.time()
-        mine = next_rollouts(run, pending).to_bytes() if run.info.is_main else None
-        rollouts = Rollouts.from_bytes(broadcast_bytes(mine, run.device))
+        rollouts = receive_rollouts(run, pending)
         t_gen = time.time()
         stats = train_step(run, rollouts)
         staleness = run.state.version - rollouts.weight_version
@@ -504,7 +394,7 @@ def loop(run: Run) -> bool:
             position=run.state.position + rollouts.prompts_drawn,
         )
         t_train = time.time()
-        push_weights(run, run.state.version)
+        run.pusher.push(run.state.version)
         t_push = time.time()
         stopping = stop.agreed(run.device)
         last = run.state.step == algo.max_steps

@@ -1,6 +1,6 @@
 """Streaming weight sync, the trainer's side: every rank sends what it owns, bucket by bucket.
 
-Called by `grpo_trainer.loop.push_weights` when the transport is `collective`
+Called by `grpo_trainer.pusher.WeightPusher` when the transport is `collective`
 (spec.rollout.weightSync). Nothing is gathered: a tensor's elements are sent by the ranks that
 hold them, each element by exactly one rank:
 - an FSDP2 DTensor sharded in rows (Shard(0)): each rank sends its own rows;
