@@ -137,6 +137,14 @@ def trl_worker(model: Path, args: argparse.Namespace) -> None:
     torch.set_num_threads(args.trl_threads)
     torch.manual_seed(0)
     rows = [json.loads(line) for line in (model / "addition.jsonl").read_text().splitlines() if line.strip()]
+    # conversational rows: TRL puts them through the model's chat template, as our rollout servers do
+    rows = [{**r, "prompt": [{"role": "user", "content": r["prompt"]}]} for r in rows]
+
+    def exact_match_chat(prompts: list, completions: list, **columns: Any) -> list[float]:
+        """exact_match on the assistant turn's text (TRL hands conversational completions as messages)."""
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return exact_match(prompts, texts, **columns)
+
     tokenizer = AutoTokenizer.from_pretrained(model)
     tokenizer.padding_side = "left"
     policy = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
@@ -178,7 +186,7 @@ def trl_worker(model: Path, args: argparse.Namespace) -> None:
     )
     trainer = GRPOTrainer(
         model=policy,
-        reward_funcs=exact_match,
+        reward_funcs=exact_match_chat,
         args=config,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,

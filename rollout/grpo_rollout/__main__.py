@@ -30,6 +30,7 @@ from grpo_operator.api.contract import (
 from grpo_operator.api.roles import stream_receive_reserve
 from grpo_operator.api.spec import GRPOJobSpec
 
+from grpo_rollout.chat import ChatSettings
 from grpo_rollout.engines.base import EngineConfig, EngineDead
 from grpo_rollout.engines.vllm_engine import VllmEngineConfig, VllmOptions
 from grpo_rollout.server import serve
@@ -111,6 +112,7 @@ def service_config(contract: RunContract, args: argparse.Namespace) -> tuple[Ser
         engine_config=engine,
         reward=spec.reward,
         drain_seconds=args.drain_seconds,
+        chat=ChatSettings.of(spec.dataset),
     )
     return config, port
 

@@ -30,6 +30,7 @@ PROTOCOL_VERSION = 1
 MAX_PROMPTS_PER_REQUEST = 1024
 MAX_SEQUENCES_PER_REQUEST = 16384  # prompts * n
 MAX_GROUP_SIZE = 1024
+MAX_CHAT_MESSAGES = 256
 MAX_PROMPT_CHARS = 65536
 MAX_NEW_TOKENS = 131072
 MAX_GENERATE_BODY_BYTES = 16 * 1024 * 1024
@@ -80,16 +81,56 @@ class Sampling(WireModel):
     )
 
 
+class ChatMessage(BaseModel):
+    """One chat turn as chat templates read it (OpenAI-style); other keys a template may read
+    (tool_calls, tool_call_id, name, reasoning_content) pass through."""
+
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+
+
 class Prompt(WireModel):
     id: str = Field(min_length=1, max_length=256, description="id: caller's key; echoed back as prompt_id.")
-    text: str = Field(
+    text: str | None = Field(
+        default=None,
         max_length=MAX_PROMPT_CHARS,
-        description="text: the prompt, tokenized as is (no chat template applied).",
+        description="text: one of text/messages. The prompt as a string: under the job's chat template "
+        "(spec.dataset.chatTemplate auto, the model having one) one user turn, else tokenized as is.",
+    )
+    messages: list[ChatMessage] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_CHAT_MESSAGES,
+        description="messages: one of text/messages. The prompt as chat messages, put through the "
+        "model's chat template with the generation prompt added (`grpo_rollout.chat`).",
     )
     columns: dict[str, Any] = Field(
         default_factory=dict,
         description="columns: the dataset row's other columns (e.g. answer), passed to reward functions.",
     )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "Prompt":
+        if (self.text is None) == (self.messages is None):
+            raise ValueError("exactly one of text and messages must be set")
+        return self
+
+    @classmethod
+    def of(cls, id: str, prompt: str | list[dict[str, Any]], columns: dict[str, Any]) -> "Prompt":
+        """A dataset row's prompt, a string or a list of chat messages, as the wire carries it."""
+        if isinstance(prompt, str):
+            return cls(id=id, text=prompt, columns=columns)
+        return cls(id=id, messages=[ChatMessage.model_validate(m) for m in prompt], columns=columns)
+
+    @property
+    def raw(self) -> str | list[dict[str, Any]]:
+        """The prompt as the dataset had it: what reward functions receive as `prompts` (TRL's
+        convention: a string, or the list of message dicts of a conversational row)."""
+        if self.messages is None:
+            assert self.text is not None
+            return self.text
+        return [m.model_dump(exclude_none=True) for m in self.messages]
 
 
 class GenerateRequest(Versioned):

@@ -22,12 +22,13 @@ import logging
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_operator.api.spec import RewardSpec
 
 from grpo_rollout import stream_member, weight_stream
+from grpo_rollout.chat import ChatError, ChatSettings, PromptRenderer
 from grpo_rollout.engines.base import (
     Engine,
     EngineConfig,
@@ -77,6 +78,7 @@ class ServiceConfig:
     engine_config: EngineConfig
     reward: RewardSpec
     drain_seconds: float = 25.0  # under Kubernetes' default 30 s grace period
+    chat: ChatSettings = field(default_factory=ChatSettings)  # how prompts meet the model's chat template
 
 
 class RolloutService:
@@ -85,6 +87,7 @@ class RolloutService:
         self.metrics = metrics or RolloutMetrics()
         self.engine: Engine | None = None
         self.scorer: RewardScorer | None = None
+        self.renderer: PromptRenderer | None = None
         self.stager = WeightStager()
         self.draining = False
         self.hand_back = False  # set at the drain deadline: running generations stop and return their prompts
@@ -111,6 +114,9 @@ class RolloutService:
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         self.scorer = await loop.run_in_executor(self._reward_pool, RewardScorer, self.config.reward)
+        self.renderer = await loop.run_in_executor(
+            self._reward_pool, PromptRenderer.load, self.config.engine_config.model_path, self.config.chat
+        )
         engine = await loop.run_in_executor(
             self._engine_pool, create_engine, self.config.engine, self.config.engine_config
         )
@@ -222,13 +228,17 @@ class RolloutService:
 
     def _generate_now(self, req: GenerateRequest) -> tuple[int, list[PromptSamples | None]]:
         """On the engine thread; work that only starts once draining began is handed back whole."""
-        assert self.engine is not None
+        assert self.engine is not None and self.renderer is not None
         version = self.stager.live_version  # weight swaps run on this same thread: stable until we return
         if self.draining:
             return version, [None] * len(req.prompts)
         try:
+            rendered = [self.renderer.render(p).token_ids for p in req.prompts]
+        except ChatError as e:
+            raise ServiceError(422, "bad_prompt", str(e)) from None
+        try:
             out = self.engine.generate(
-                [p.text for p in req.prompts],
+                rendered,
                 req.n,
                 req.sampling,
                 lambda: self.hand_back,
@@ -247,7 +257,7 @@ class RolloutService:
         prompts, completions, rows = [], [], []
         for prompt, ps in done:
             for sample in ps.samples:
-                prompts.append(prompt.text)
+                prompts.append(prompt.raw)
                 completions.append(sample.text)
                 rows.append(prompt.columns)
         names = sorted({k for row in rows for k in row} - {"prompts", "completions"})

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from grpo_operator.api.status import Reason
 from grpo_trainer.config import ConfigError
-from grpo_trainer.data import PromptOrder, load_rows
+from grpo_trainer.data import PromptOrder, RowShape, load_rows, lookup
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -31,6 +31,13 @@ def test_rows_keep_other_columns_and_line_numbers(tmp_path: Path) -> None:
         ('["1+1="]', "expected a JSON object, got list"),
         ('{"question": "1+1="}', "field 'prompt' missing"),
         ('{"prompt": 7}', "field 'prompt' missing or not a non-empty string"),
+        ('{"prompt": []}', "field 'prompt' is an empty message list"),
+        (
+            '{"prompt": [{"role": "robot", "content": "hi"}]}',
+            r"field 'prompt'\[0\].role 'robot' is not one of",
+        ),
+        ('{"prompt": [{"role": "user", "content": "a"}, "b"]}', r"field 'prompt'\[1\] is a str"),
+        ('{"prompt": [{"role": "user", "content": 3}]}', r"field 'prompt'\[0\].content must be a string"),
     ],
 )
 def test_bad_row_is_reported_by_file_and_line(tmp_path: Path, line: str, reason: str) -> None:
@@ -40,7 +47,9 @@ def test_bad_row_is_reported_by_file_and_line(tmp_path: Path, line: str, reason:
 
 
 def test_custom_prompt_field(tmp_path: Path) -> None:
-    rows = load_rows(write(tmp_path, '{"question": "q", "prompt": "kept as a column"}\n'), "question")
+    rows = load_rows(
+        write(tmp_path, '{"question": "q", "prompt": "kept as a column"}\n'), RowShape("question")
+    )
     assert rows[0].prompt == "q" and rows[0].columns == {"prompt": "kept as a column"}
 
 
@@ -122,3 +131,58 @@ def test_a_folder_reads_its_data_files_in_name_order(tmp_path: Path) -> None:
     (folder / "c.jsonl").write_text('{"prompt": 1}\n')
     with pytest.raises(ConfigError, match=f"^spec.dataset.path {folder}/c.jsonl:1: field 'prompt'"):
         load_rows(folder)
+
+
+def test_verl_prepared_parquet_loads_as_it_is_with_the_answer_mapped_from_its_nested_column(
+    tmp_path: Path,
+) -> None:
+    """The shape verl's preprocess scripts write (DAPO-Math-17k, GSM8K): `prompt` a list of chat
+    messages, the answer in `reward_model.ground_truth`, nested structs in Parquet."""
+    data = [
+        {
+            "data_source": "math_dapo",
+            "prompt": [{"role": "user", "content": f"What is {i}+1?"}],
+            "ability": "MATH",
+            "reward_model": {"ground_truth": str(i + 1), "style": "rule-math"},
+            "extra_info": {"index": i, "split": "train"},
+        }
+        for i in range(3)
+    ]
+    shape = RowShape(columns=(("answer", "reward_model.ground_truth"), ("index", "extra_info.index")))
+    rows = load_rows(write_parquet(tmp_path / "dapo.parquet", data), shape)
+    assert rows[2].prompt == [{"role": "user", "content": "What is 2+1?"}]
+    assert rows[2].columns["answer"] == "3" and rows[2].columns["index"] == 2
+    assert rows[2].columns["reward_model"] == {"ground_truth": "3", "style": "rule-math"}  # kept whole too
+
+
+def test_trl_conversational_jsonl_with_a_system_turn_loads(tmp_path: Path) -> None:
+    line = (
+        '{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}], '
+        '"completion": [{"role": "assistant", "content": "4"}], "solution": "4"}\n'
+    )
+    rows = load_rows(write(tmp_path, line), RowShape(columns=(("answer", "solution"),)))
+    assert [m["role"] for m in rows[0].prompt] == ["system", "user"]
+    assert rows[0].columns["answer"] == "4"
+
+
+def test_a_row_without_a_mapped_path_names_the_file_the_row_and_the_column(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '{"prompt": "a", "reward_model": {"ground_truth": "1"}}\n'
+        '{"prompt": "b", "reward_model": {"style": "x"}}\n',
+    )
+    with pytest.raises(ConfigError) as e:
+        load_rows(path, RowShape(columns=(("answer", "reward_model.ground_truth"),)))
+    assert str(e.value) == (
+        f"spec.dataset.path {path}:2: spec.dataset.columns.answer (reward_model.ground_truth): "
+        "no 'ground_truth' in reward_model (keys: style)"
+    )
+
+
+def test_dotted_paths_read_keys_and_list_indexes() -> None:
+    row = {"a": {"b": [{"c": 1}, {"c": 2}]}, "x.y": 3}
+    assert lookup(row, "a.b.1.c") == 2 and lookup(row, "a.b.-1.c") == 2
+    with pytest.raises(KeyError, match=r"no '5' in a\.b"):
+        lookup(row, "a.b.5.c")
+    with pytest.raises(KeyError, match="no 'z' in the row"):
+        lookup(row, "z")

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from grpo_trainer.tiny_model import DATASET_FILE, TinyConfig, build_model, build_tokenizer, save_untrained
+from grpo_trainer.tiny_model import (
+    DATASET_FILE,
+    HELDOUT_FILE,
+    TRAIN_FILE,
+    TinyConfig,
+    build_model,
+    build_tokenizer,
+    save_untrained,
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +56,32 @@ def test_model_reloads_offline_as_qwen3_moe(built: tuple[Path, dict]) -> None:
     assert logits.shape == (1, 4, len(tok))
 
 
-def test_dataset_is_single_digit_addition(built: tuple[Path, dict]) -> None:
+def test_dataset_is_single_digit_addition_and_the_demo_sets_are_chat_messages(
+    built: tuple[Path, dict],
+) -> None:
     out, _ = built
     rows = [json.loads(line) for line in (out / DATASET_FILE).read_text().splitlines()]
     assert len(rows) == 100
     assert {"prompt": "3+4=", "answer": "7"} in rows
     assert all(int(r["prompt"][0]) + int(r["prompt"][2]) == int(r["answer"]) for r in rows)
+    chats = [
+        json.loads(line) for f in (TRAIN_FILE, HELDOUT_FILE) for line in (out / f).read_text().splitlines()
+    ]
+    assert len(chats) == 100 and {"prompt": [{"role": "user", "content": "3+4="}], "answer": "7"} in chats
+
+
+def test_the_tokenizer_ships_its_chat_template_and_renders_markers_as_single_tokens(
+    built: tuple[Path, dict],
+) -> None:
+    from transformers import AutoTokenizer
+
+    out, _ = built
+    tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "3+4="}], tokenize=False, add_generation_prompt=True
+    )
+    assert text == "<|user|>3+4=<|end|><|assistant|>"
+    assert len(tok(text, add_special_tokens=False).input_ids) == 7
 
 
 def test_warm_up_leaves_signal_and_room(built: tuple[Path, dict]) -> None:
@@ -82,7 +110,9 @@ def test_an_untrained_variant_reloads_with_its_sizes_and_names_eos_and_pad(
         assert (model.config.num_experts, model.config.head_dim) == (4, 32)
     tok = build_tokenizer()
     generation = GenerationConfig.from_pretrained(tmp_path, local_files_only=True)
-    assert (generation.eos_token_id, generation.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
+    # a completion ends at EOS or at the end of the assistant's turn (what the chat template closes with)
+    assert generation.eos_token_id == [tok.eos_token_id, tok.convert_tokens_to_ids("<|end|>")]
+    assert generation.pad_token_id == tok.pad_token_id
     assert not (tmp_path / DATASET_FILE).exists()  # no warm-up, no dataset
 
 

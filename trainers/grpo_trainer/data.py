@@ -9,6 +9,12 @@ whatever was prefetched before the crash. Every row is validated on load; a bad 
 path is first judged by the rule `validate --check-paths` applies offline (`grpo_operator.storage.check`),
 and a dataset without a usable row fails the job with `DatasetEmpty`.
 
+A prompt is a string or a list of chat messages (`{role, content}`; verl's preprocessed parquet,
+TRL's conversational files and OpenAI-style files write it so): the rollout server puts either
+through the model's chat template (`grpo_rollout.chat`). `spec.dataset.columns` maps the names the
+reward functions receive to dotted paths in the row (`reward_model.ground_truth`); the row's other
+top-level columns are passed under their own names.
+
 Files are streamed through `grpo_operator.storage` (fsspec; s3fs for s3://): JSON Lines line by
 line, Parquet row group by row group (pyarrow reads the footer, then one group's byte ranges at
 a time), so a dataset is never downloaded whole before its first row is checked. A folder (or
@@ -23,6 +29,7 @@ from typing import Any
 
 import torch
 from grpo_operator import storage
+from grpo_operator.api.spec import DatasetSpec
 from grpo_operator.api.status import Reason
 from grpo_operator.storage.check import DATA_SUFFIXES, PARQUET_SUFFIXES, POD_CREDENTIALS, Expect, PathError
 from grpo_operator.storage.check import check as check_path
@@ -32,17 +39,34 @@ from grpo_trainer.config import ConfigError
 DATASET_FIELD = "spec.dataset.path"
 
 
+ROLES = ("system", "user", "assistant", "tool")
+Messages = list[dict[str, Any]]
+
+
 @dataclass(frozen=True)
 class Row:
-    """One prompt: its text, its other columns (for the reward functions) and where it came from
-    (the line of a JSON Lines file, the 1-based row of a Parquet file)."""
+    """One prompt: its text or chat messages, the columns the reward functions get and where it came
+    from (the line of a JSON Lines file, the 1-based row of a Parquet file)."""
 
-    prompt: str
+    prompt: str | Messages
     columns: dict[str, Any]
     line: int
+    where: str = ""  # FILE:LINE or FILE: row N, for errors found later (a prompt the template refuses)
 
 
-def load_rows(path: str | Path, prompt_field: str = "prompt", field: str = DATASET_FIELD) -> list[Row]:
+@dataclass(frozen=True)
+class RowShape:
+    """How a row is read: which column is the prompt, and the named columns' dotted paths."""
+
+    prompt_field: str = "prompt"
+    columns: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, dataset: DatasetSpec) -> "RowShape":
+        return cls(dataset.prompt_field, tuple(dataset.columns.items()))
+
+
+def load_rows(path: str | Path, shape: RowShape = RowShape(), field: str = DATASET_FIELD) -> list[Row]:
     """Read and validate every row; raise ConfigError naming `field`, the file and the line/row of the
     first bad one."""
     uri = str(path)
@@ -61,9 +85,9 @@ def load_rows(path: str | Path, prompt_field: str = "prompt", field: str = DATAS
         label = uri if file == root else storage.join(uri, file[len(root) :])
         try:
             if file.endswith(PARQUET_SUFFIXES):
-                rows += _parquet_rows(fs, file, label, prompt_field)
+                rows += _parquet_rows(fs, file, label, shape)
             else:
-                rows += _jsonl_rows(fs, file, label, prompt_field)
+                rows += _jsonl_rows(fs, file, label, shape)
         except ConfigError as e:
             raise ConfigError(f"{field} {e}", reason=e.reason) from None
         except OSError as e:
@@ -73,6 +97,60 @@ def load_rows(path: str | Path, prompt_field: str = "prompt", field: str = DATAS
         why = f"{field} {uri}: the dataset has no rows (only blank lines or empty row groups)"
         raise ConfigError(why, reason=Reason.DATASET_EMPTY)
     return rows
+
+
+def lookup(row: dict[str, Any], path: str) -> Any:
+    """The value at a dotted path (dict keys; list indexes as numbers); KeyError naming the part."""
+    value: Any = row
+    for depth, part in enumerate(path.split(".")):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
+            value = value[int(part)]
+        else:
+            where = ".".join(path.split(".")[:depth]) or "the row"
+            have = f"keys: {', '.join(map(str, value))}" if isinstance(value, dict) else type(value).__name__
+            raise KeyError(f"no {part!r} in {where} ({have})")
+    return value
+
+
+def check_messages(messages: list[Any], what: str) -> Messages:
+    """A chat: a non-empty list of {role, content} with known roles and string content (an assistant
+    turn may carry tool_calls instead); ValueError naming the message and the field."""
+    if not messages:
+        raise ValueError(f"{what} is an empty message list")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ValueError(f"{what}[{i}] is a {type(m).__name__}, not a {{role, content}} object")
+        role = m.get("role")
+        if role not in ROLES:
+            raise ValueError(f"{what}[{i}].role {role!r} is not one of {', '.join(ROLES)}")
+        content = m.get("content")
+        if not isinstance(content, str) and not (content is None and m.get("tool_calls")):
+            raise ValueError(f"{what}[{i}].content must be a string (got {type(content).__name__})")
+    return messages
+
+
+def _row(obj: Any, where: str, shape: RowShape, number: int) -> Row:
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    field = shape.prompt_field
+    prompt = obj.pop(field, None)
+    if isinstance(prompt, list):
+        try:
+            prompt = check_messages(prompt, f"field {field!r}")
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+    elif not isinstance(prompt, str) or not prompt:
+        raise ConfigError(
+            f"{where}: field {field!r} missing or not a non-empty string or list of chat messages"
+        )
+    for name, path in shape.columns:
+        try:
+            obj[name] = lookup(obj, path)
+        except KeyError as e:
+            raise ConfigError(f"{where}: spec.dataset.columns.{name} ({path}): {e.args[0]}") from None
+    return Row(prompt=prompt, columns=obj, line=number, where=where)
 
 
 def _files(fs: Any, root: str) -> list[str]:
@@ -86,16 +164,7 @@ def _files(fs: Any, root: str) -> list[str]:
     return found
 
 
-def _row(obj: Any, where: str, prompt_field: str, number: int) -> Row:
-    if not isinstance(obj, dict):
-        raise ConfigError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    prompt = obj.pop(prompt_field, None)
-    if not isinstance(prompt, str) or not prompt:
-        raise ConfigError(f"{where}: field {prompt_field!r} missing or not a non-empty string")
-    return Row(prompt=prompt, columns=obj, line=number)
-
-
-def _jsonl_rows(fs: Any, file: str, label: str, prompt_field: str) -> Iterator[Row]:
+def _jsonl_rows(fs: Any, file: str, label: str, shape: RowShape) -> Iterator[Row]:
     with fs.open(file, "rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
@@ -108,10 +177,10 @@ def _jsonl_rows(fs: Any, file: str, label: str, prompt_field: str) -> Iterator[R
                 obj = json.loads(text)
             except json.JSONDecodeError as e:
                 raise ConfigError(f"{label}:{number}: not valid JSON: {e.msg} (column {e.colno})") from None
-            yield _row(obj, f"{label}:{number}", prompt_field, number)
+            yield _row(obj, f"{label}:{number}", shape, number)
 
 
-def _parquet_rows(fs: Any, file: str, label: str, prompt_field: str) -> Iterator[Row]:
+def _parquet_rows(fs: Any, file: str, label: str, shape: RowShape) -> Iterator[Row]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -121,13 +190,13 @@ def _parquet_rows(fs: Any, file: str, label: str, prompt_field: str) -> Iterator
         except (pa.ArrowException, ValueError) as e:
             raise ConfigError(f"{label}: not a readable Parquet file: {e}") from None
         names = parquet.schema_arrow.names
-        if prompt_field not in names:
-            raise ConfigError(f"{label}: no column {prompt_field!r} (columns: {', '.join(names)})")
+        if shape.prompt_field not in names:
+            raise ConfigError(f"{label}: no column {shape.prompt_field!r} (columns: {', '.join(names)})")
         number = 0
         for group in range(parquet.num_row_groups):
             for obj in parquet.read_row_group(group).to_pylist():
                 number += 1
-                yield _row(obj, f"{label}: row {number}", prompt_field, number)
+                yield _row(obj, f"{label}: row {number}", shape, number)
 
 
 class PromptOrder:

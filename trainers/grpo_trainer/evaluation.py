@@ -13,13 +13,14 @@ runtime's table, plot and summary.
 
 import logging
 import time
+from collections.abc import Callable
 
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_operator.api.report import EvalScore
 from grpo_operator.api.spec import DatasetSpec, EvalSpec
 from grpo_rollout.protocol import Prompt, Sampling
 
-from grpo_trainer.data import Row, load_rows
+from grpo_trainer.data import Row, RowShape, load_rows
 from grpo_trainer.generation import Generator
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class Evaluator:
 
     def __init__(self, spec: EvalSpec, rows: list[Row], algo: AlgorithmSpec) -> None:
         self.spec = spec
-        self.prompts = [Prompt(id=f"eval-{i}", text=r.prompt, columns=r.columns) for i, r in enumerate(rows)]
+        self.prompts = [Prompt.of(f"eval-{i}", r.prompt, r.columns) for i, r in enumerate(rows)]
         self._greedy = Sampling(temperature=0.0, max_new_tokens=algo.max_new_tokens)
         self._sampled = Sampling(
             temperature=algo.temperature,
@@ -61,14 +62,19 @@ class Evaluator:
         self.finished: list[EvalScore] = []
 
     @classmethod
-    def for_dataset(cls, dataset: DatasetSpec, algo: AlgorithmSpec) -> "Evaluator | None":
-        """The job's evaluator, its rows read and checked now (a bad set fails the job at start-up);
-        None without `dataset.eval`."""
+    def for_dataset(
+        cls,
+        dataset: DatasetSpec,
+        algo: AlgorithmSpec,
+        check: Callable[[str, list[Row]], list[Row]] | None = None,
+    ) -> "Evaluator | None":
+        """The job's evaluator, its rows read and checked now (a bad set fails the job at start-up;
+        `check`: the prompt check, `grpo_trainer.prompts.Checker`); None without `dataset.eval`."""
         if dataset.eval is None:
             return None
-        return cls(
-            dataset.eval, load_rows(dataset.eval.path, dataset.prompt_field, "spec.dataset.eval.path"), algo
-        )
+        field = "spec.dataset.eval.path"
+        rows = load_rows(dataset.eval.path, RowShape.of(dataset), field)
+        return cls(dataset.eval, check(field, rows) if check is not None else rows, algo)
 
     def due(self, step: int, max_steps: int) -> bool:
         return due(step, self.spec.every_steps, max_steps)

@@ -137,7 +137,7 @@ class Generator:
             max_new_tokens=algo.max_new_tokens,
             seed=algo.seed * 1_000_003 + step,
         )
-        prompts = [Prompt(id=str(pos), text=row.prompt, columns=row.columns) for pos, row in rows]
+        prompts = [Prompt.of(str(pos), row.prompt, row.columns) for pos, row in rows]
         return self._run(self._generate(prompts, sampling, self.version, max(0, min_version)))
 
     async def _generate(

@@ -28,7 +28,7 @@ from grpo_operator import storage
 from grpo_operator.api.contract import RunContract
 from torch import nn
 
-from grpo_trainer import checkpoint, memory, moe, weight_sync
+from grpo_trainer import checkpoint, memory, moe, prompts, weight_sync
 from grpo_trainer.batch import (
     MicroBatch,
     Rollouts,
@@ -39,7 +39,7 @@ from grpo_trainer.batch import (
     score,
 )
 from grpo_trainer.config import MAX_GRAD_NORM, RankInfo, job_token
-from grpo_trainer.data import PromptOrder, load_rows
+from grpo_trainer.data import DATASET_FIELD, PromptOrder, RowShape, load_rows
 from grpo_trainer.evaluation import Evaluator
 from grpo_trainer.forward import autocast, batch_logp, packs
 from grpo_trainer.generation import Generator
@@ -92,8 +92,12 @@ class Run:
 def setup(contract: RunContract, info: RankInfo) -> Run:
     spec, algo = contract.spec, contract.spec.algorithm
     check_inputs(contract, info)  # model and checkpoint folders: the field and the reason, before the GPU
-    order = PromptOrder(load_rows(spec.dataset.path, spec.dataset.prompt_field), spec.dataset.shuffle_seed)
-    evaluator = Evaluator.for_dataset(spec.dataset, algo) if info.is_main else None  # read before the model
+    # rank 0 renders every prompt as the servers will, before the GPU: a row that cannot be fails here
+    cache = spec.storage.cache_dir  # s3:// models: fetched once per pod into this emptyDir
+    check = prompts.Checker(spec, storage.model_dir(spec.model.path, cache)) if info.is_main else None
+    rows = load_rows(spec.dataset.path, RowShape.of(spec.dataset))
+    order = PromptOrder(check(DATASET_FIELD, rows) if check else rows, spec.dataset.shuffle_seed)
+    evaluator = Evaluator.for_dataset(spec.dataset, algo, check) if info.is_main else None
     token = job_token() if info.is_main else ""
     torch.manual_seed(algo.seed)
     device = init_distributed(info, contract)
@@ -102,7 +106,6 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     saves = checkpoint.find_saves(contract.checkpoint_dir, spec.checkpoint.resume_from, info, device)
     groups = make_groups(info)
     backend = str(spec.trainer.ep_backend)
-    cache = spec.storage.cache_dir  # s3:// models: fetched once per pod into this emptyDir
     sharding = spec.trainer.sharding
     load = dict(cache_dir=cache, sharding=sharding)  # each rank reads only its part
     # tokens one MoE layer dispatches at once: what `auto` measures with and DeepEP's buffers hold

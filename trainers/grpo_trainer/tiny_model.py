@@ -2,11 +2,14 @@
 
 Run as `python -m grpo_trainer.tiny_model DIR` (what `grpo-operator tiny-model DIR` spawns, so the
 operator package never imports torch). DIR becomes a Hugging Face model directory (config,
-safetensors, tokenizer) that both the trainer and the rollout servers load, plus
-`DIR/addition.jsonl`: single-digit sums, {"prompt": "3+4=", "answer": "7"}, which the rollout's
-built-in `exact_match` / `math` rewards score; and the same 100 sums split in two, 80 to train on
-(`addition-train.jsonl`) and 20 held out from RL (`addition-heldout.jsonl`, what the demo's
-`dataset.eval` scores; the warm-up below, which teaches the answer format, saw all 100).
+safetensors, tokenizer with a small chat template of its own, `CHAT_TEMPLATE`) that both the trainer
+and the rollout servers load, plus `DIR/addition.jsonl`: single-digit sums, {"prompt": "3+4=",
+"answer": "7"}, which the rollout's built-in `exact_match` / `math` rewards score; and the same 100
+sums split in two as chat messages ({"prompt": [{"role": "user", "content": "3+4="}], "answer":
+"7"}), 80 to train on (`addition-train.jsonl`) and 20 held out from RL (`addition-heldout.jsonl`,
+what the demo's `dataset.eval` scores; the warm-up below, which teaches the answer format, saw all
+100). Both forms reach the model the same way: through the chat template, a string as one user turn.
+The model ends its turn with `<|end|>`, which its generation config lists as an end-of-sequence token.
 
 A short supervised warm-up teaches the answer format and a little arithmetic, stopping once
 sampled accuracy at temperature 1 reaches `target_accuracy`: RL then starts with signal
@@ -40,6 +43,15 @@ DATASET_FILE = "addition.jsonl"
 TRAIN_FILE, HELDOUT_FILE = "addition-train.jsonl", "addition-heldout.jsonl"
 HELDOUT_EVERY = 5  # every fifth sum is held out: 20 of 100, spread over every first digit
 SPECIALS = ("<pad>", "<eos>", "<unk>")
+# Chat markers, one token each, so a templated prompt stays short for a tiny model.
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>")
+END_OF_TURN = "<|end|>"
+# The model's own chat template (what tokenizer_config.json carries): each turn is its role's token,
+# its content and END_OF_TURN; the generation prompt opens the assistant's turn.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<|' + m['role'] + '|>' + (m['content'] or '') + '<|end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
 
 
 @dataclass(frozen=True)
@@ -65,16 +77,30 @@ class TinyConfig:
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """One token per character of printable ASCII (plus newline and tab): no merges to learn, and
-    every digit is its own token, which keeps the arithmetic task legible to a tiny model."""
+    every digit is its own token, which keeps the arithmetic task legible to a tiny model; the chat
+    markers are special tokens of their own, rendered by `CHAT_TEMPLATE`."""
     vocab = {tok: i for i, tok in enumerate(SPECIALS)}
     for c in [chr(i) for i in range(32, 127)] + ["\n", "\t"]:
         vocab[c] = len(vocab)
+    for marker in (*ROLE_TOKENS, END_OF_TURN):
+        vocab[marker] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        additional_special_tokens=[*ROLE_TOKENS, END_OF_TURN],
     )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def end_ids(tokenizer: PreTrainedTokenizerFast) -> list[int]:
+    """The tokens that end a completion: EOS and the end of the assistant's turn."""
+    return [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(END_OF_TURN)]
 
 
 def build_model(cfg: TinyConfig, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
@@ -111,7 +137,7 @@ def build_model(cfg: TinyConfig, tokenizer: PreTrainedTokenizerFast) -> PreTrain
     else:
         raise ValueError(f"unknown tiny arch {cfg.arch!r}; choose qwen3_moe or qwen2")
     model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+        eos_token_id=end_ids(tokenizer), pad_token_id=tokenizer.pad_token_id
     )
     return model
 
@@ -129,32 +155,49 @@ def addition_rows() -> list[dict[str, str]]:
     return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
 
 
+def as_chat(row: dict[str, str]) -> dict[str, object]:
+    """The row with its prompt as one user message (the conversational form)."""
+    return {**row, "prompt": [{"role": "user", "content": row["prompt"]}]}
+
+
+def templated(tok: PreTrainedTokenizerFast, prompt: str) -> list[int]:
+    """`prompt` as one user turn through the chat template, as the rollout servers render it."""
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
+    return tok(text, add_special_tokens=False).input_ids
+
+
 def sampled_accuracy(
     model: PreTrainedModel, tok: PreTrainedTokenizerFast, rows: list[dict], seed: int
 ) -> float:
     """Fraction of exact answers when sampling at temperature 1 (what RL starts from)."""
-    ids = torch.tensor([tok(r["prompt"]).input_ids for r in rows])  # [N, 4]: all prompts are 4 chars
+    ids = torch.tensor([templated(tok, r["prompt"]) for r in rows])  # [N, P]: every prompt is P tokens
+    width = ids.shape[1]
     gen = torch.Generator().manual_seed(seed)
     model.eval()
     with torch.no_grad():
-        for _ in range(3):  # answers are at most 2 digits + EOS
+        for _ in range(3):  # answers are at most 2 digits + end of turn
             logits = model(ids).logits[:, -1]  # [N, V]
             nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
             ids = torch.cat([ids, nxt], dim=1)
     model.train()
-    answers = tok.batch_decode(ids[:, 4:], skip_special_tokens=False)
-    good = sum(a.split(tok.eos_token)[0] == r["answer"] for a, r in zip(answers, rows, strict=True))
+    answers = tok.batch_decode(ids[:, width:], skip_special_tokens=False)
+    good = sum(a.split(END_OF_TURN)[0] == r["answer"] for a, r in zip(answers, rows, strict=True))
     return good / len(rows)
 
 
 def warm_up(model: PreTrainedModel, tok: PreTrainedTokenizerFast, cfg: TinyConfig) -> tuple[int, float]:
-    """Supervised steps on prompt+answer+EOS (loss on answer tokens only) until the target accuracy."""
+    """Supervised steps on templated prompt + answer + end of turn (loss on the answer tokens only)
+    until the target accuracy."""
     rows = addition_rows()
-    seqs = [[*tok(r["prompt"] + r["answer"]).input_ids, tok.eos_token_id] for r in rows]
+    end = tok.convert_tokens_to_ids(END_OF_TURN)
+    prompts = [templated(tok, r["prompt"]) for r in rows]
+    seqs = [[*p, *tok(r["answer"]).input_ids, end] for p, r in zip(prompts, rows, strict=True)]
     width = max(len(s) for s in seqs)
-    ids = torch.tensor([s + [tok.pad_token_id] * (width - len(s)) for s in seqs])  # [100, 7]
+    ids = torch.tensor([s + [tok.pad_token_id] * (width - len(s)) for s in seqs])  # [100, P + 3]
     labels = ids.clone()
-    labels[:, :4] = -100  # no loss on the prompt
+    labels[:, : len(prompts[0])] = -100  # no loss on the prompt
     labels[ids == tok.pad_token_id] = -100
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -185,8 +228,8 @@ def build(out: Path, cfg: TinyConfig) -> dict[str, float | int | str]:
     heldout = [r for i, r in enumerate(rows) if i % HELDOUT_EVERY == HELDOUT_EVERY // 2]
     for name, part in (
         (DATASET_FILE, rows),
-        (TRAIN_FILE, [r for r in rows if r not in heldout]),
-        (HELDOUT_FILE, heldout),
+        (TRAIN_FILE, [as_chat(r) for r in rows if r not in heldout]),
+        (HELDOUT_FILE, [as_chat(r) for r in heldout]),
     ):
         with open(out / name, "w") as f:
             for row in part:

@@ -7,9 +7,12 @@ as Kubeflow Trainer's API types do, so `kubectl explain` is useful. The two larg
 live beside this module: `algorithm` (spec.algorithm) and `roles` (spec.trainer, spec.rollout).
 """
 
+import json
+import re
 from enum import StrEnum
+from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, WithJsonSchema, field_validator
 
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_operator.api.base import MAX_SECONDS, MAX_SEED, ApiModel, cel, immutable
@@ -74,6 +77,22 @@ class EvalSpec(ApiModel):
     )
 
 
+class ChatTemplate(StrEnum):
+    AUTO = "auto"
+    NONE = "none"
+
+
+COLUMN_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
+# A dotted path into a row: keys (any characters but dots) and list indexes, e.g. reward_model.ground_truth.
+COLUMN_PATH = r"^[^.\s]+(\.[^.\s]+)*$"
+RESERVED_COLUMNS = ("prompts", "completions")  # the reward functions' own arguments
+MAX_TEMPLATE_KWARGS_BYTES = 4096
+TemplateKwargs = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "maxProperties": 32, "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+
 class DatasetSpec(ApiModel):
     path: str = Field(
         min_length=1,
@@ -86,7 +105,43 @@ class DatasetSpec(ApiModel):
         default="prompt",
         min_length=1,
         max_length=253,
-        description="promptField: optional, default 'prompt'. Column with the prompt.",
+        description="promptField: optional, default 'prompt'. Column with the prompt: a string, or a list "
+        "of chat messages ({role: system|user|assistant|tool, content}), as verl, TRL (conversational) "
+        "and OpenAI-style files write it.",
+    )
+    columns: dict[str, Annotated[str, Field(max_length=2047, pattern=COLUMN_PATH)]] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="columns: optional. Names the reward functions (and tools and environments) receive, "
+        "each mapped to a dotted path in a row (keys and list indexes), e.g. {answer: "
+        "reward_model.ground_truth} for verl-prepared files; a row without the path is an error naming "
+        "the file, the row and the column. A row's top-level columns are passed as well, under their "
+        "own names; a mapped name wins.",
+        json_schema_extra=cel(
+            (
+                f"self.all(k, k.matches('{COLUMN_NAME}') && !(k in {list(RESERVED_COLUMNS)}))",
+                "columns: each name is an identifier (letters, digits, _), not prompts or completions",
+            )
+        ),
+    )
+    chat_template: ChatTemplate = Field(
+        default=ChatTemplate.AUTO,
+        description="chatTemplate: optional, default auto. auto: prompts go through the model's own chat "
+        "template (tokenizer_config.json's chat_template or chat_template.jinja) with the generation "
+        "prompt added, a string prompt as one user turn; a model without a template takes string "
+        "prompts as raw text and refuses message lists. none: string prompts as raw text, message lists "
+        "refused.",
+    )
+    chat_template_kwargs: TemplateKwargs = Field(
+        default_factory=dict,
+        description="chatTemplateKwargs: optional. Arguments the chat template reads, e.g. "
+        "{enable_thinking: false} for Qwen3 (at most 32, 4 KiB of JSON).",
+    )
+    system_prompt: str | None = Field(
+        default=None,
+        max_length=32768,
+        description="systemPrompt: optional. A system message put before every prompt that has none "
+        "(needs the chat template).",
     )
     shuffle_seed: int = Field(
         default=0,
@@ -94,6 +149,31 @@ class DatasetSpec(ApiModel):
         le=MAX_SEED,
         description="shuffleSeed: optional, default 0, [0, 4294967295]. Seed of the per-epoch prompt order.",
     )
+
+    @field_validator("columns")
+    @classmethod
+    def _column_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not re.match(COLUMN_NAME, name) or name in RESERVED_COLUMNS:
+                raise ValueError(
+                    f"columns: {name!r} is not a column name "
+                    f"(an identifier; not {' or '.join(RESERVED_COLUMNS)})"
+                )
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _kwargs_are_small_json(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            size = len(json.dumps(value))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"chatTemplateKwargs: not JSON: {e}") from None
+        if size > MAX_TEMPLATE_KWARGS_BYTES or len(value) > 32:
+            raise ValueError(
+                f"chatTemplateKwargs: at most 32 keys and {MAX_TEMPLATE_KWARGS_BYTES} bytes of JSON"
+            )
+        return value
+
     eval: EvalSpec | None = Field(
         default=None,
         description="eval: optional. A held-out set scored greedily (temperature 0, one completion) "

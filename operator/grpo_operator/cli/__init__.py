@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("grpo_operator.cli.plan", "predict per-GPU memory of a GRPOJob's trainer and rollout"),
     "operator": ("grpo_operator.cli.operator", "run the operator against the current kubeconfig"),
     "run": ("grpo_operator.cli.run", "run a GRPOJob on this machine as local processes"),
+    "preview": ("grpo_operator.cli.preview", "show a GRPOJob's first prompts as the model receives them"),
     "tiny-model": ("grpo_operator.cli.tiny_model", "build the tiny MoE model and tokenizer used by the demo"),
 }
 

@@ -13,7 +13,10 @@ a model whose config.json is not reachable from here gets a warning that the pla
 With `--check-paths` every path and reward import path of a valid job is checked from here
 (`grpo_operator.validation.paths`: relative to the manifest's folder, pvc:// through `--pvc CLAIM=DIR`
 as `grpo-operator run` reads them, s3:// with this environment's AWS credentials): one that does not
-resolve is an error naming the field and why, as the trainer would fail the job at its start.
+resolve is an error naming the field and why, as the trainer would fail the job at its start; and
+the prompts are rendered as the model receives them (`grpo-operator preview`, where the `trainer`
+extra is installed): a row that cannot be rendered is an error, prompts longer than the rollout
+servers take (`spec.rollout.vllm.maxModelLen` minus `maxNewTokens`) a warning.
 """
 
 import argparse
@@ -76,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}: cannot read: {err.strerror or err}", file=sys.stderr)
             invalid += 1
             continue
+        if not problems and checks is not None and name != "-":
+            problems += _prompt_problems(Path(name), args.pvc, warnings)
         for problem in problems:
             print(problem, file=sys.stderr)
         for w in warnings:
@@ -85,3 +90,25 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"{name}: valid")
     return 1 if invalid else 0
+
+
+def _prompt_problems(
+    path: Path, pvc: list[str], warnings: list[validation.Problem]
+) -> list[validation.Problem]:
+    """Render the job's prompts (`grpo_operator.cli.preview`): an error line for a row that fails,
+    warnings for prompts too long; nothing where the trainer extra is missing (said once)."""
+    import importlib.util
+
+    from grpo_operator.cli import preview
+
+    if importlib.util.find_spec(preview.WORKER.split(".")[0]) is None:
+        print(f"{path}: prompts not rendered: the trainer extra is not installed here", file=sys.stderr)
+        return []
+    try:
+        report = preview.report(path, pvc)
+    except PlanError as e:
+        return [validation.Problem(str(path), 1, "spec.dataset", str(e))]
+    for w in report["warnings"]:
+        field, _, message = w.partition(": ")
+        warnings.append(validation.Problem(str(path), 1, field, message))
+    return []

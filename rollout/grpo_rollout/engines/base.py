@@ -1,10 +1,11 @@
 """The engine interface and its registry, used by the rollout server to generate and to swap weights.
 
-An engine turns prompt texts into sampled token ids with exact per-token log-probs, and applies a
-new weight version, either whole (`load_weights`, safetensors buckets from HTTP) or streamed bucket
-by bucket (`begin_update` / `load_bucket` / `finish_update`, the collective transport, see
-`grpo_rollout.weight_stream`). An engine without the streamed methods gets `StagedUpdate`, which
-assembles the version and calls `load_weights` at the end (the whole model in host memory once).
+An engine turns prompts (token ids, or texts) into sampled token ids with exact per-token
+log-probs, and applies a new weight version, either whole (`load_weights`, safetensors buckets from
+HTTP) or streamed bucket by bucket (`begin_update` / `load_bucket` / `finish_update`, the collective
+transport, see `grpo_rollout.weight_stream`). An engine without the streamed methods gets
+`StagedUpdate`, which assembles the version and calls `load_weights` at the end (the whole model in
+host memory once).
 Who receives a stream is one capability, `StreamReceiver`: an engine whose workers join the
 weight groups themselves (vLLM), or else the server's own process.
 The server calls it from one worker thread, so an engine never sees a generate and a weight
@@ -85,7 +86,7 @@ class Engine(Protocol):
 
     def generate(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[str | list[int]],
         n: int,
         sampling: Sampling,
         should_stop: Callable[[], bool],
@@ -93,6 +94,9 @@ class Engine(Protocol):
         routing: bool = False,
     ) -> list[PromptSamples | None]:
         """n samples per prompt, in order; None for prompts left unfinished because should_stop() said so.
+
+        A prompt is token ids (what the server sends, rendered by `grpo_rollout.chat`) or a string,
+        tokenized as the tokenizer does by default (as vLLM takes TokensPrompt or text).
 
         routing: also fill each Sample's `routing` (MoE routing replay); ValueError when the engine
         or its model cannot."""

@@ -76,14 +76,16 @@ class TorchEngine:
 
     def generate(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[str | list[int]],
         n: int,
         sampling: Sampling,
         should_stop: Callable[[], bool],
         *,
         routing: bool = False,
     ) -> list[PromptSamples | None]:
-        encoded = [self.encode(p) for p in prompts]
+        encoded = [self.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        if any(not ids for ids in encoded):
+            raise ValueError("a prompt has no tokens; give at least one character")
         recorder = RoutingRecorder(self.model) if routing else None
         generator = torch.Generator(device=self.device)
         generator.manual_seed(sampling.seed if sampling.seed is not None else random.getrandbits(63))

@@ -388,7 +388,7 @@ class VllmEngine:
 
     def generate(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[str | list[int]],
         n: int,
         sampling: Sampling,
         should_stop: Callable[[], bool],
@@ -402,7 +402,9 @@ class VllmEngine:
                 "this vllm server was started without routed-experts capture (routingReplay off)"
             )
         with self._tokenize:
-            encoded = [list(self.tokenizer(p)["input_ids"]) for p in prompts]
+            encoded = [
+                list(self.tokenizer(p)["input_ids"]) if isinstance(p, str) else list(p) for p in prompts
+            ]
         if any(not ids for ids in encoded):
             raise ValueError("a prompt tokenizes to no tokens; give at least one character")
         params = self._vllm.SamplingParams(**sampling_kwargs(n, sampling), output_kind=self._final_only())

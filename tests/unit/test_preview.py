@@ -1,0 +1,106 @@
+"""`grpo-operator preview` and `validate --check-paths` on the data users bring: a verl-prepared Parquet
+file (chat messages, the answer in reward_model.ground_truth) through the tiny model's own template,
+run as a user runs them (the CLI, in a subprocess)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from grpo_trainer.tiny_model import TinyConfig, build_tokenizer, save_untrained
+
+CLI = [sys.executable, "-m", "grpo_operator.cli"]
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    save_untrained(tmp_path / "model", TinyConfig())
+    rows = [
+        {
+            "data_source": "math_dapo",
+            "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
+            "reward_model": {"ground_truth": str(2 * i), "style": "rule"},
+        }
+        for i in range(1, 12)
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    manifest = {
+        "apiVersion": "grpo.dev/v1alpha1",
+        "kind": "GRPOJob",
+        "metadata": {"name": "verl-shaped"},
+        "spec": {
+            "model": {"path": "model"},
+            "dataset": {
+                "path": "train.parquet",
+                "columns": {"answer": "reward_model.ground_truth"},
+                "systemPrompt": "Answer with a number.",
+            },
+            "reward": {"functions": [{"builtin": "math"}, {"builtin": "countdown"}]},
+        },
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    return path
+
+
+def preview(job: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "preview", str(job), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_preview_shows_prompts_as_the_model_receives_them_with_the_columns_each_reward_gets(
+    job: Path,
+) -> None:
+    done = preview(job, "-n", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    first = report["prompts"][0]
+    assert first["row"].endswith("train.parquet: row 1")
+    assert first["text"] == "<|system|>Answer with a number.<|end|><|user|>What is 1 + 1?<|end|><|assistant|>"
+    assert first["tokens"] == len(build_tokenizer()(first["text"], add_special_tokens=False).input_ids)
+    assert first["columns"]["answer"] == "2"  # mapped from reward_model.ground_truth
+    assert first["missing"] == {"countdown": ["numbers", "target"]}  # said, before a run scores 0
+    assert report["rewards"] == {"math": ["answer"], "countdown": ["numbers", "target"]}
+    assert len(report["prompts"]) == 2 and report["lengths"]["prompts"] == 11 and not report["warnings"]
+    table = preview(job, "-n", "1")
+    assert (
+        table.returncode == 0
+        and "What is 1 + 1?" in table.stdout
+        and "countdown needs column(s)" in table.stdout
+    )
+
+
+def test_prompts_longer_than_the_servers_take_are_a_warning_of_validate_and_preview(job: Path) -> None:
+    manifest = yaml.safe_load(job.read_text())
+    manifest["spec"]["rollout"] = {"engine": "vllm", "vllm": {"maxModelLen": 64}}
+    manifest["spec"]["algorithm"] = {"maxNewTokens": 20}  # room for 44 prompt tokens; these have 41-43
+    manifest["spec"]["dataset"]["systemPrompt"] = "Answer with a whole number."  # + 6: 47-49
+    job.write_text(yaml.safe_dump(manifest))
+    report = json.loads(preview(job, "-n", "0", "--json").stdout)
+    assert report["lengths"]["over_limit"] == 11 and report["lengths"]["limit"] == 44, report["lengths"]
+    done = subprocess.run(
+        [*CLI, "validate", "--check-paths", str(job)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr  # a warning, the file is valid
+    assert "warning: spec.dataset.path: 11 of 11 prompts are longer than 44 tokens" in done.stderr
+
+
+def test_a_row_the_template_cannot_take_fails_validate_and_preview_naming_the_file_and_row(job: Path) -> None:
+    manifest = yaml.safe_load(job.read_text())
+    manifest["spec"]["dataset"]["chatTemplate"] = "none"
+    manifest["spec"]["dataset"].pop("systemPrompt")
+    job.write_text(yaml.safe_dump(manifest))
+    done = preview(job)
+    assert done.returncode == 2
+    assert (
+        "train.parquet: row 1: prompt 1 is a list of chat messages, but spec.dataset.chatTemplate is none"
+        in done.stderr
+    )
+    done = subprocess.run(
+        [*CLI, "validate", "--check-paths", str(job)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1 and "spec.dataset: " in done.stderr and "row 1" in done.stderr, done.stderr
