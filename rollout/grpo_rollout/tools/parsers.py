@@ -26,12 +26,27 @@ class ToolCall:
     # and the id only has to pair each call with its tool message within the turn.
     id: str
 
+    def as_dict(self) -> dict[str, Any]:
+        """An entry of an assistant message's `tool_calls`, as HF templates take it (arguments a dict)."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
 
 @dataclass
 class ParsedTurn:
     content: str  # the turn's text outside the calls, stripped; "" when the turn is only calls
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # one line per malformed call, for the model to read
+
+    def assistant_message(self) -> dict[str, Any]:
+        """The turn as a chat message with `tool_calls`, for templates and for logs."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.calls:
+            message["tool_calls"] = [c.as_dict() for c in self.calls]
+        return message
 
 
 class ToolCallParser(Protocol):
