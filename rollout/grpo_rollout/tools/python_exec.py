@@ -4,7 +4,7 @@ It runs inside the sandbox worker (`grpo_rollout.rewards.child`), so the program
 confinement: an environment without secrets, the worker's memory limit (a limit per process), no core
 dumps, and the worker as its subreaper. The program gets an empty temporary directory, no stdin and
 until just before the call's deadline; it is killed with all it started (`sandbox.kill_tree`) when it
-runs out of time or prints more than MAX_OUTPUT_BYTES.
+runs out of time or prints more than MAX_OUTPUT_BYTES, and what it leaves running is killed when it ends.
 """
 
 import os
@@ -30,6 +30,7 @@ def python(code: str) -> str:
     """
     left = registry.time_left()
     timeout = DEFAULT_TIMEOUT_S if left is None else max(left - MARGIN_S, 0.1)
+    before = set(sandbox.live_descendants(os.getpid()))
     with tempfile.TemporaryDirectory(prefix="grpo-python-tool-") as cwd:
         with open(os.path.join(cwd, "main.py"), "w") as f:  # a file, not -c: no argv size limit
             f.write(code)
@@ -44,7 +45,8 @@ def python(code: str) -> str:
         try:
             output, stopped = _read(proc, time.monotonic() + timeout)
         finally:
-            sandbox.kill_tree(proc)  # also what it left running after it exited
+            sandbox.kill_tree(proc)
+            sandbox.kill_new_descendants(before)  # what it left running, even in a session of its own
             proc.stdout.close()  # type: ignore[union-attr]
     text = output.decode(errors="replace")
     if stopped == "timeout":
