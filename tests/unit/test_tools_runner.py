@@ -9,6 +9,7 @@ import json
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from grpo_rollout.tools.parsers import HermesParser, ToolCall
@@ -273,6 +274,21 @@ def test_python_leaves_nothing_running(runner, tmp_path):
     """)
     assert call(runner, "python", code=code).content == "left a daemon\n"
     assert not alive(int(pidfile.read_text()))
+
+
+def test_workers_serve_concurrent_turns_side_by_side():
+    tools = ["grpo_tool_plugins:sleepy"]
+    with ThreadPoolExecutor(2) as pool:
+        runner = ToolRunner(tools, timeout=TIMEOUT, workers=2, memory_bytes=MEMORY)
+        try:
+            list(pool.map(lambda _: call(runner, "sleepy", seconds=0), range(2)))  # both workers started
+            started = time.monotonic()
+            results = list(pool.map(lambda _: call(runner, "sleepy", seconds=1), range(2)))
+            elapsed = time.monotonic() - started
+        finally:
+            runner.close()
+    assert [r.content for r in results] == ["awake", "awake"]
+    assert elapsed < 1.8  # not one after the other
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ TOOL_SCHEMA_BYTES = 1 << 20  # a tool's description for the chat template; a rea
 
 
 class PluginWorker:
-    """One reward process, started lazily, killed on timeout, restarted on the next call."""
+    """One sandbox process (rewards, tools), started lazily, killed on timeout, restarted on the next call."""
 
     def __init__(self, memory_bytes: int | None = None, label: str = "reward worker") -> None:
         self.label = label  # how errors name it: "reward worker" or "tool worker"

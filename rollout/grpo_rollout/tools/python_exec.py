@@ -2,8 +2,8 @@
 
 It runs inside the sandbox worker (`grpo_rollout.rewards.child`), so the program inherits the worker's
 confinement: an environment without secrets, the worker's memory limit (a limit per process), no core
-dumps, and the worker as its subreaper. The program gets an empty temporary directory, no stdin and
-until just before the call's deadline; it is killed with all it started (`sandbox.kill_tree`) when it
+dumps, and the worker as its subreaper. The program gets an empty temporary directory, no stdin, and
+time until just before the call's deadline; it is killed with all it started (`sandbox.kill_tree`) when it
 runs out of time or prints more than MAX_OUTPUT_BYTES, and what it leaves running is killed when it ends.
 """
 
