@@ -6,9 +6,10 @@ None means "not applicable" and counts as 0. Built-ins are named here; anything 
 "module:function" path imported on the worker that runs plugins.
 """
 
-import importlib
 from collections.abc import Callable
 from typing import Any
+
+from grpo_rollout import plugins
 
 BUILTINS: dict[str, str] = {
     "exact_match": "grpo_rollout.rewards.exact_match:exact_match",
@@ -20,20 +21,7 @@ BUILTINS: dict[str, str] = {
 
 def load_function(path: str) -> Callable[..., Any]:
     """Import 'module:function' (or a built-in's name) and return the callable, with a clear error."""
-    target = BUILTINS.get(path, path)
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(
-            f"reward function {path!r} is neither a built-in {sorted(BUILTINS)} nor 'module:function'"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"reward function {path!r}: cannot import module {module_name!r}: {e}") from e
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"reward function {path!r}: module {module_name!r} has no callable {attr!r}")
-    return fn
+    return plugins.load_callable(path, BUILTINS, "reward function")
 
 
 def require_column(columns: dict[str, list[Any]], name: str, reward: str) -> list[Any]:

@@ -1,25 +1,32 @@
-"""The reward worker process: `python -m grpo_rollout.rewards.child MEMORY_BYTES`, started by the worker.
+"""The sandbox worker process: `python -m grpo_rollout.rewards.child MEMORY_BYTES`, started by the worker.
 
-`grpo_rollout.rewards.worker.PluginWorker` starts it (built-ins and plugins alike run here) in a
+`grpo_rollout.rewards.worker.PluginWorker` starts it (rewards and tools, built-ins and plugins alike run
+here, for the scorer and for `grpo_rollout.tools.runner.ToolRunner`) in a
 session of its own, with an environment that holds no token. Before it imports any reward it
 confines itself: a data-memory limit, no core dumps, and child-subreaper status so that processes a
 reward spawns stay below it (even after their parent exits) and the parent's kill finds them.
 
 It reads one JSON request per line from stdin and answers one JSON line; stdout is moved to stderr
 first, so a reward that prints cannot corrupt the answers. JSON, not pickle: the parent must never
-unpickle what code it does not trust sends. It imports only the standard library, `base` and the
-rewards themselves, so a fresh worker starts fast.
+unpickle what code it does not trust sends. A request's "op" says what to do: "score" (the default:
+a reward's batch call), "tool" (one tool call) or "describe" (a tool's schema for the chat template).
+It imports only the standard library, the loaders and what a request names, so a fresh worker starts
+fast (transformers, for a schema, only when asked for one).
 """
 
 import ctypes
+import inspect
+import io
 import json
 import os
 import resource
 import signal
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from typing import Any, BinaryIO
 
 from grpo_rollout.rewards.base import load_function
+from grpo_rollout.tools import registry, schema
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 MAX_ERROR_CHARS = 2000  # a reward's error message, as it appears in the sample's reward details
@@ -45,19 +52,87 @@ def confine(memory_bytes: int) -> int:
 
 
 def answer(request: dict[str, Any], functions: dict[str, Any], memory_bytes: int) -> dict[str, Any]:
-    """Run one request; every failure of the reward becomes {"ok": false, "error": ...}."""
+    """Run one request; every failure of the reward or tool becomes {"ok": false, "error": ...}."""
+    op = request.get("op", "score")
     try:
-        path = request["path"]
-        fn = functions.get(path) or functions.setdefault(path, load_function(path))
+        if op == "tool":
+            return call_tool(request, functions)
+        if op == "describe":
+            fn = load(functions, request["path"], tool=True)
+            return {
+                "ok": True,
+                "schema": schema.function_schema(fn, name=request["name"], path=request["path"]),
+            }
+        fn = load(functions, request["path"])
         if request["prompts"] is None:  # a load check only
             return {"ok": True, "scores": []}
         scores = fn(request["prompts"], request["completions"], **request["columns"])
         return {"ok": True, "scores": [None if v is None else float(v) for v in scores]}
     except MemoryError:
-        limit = memory_bytes >> 20
-        return {"ok": False, "error": f"MemoryError: over the reward worker's {limit} MiB memory limit"}
+        who, limit = "reward" if op == "score" else "tool", memory_bytes >> 20
+        return {"ok": False, "error": f"MemoryError: over the {who} worker's {limit} MiB memory limit"}
     except BaseException as e:  # anything the reward does wrong is reported, never ends the loop
         return {"ok": False, "error": f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]}
+
+
+def load(functions: dict[str, Any], path: str, tool: bool = False) -> Any:
+    """A reward or tool by path, imported once per worker."""
+    if path not in functions:
+        functions[path] = registry.load_tool(path) if tool else load_function(path)
+    return functions[path]
+
+
+def call_tool(request: dict[str, Any], functions: dict[str, Any]) -> dict[str, Any]:
+    """One tool call: its result as text for a `tool` message, cut to the request's max_chars.
+
+    What the tool prints goes to the server log, cut to MAX_ERROR_CHARS: a tool runs once per call of
+    every sample, and one that prints megabytes must not flood the log.
+    """
+    name, fn = request["name"], load(functions, request["path"], tool=True)
+    try:
+        inspect.signature(fn).bind(**request["arguments"])
+    except TypeError as e:
+        return {"ok": False, "error": f"TypeError: wrong arguments for tool {name!r}: {e}"}
+    printed = CappedText(MAX_ERROR_CHARS)
+    try:
+        with registry.deadline(request["timeout"]), redirect_stdout(printed), redirect_stderr(printed):
+            value = fn(**request["arguments"])
+    finally:
+        if printed.size:
+            print(
+                f"tool {name!r} printed {printed.size} chars: {printed.text()}", file=sys.stderr, flush=True
+            )
+    try:
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        what = type(value).__name__
+        return {"ok": False, "error": f"TypeError: tool {name!r} returned {what}, which is not JSON: {e}"}
+    return {"ok": True, "result": cap(text, request["max_chars"])}
+
+
+def cap(text: str, max_chars: int) -> str:
+    """`text`, or its first `max_chars` characters and a marker the model can see."""
+    cut = len(text) - max_chars
+    return text if cut <= 0 else f"{text[:max_chars]}\n[truncated {cut} chars]"
+
+
+class CappedText(io.TextIOBase):
+    """A text stream that keeps the first `limit` characters written to it and counts the rest."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.size, self._kept = limit, 0, io.StringIO()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        if self.size < self.limit:
+            self._kept.write(s[: self.limit - self.size])
+        self.size += len(s)
+        return len(s)
+
+    def text(self) -> str:
+        return self._kept.getvalue() + ("..." if self.size > self.limit else "")
 
 
 def serve(requests: BinaryIO, answers: BinaryIO, memory_bytes: int) -> None:

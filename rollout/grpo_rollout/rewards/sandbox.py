@@ -83,3 +83,23 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.kill()
     proc.wait()
+
+
+def kill_new_descendants(before: set[int]) -> None:
+    """SIGKILL the processes below this one that are not in `before`, and reap those that are its children.
+
+    For a child subreaper (the worker) after a call that starts processes of its own: what the call
+    orphaned, even in a session of its own, was handed to the worker, so it is found here.
+    """
+    killed: set[int] = set()
+    for _ in range(MAX_KILL_PASSES):
+        pids = [pid for pid in live_descendants(os.getpid()) if pid not in before]
+        if not pids:
+            break
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+    for pid in killed:
+        with suppress(ChildProcessError):  # not ours to reap: its own parent, or init, does
+            os.waitpid(pid, 0)

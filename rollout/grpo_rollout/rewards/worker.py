@@ -1,13 +1,13 @@
-"""A child process that runs reward functions, so one that hangs, bloats or crashes is killed and replaced.
+"""A child process that runs rewards and tools, so one that hangs, bloats or crashes is killed and replaced.
 
 The scorer (`grpo_rollout.rewards.scorer`) sends it one batch call at a time and waits at most the
-job's reward timeout; on a timeout it kills the process with everything it started and starts a
-fresh one on the next call. The child (`grpo_rollout.rewards.child`) is confined as
-`grpo_rollout.rewards.sandbox` describes. Requests and answers are JSON lines over its stdin and
-stdout, written and read against the call's deadline, and an answer may be no larger than the
-scores it carries need: what the child sends is parsed as data, never unpickled. A function that
-raises, or returns something that is not a list of numbers, comes back as a PluginError carrying the
-function's own message.
+job's reward timeout, and `grpo_rollout.tools.runner` one tool call at a time; on a timeout it kills
+the process with everything it started and starts a fresh one on the next call. The child
+(`grpo_rollout.rewards.child`) is confined as `grpo_rollout.rewards.sandbox` describes. Requests and
+answers are JSON lines over its stdin and stdout, written and read against the call's deadline, and
+an answer may be no larger than what it carries needs (scores, a capped tool result): what the child
+sends is parsed as data, never unpickled. A function that raises, or answers with the wrong shape,
+comes back as a PluginError carrying the function's own message.
 """
 
 import json
@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from grpo_rollout.rewards import sandbox
+from grpo_rollout.rewards import child, sandbox
 
 
 class PluginError(Exception):
@@ -32,12 +32,14 @@ class PluginTimeout(Exception):
 
 ANSWER_BASE_BYTES = 8192  # the JSON frame and an error message (the child cuts those at 2000 chars)
 ANSWER_BYTES_PER_SCORE = 32  # a float's repr and its separator
+TOOL_SCHEMA_BYTES = 1 << 20  # a tool's description for the chat template; a real one is a few KiB
 
 
 class PluginWorker:
-    """One reward process, started lazily, killed on timeout, restarted on the next call."""
+    """One sandbox process (rewards, tools), started lazily, killed on timeout, restarted on the next call."""
 
-    def __init__(self, memory_bytes: int | None = None) -> None:
+    def __init__(self, memory_bytes: int | None = None, label: str = "reward worker") -> None:
+        self.label = label  # how errors name it: "reward worker" or "tool worker"
         self.memory_bytes = memory_bytes or sandbox.memory_limit(os.environ)
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
@@ -76,37 +78,58 @@ class PluginWorker:
     ) -> list[float | None]:
         """Run one batch call; PluginTimeout after `timeout` seconds (the worker is then killed)."""
         request = {"path": path, "prompts": prompts, "completions": completions, "columns": columns}
-        line = json.dumps(request).encode() + b"\n"
         limit = ANSWER_BASE_BYTES + ANSWER_BYTES_PER_SCORE * len(completions or ())
+        return self.request(request, "scores", list, timeout, limit)
+
+    def check(self, path: str, timeout: float = 60.0) -> None:
+        """Import a reward in the worker now, so a bad path fails at server start, not mid-job."""
+        self.call(path, None, None, {}, timeout)
+
+    def call_tool(
+        self, path: str, name: str, arguments: dict[str, Any], timeout: float, max_chars: int
+    ) -> str:
+        """One tool call: its result as text of at most `max_chars` characters (and a truncation marker)."""
+        request = {"op": "tool", "path": path, "name": name, "arguments": arguments, "timeout": timeout}
+        request["max_chars"] = max_chars
+        # JSON writes a character as at most 12 bytes (a surrogate pair); an error may take MAX_ERROR_CHARS
+        limit = ANSWER_BASE_BYTES + 12 * (max_chars + child.MAX_ERROR_CHARS)
+        return self.request(request, "result", str, timeout, limit)
+
+    def describe_tool(self, path: str, name: str, timeout: float = 60.0) -> dict[str, Any]:
+        """Import a tool in the worker and return its schema for the chat template (`tools.schema`)."""
+        request = {"op": "describe", "path": path, "name": name}
+        return self.request(request, "schema", dict, timeout, ANSWER_BASE_BYTES + TOOL_SCHEMA_BYTES)
+
+    def request(self, request: dict[str, Any], key: str, kind: type, timeout: float, limit: int) -> Any:
+        """Send one request, return its answer's `key` (a `kind`); PluginError or PluginTimeout otherwise."""
+        line = json.dumps(request).encode() + b"\n"
         with self._lock:
             proc = self._ensure()
             try:
-                raw = exchange(proc, line, time.monotonic() + timeout, limit)
+                raw = exchange(proc, line, time.monotonic() + timeout, limit, self.label)
             except PluginTimeout:
                 self.kill()
                 raise PluginTimeout(f"timed out after {timeout:g}s; worker killed") from None
             except PluginError:
                 self.kill()
                 raise
-            try:  # only a reward that wrote to the answer channel itself gets past this as garbage
+            try:  # only code that wrote to the answer channel itself gets past this as garbage
                 answer = json.loads(raw)
                 ok = answer["ok"] is True
-                payload = answer["scores"] if ok else str(answer["error"])
-                if ok and not isinstance(payload, list):
+                payload = answer[key] if ok else str(answer["error"])
+                if ok and not isinstance(payload, kind):
                     raise TypeError
             except (ValueError, TypeError, KeyError, RecursionError):
                 self.kill()
-                raise PluginError(f"reward worker answered garbage: {raw[:80]!r}") from None
+                raise PluginError(f"{self.label} answered garbage: {raw[:80]!r}") from None
         if not ok:
             raise PluginError(payload)
         return payload
 
-    def check(self, path: str, timeout: float = 60.0) -> None:
-        """Import a reward in the worker now, so a bad path fails at server start, not mid-job."""
-        self.call(path, None, None, {}, timeout)
 
-
-def exchange(proc: subprocess.Popen[bytes], request: bytes, deadline: float, limit: int) -> bytes:
+def exchange(
+    proc: subprocess.Popen[bytes], request: bytes, deadline: float, limit: int, who: str = "reward worker"
+) -> bytes:
     """Write one request line and read one answer line, both before `deadline`.
 
     PluginTimeout when the deadline passes; PluginError when the child dies, answers more than
@@ -124,7 +147,7 @@ def exchange(proc: subprocess.Popen[bytes], request: bytes, deadline: float, lim
         except BlockingIOError:
             continue
         except BrokenPipeError:
-            raise PluginError("reward worker died before it read the call") from None
+            raise PluginError(f"{who} died before it read the call") from None
     poller.unregister(out)
     poller.register(inp, select.POLLIN)
     answer = bytearray()
@@ -132,10 +155,10 @@ def exchange(proc: subprocess.Popen[bytes], request: bytes, deadline: float, lim
         wait_for(poller, deadline)
         chunk = os.read(inp, 1 << 16)
         if not chunk:
-            raise PluginError("reward worker died during the call (a crash or os._exit; see the server log)")
+            raise PluginError(f"{who} died during the call (a crash or os._exit; see the server log)")
         answer += chunk
         if len(answer) > limit or b"\n" in answer[:-1]:
-            raise PluginError(f"reward worker answered more than one line of at most {limit} bytes")
+            raise PluginError(f"{who} answered more than one line of at most {limit} bytes")
     return bytes(answer)
 
 
