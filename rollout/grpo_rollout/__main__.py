@@ -34,7 +34,7 @@ from grpo_rollout.chat import ChatSettings
 from grpo_rollout.engines.base import EngineConfig, EngineDead
 from grpo_rollout.engines.vllm_engine import VllmEngineConfig, VllmOptions
 from grpo_rollout.server import serve
-from grpo_rollout.service import RolloutService, ServiceConfig
+from grpo_rollout.service import RolloutService, ServiceConfig, ToolSettings
 
 EXIT_ENGINE_DEAD = 4  # the engine died: restart the pod (no other exit code of ours means this)
 
@@ -113,8 +113,24 @@ def service_config(contract: RunContract, args: argparse.Namespace) -> tuple[Ser
         reward=spec.reward,
         drain_seconds=args.drain_seconds,
         chat=ChatSettings.of(spec.dataset),
+        tools=tool_settings(spec),
     )
     return config, port
+
+
+def tool_settings(spec: GRPOJobSpec) -> ToolSettings | None:
+    """spec.tools and the rollout's episode bounds; None without tools (single-turn)."""
+    if not spec.tools:
+        return None
+    paths = tuple(str(t.builtin) if t.builtin is not None else str(t.function) for t in spec.tools)
+    rollout = spec.rollout
+    return ToolSettings(
+        paths,
+        parser=str(rollout.tool_call_parser),
+        max_turns=rollout.max_turns,
+        max_result_chars=rollout.max_tool_result_chars,
+        timeout_s=spec.reward.timeout_seconds,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,17 +49,27 @@ class Rendered:
 class PromptRenderer:
     """Renders prompts for one model; thread-safe (a Rust tokenizer is not re-entrant)."""
 
-    def __init__(self, tokenizer: Any, settings: ChatSettings, model: str = "the model") -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        settings: ChatSettings,
+        model: str = "the model",
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """`tools`: the JSON schemas of the job's tools, which the template describes to the model."""
         self.tokenizer, self.settings, self.model = tokenizer, settings, model
+        self.tools = tools or None
         self.template: str | None = getattr(tokenizer, "chat_template", None) or None
         self._lock = threading.Lock()
         self.check_settings()
 
     @classmethod
-    def load(cls, model_path: str, settings: ChatSettings) -> "PromptRenderer":
+    def load(
+        cls, model_path: str, settings: ChatSettings, tools: list[dict[str, Any]] | None = None
+    ) -> "PromptRenderer":
         from transformers import AutoTokenizer  # heavy; only where prompts are rendered
 
-        return cls(AutoTokenizer.from_pretrained(model_path), settings, model_path)
+        return cls(AutoTokenizer.from_pretrained(model_path), settings, model_path, tools)
 
     @property
     def uses_template(self) -> bool:
@@ -67,9 +77,11 @@ class PromptRenderer:
 
     def check_settings(self) -> None:
         """Settings that cannot work with this model, said before any prompt is."""
+        why = "chatTemplate is none" if self.settings.template == "none" else self._no_template()
         if self.settings.system_prompt is not None and not self.uses_template:
-            why = "chatTemplate is none" if self.settings.template == "none" else self._no_template()
             raise ChatError(f"spec.dataset.systemPrompt needs the chat template, but {why}")
+        if self.tools and not self.uses_template:
+            raise ChatError(f"spec.tools needs the chat template (it describes the tools), but {why}")
 
     def _no_template(self) -> str:
         return (
@@ -102,14 +114,47 @@ class PromptRenderer:
                 assert prompt.text is not None
                 ids = list(self.tokenizer(prompt.text)["input_ids"])
                 return Rendered(ids, prompt.text, templated=False)
-            try:
-                text = self.tokenizer.apply_chat_template(
-                    chat, tokenize=False, add_generation_prompt=True, **self.settings.kwargs
-                )
-            except Exception as e:  # jinja2's TemplateError and whatever the template raises itself
-                raise ChatError(
-                    f"prompt {prompt.id}: the chat template of {self.model} failed to render it "
-                    f"({TEMPLATE_FIELD}Kwargs {dict(self.settings.kwargs)}): {type(e).__name__}: {e}"
-                ) from None
+            text = self._apply(chat, True, f"prompt {prompt.id}")
             ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         return Rendered(ids, text, templated=True)
+
+    def _apply(self, chat: list[dict[str, Any]], generation_prompt: bool, what: str) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                chat,
+                tools=self.tools,
+                tokenize=False,
+                add_generation_prompt=generation_prompt,
+                **self.settings.kwargs,
+            )
+        except Exception as e:  # jinja2's TemplateError and whatever the template raises itself
+            raise ChatError(
+                f"{what}: the chat template of {self.model} failed to render it "
+                f"({TEMPLATE_FIELD}Kwargs {dict(self.settings.kwargs)}): {type(e).__name__}: {e}"
+            ) from None
+
+    def decode(self, ids: list[int]) -> str:
+        """Token ids as text, special tokens included."""
+        with self._lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def continuation(self, tool_messages: list[dict[str, Any]], stop_text: str) -> list[int]:
+        """The tokens that follow a model turn which ended with `stop_text` (its last token, an end
+        of turn; "" when it did not end with one) and called tools: the rest of what the template
+        writes after an assistant turn, the tool messages, and the opening of the next assistant
+        turn — the template's own text, rendered on a stand-in conversation (token-in/token-out:
+        the turns before are never rendered again). ChatError when the template changes earlier
+        turns as tool messages follow (it cannot be continued this way)."""
+        marker = "\x00turn\x00"  # text no template writes by itself
+        chat = [{"role": "user", "content": "?"}, {"role": "assistant", "content": marker}]
+        with self._lock:
+            base = self._apply(chat, False, "a model turn")
+            full = self._apply([*chat, *tool_messages], True, "tool results")
+            if not full.startswith(base) or marker not in base:
+                raise ChatError(
+                    f"the chat template of {self.model} renders earlier turns differently once tool "
+                    "messages follow: multi-turn episodes cannot be continued token by token with it"
+                )
+            after = base[base.rindex(marker) + len(marker) :]  # what closes an assistant turn
+            rest = after[len(stop_text) :] if stop_text and after.startswith(stop_text) else after
+            return list(self.tokenizer(rest + full[len(base) :], add_special_tokens=False)["input_ids"])

@@ -225,11 +225,24 @@ class Completion(WireModel):
     routing: Routing | None = Field(
         default=None, description="routing: set when the request had return_routing (see Routing)."
     )
+    mask: list[int] | None = Field(
+        default=None,
+        description="mask: per token of token_ids, 1 where the model sampled it and 0 where a tool wrote "
+        "it (a multi-turn episode: its logprob is 0 and the trainer leaves it out of the loss); None: "
+        "every token is the model's.",
+    )
+    turns: int = Field(default=1, ge=1, description="turns: the model's turns in this episode.")
+    tool_calls: int = Field(default=0, ge=0, description="tool_calls: tools called during the episode.")
+    tool_errors: int = Field(
+        default=0, ge=0, description="tool_errors: calls that failed (raised, timed out, malformed)."
+    )
 
     @model_validator(mode="after")
     def _aligned(self) -> "Completion":
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(f"{len(self.token_ids)} token_ids but {len(self.logprobs)} logprobs")
+        if self.mask is not None and len(self.mask) != len(self.token_ids):
+            raise ValueError(f"{len(self.token_ids)} token_ids but {len(self.mask)} mask entries")
         return self
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from grpo_operator.api.spec import RewardSpec
 
-from grpo_rollout import stream_member, weight_stream
+from grpo_rollout import episodes, stream_member, weight_stream
 from grpo_rollout.chat import ChatError, ChatSettings, PromptRenderer
 from grpo_rollout.engines.base import (
     Engine,
@@ -52,6 +52,8 @@ from grpo_rollout.protocol import (
     WeightUpdateResponse,
 )
 from grpo_rollout.rewards.scorer import RewardScorer
+from grpo_rollout.tools.parsers import get_parser
+from grpo_rollout.tools.runner import ToolRunner
 from grpo_rollout.weights import BadBucket, WeightConflict, WeightStager
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,18 @@ class ServiceError(Exception):
 
 
 @dataclass(frozen=True)
+class ToolSettings:
+    """spec.tools and the rollout's bounds on episodes; each call gets the reward timeout."""
+
+    paths: tuple[str, ...]  # built-in names or 'module:function'
+    parser: str = "hermes"
+    max_turns: int = 8
+    max_result_chars: int = 4096
+    timeout_s: float = 10.0
+    workers: int = 2  # sandbox processes calling tools for concurrent episodes
+
+
+@dataclass(frozen=True)
 class ServiceConfig:
     server_id: str
     engine: str
@@ -79,6 +93,7 @@ class ServiceConfig:
     reward: RewardSpec
     drain_seconds: float = 25.0  # under Kubernetes' default 30 s grace period
     chat: ChatSettings = field(default_factory=ChatSettings)  # how prompts meet the model's chat template
+    tools: ToolSettings | None = None  # spec.tools: multi-turn episodes (`grpo_rollout.episodes`)
 
 
 class RolloutService:
@@ -88,6 +103,7 @@ class RolloutService:
         self.engine: Engine | None = None
         self.scorer: RewardScorer | None = None
         self.renderer: PromptRenderer | None = None
+        self.tool_loop: episodes.ToolLoop | None = None
         self.stager = WeightStager()
         self.draining = False
         self.hand_back = False  # set at the drain deadline: running generations stop and return their prompts
@@ -114,9 +130,28 @@ class RolloutService:
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         self.scorer = await loop.run_in_executor(self._reward_pool, RewardScorer, self.config.reward)
+        tools = self.config.tools
+        runner = None
+        if tools is not None:  # tools are loaded and described in the sandbox, never in this process
+            runner = await loop.run_in_executor(
+                self._reward_pool,
+                lambda: ToolRunner(
+                    tools.paths,
+                    timeout=tools.timeout_s,
+                    max_result_chars=tools.max_result_chars,
+                    workers=tools.workers,
+                ),
+            )
         self.renderer = await loop.run_in_executor(
-            self._reward_pool, PromptRenderer.load, self.config.engine_config.model_path, self.config.chat
+            self._reward_pool,
+            PromptRenderer.load,
+            self.config.engine_config.model_path,
+            self.config.chat,
+            runner.schemas if runner is not None else None,
         )
+        if tools is not None and runner is not None:
+            parser = get_parser(tools.parser)
+            self.tool_loop = episodes.ToolLoop(self.renderer, parser, runner, tools.max_turns)
         engine = await loop.run_in_executor(
             self._engine_pool, create_engine, self.config.engine, self.config.engine_config
         )
@@ -237,13 +272,20 @@ class RolloutService:
         except ChatError as e:
             raise ServiceError(422, "bad_prompt", str(e)) from None
         try:
-            out = self.engine.generate(
-                rendered,
-                req.n,
-                req.sampling,
-                lambda: self.hand_back,
-                routing=req.return_routing,
-            )
+            if self.tool_loop is not None:
+                out = episodes.run(
+                    self.engine,
+                    rendered,
+                    req.n,
+                    req.sampling,
+                    lambda: self.hand_back,
+                    self.tool_loop,
+                    routing=req.return_routing,
+                )
+            else:
+                out = self.engine.generate(
+                    rendered, req.n, req.sampling, lambda: self.hand_back, routing=req.return_routing
+                )
         except ValueError as e:
             raise ServiceError(422, "bad_request", str(e)) from None
         return version, out
@@ -281,6 +323,10 @@ class RolloutService:
                         reward=reward,
                         reward_details=details,
                         routing=sample.routing,
+                        mask=sample.mask,
+                        turns=sample.turns,
+                        tool_calls=sample.tool_calls,
+                        tool_errors=sample.tool_errors,
                     )
                 )
                 self.metrics.tokens.inc(len(sample.token_ids))
@@ -440,6 +486,8 @@ class RolloutService:
     def close(self) -> None:
         if self.scorer is not None:
             self.scorer.close()
+        if self.tool_loop is not None:
+            self.tool_loop.runner.close()
         self._engine_pool.shutdown(wait=False, cancel_futures=True)
         self._generate_pool.shutdown(wait=False, cancel_futures=True)
         self._reward_pool.shutdown(wait=False, cancel_futures=True)

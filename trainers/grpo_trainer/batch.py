@@ -31,6 +31,10 @@ class Rollouts:
     weight_version: int  # oldest weight version any of these were sampled with
     routing: list[torch.Tensor] | None = None  # [S][prompt + completion - 1, MoE layers, k] expert ids
     drawn: int | None = None  # prompts taken from the data for this step (dynamic sampling); None: S / G
+    # multi-turn episodes: [S][completion length], 1 where the model sampled the token, 0 where a tool
+    # wrote it (left out of the loss); [S] turns, tool calls and failed calls. None: single-turn.
+    masks: list[list[int]] | None = None
+    episodes: list[tuple[int, int, int]] | None = None
 
     @classmethod
     def from_results(
@@ -38,6 +42,8 @@ class Rollouts:
     ) -> "Rollouts":
         """routing: keep every completion's routing (routing replay); ValueError when one lacks it."""
         out = cls(group_size, [], [], [], [], weight_version, [] if routing else None)
+        multi = any(c.mask is not None for r in results for c in r.completions)
+        out.masks, out.episodes = ([], []) if multi else (None, None)
         for r in results:
             if len(r.completions) != group_size:
                 raise ValueError(
@@ -50,6 +56,9 @@ class Rollouts:
                 out.rewards.append(c.reward)
                 if out.routing is not None:
                     out.routing.append(decode_routing(r.prompt_id, c.routing))
+                if out.masks is not None and out.episodes is not None:
+                    out.masks.append(c.mask if c.mask is not None else [1] * len(c.token_ids))
+                    out.episodes.append((c.turns, c.tool_calls, c.tool_errors))
         return out
 
     def __len__(self) -> int:
@@ -73,6 +82,8 @@ class Rollouts:
             self.weight_version,
             routing,
             self.prompts_drawn,  # the dropped groups were drawn all the same
+            None if self.masks is None else self.masks[s],
+            None if self.episodes is None else self.episodes[s],
         )
 
     @classmethod
@@ -81,7 +92,12 @@ class Rollouts:
         out = cls(parts[0].group_size, [], [], [], [], min(p.weight_version for p in parts))
         out.routing = None if parts[0].routing is None else []
         out.drawn = sum(p.prompts_drawn for p in parts)
+        if any(p.masks is not None for p in parts):
+            out.masks, out.episodes = [], []
         for p in parts:
+            if out.masks is not None and out.episodes is not None:
+                out.masks += p.masks if p.masks is not None else [[1] * len(c) for c in p.completion_tokens]
+                out.episodes += p.episodes if p.episodes is not None else [(1, 0, 0)] * len(p)
             out.prompt_tokens += p.prompt_tokens
             out.completion_tokens += p.completion_tokens
             out.rollout_logprobs += p.rollout_logprobs
@@ -103,6 +119,9 @@ class Rollouts:
         }
         for i, r in enumerate(self.routing or []):
             tensors[f"routing.{i}"] = r.contiguous()
+        if self.masks is not None and self.episodes is not None:
+            tensors["masks"] = _flat(self.masks, torch.int8)
+            tensors["episodes"] = torch.tensor(self.episodes, dtype=torch.int64).reshape(-1, 3)
         header = {"group_size": self.group_size, "weight_version": self.weight_version, "drawn": self.drawn}
         header["routing"] = self.routing is not None
         return safetensors.torch.save(tensors, metadata={"rollouts": json.dumps(header)})
@@ -123,10 +142,30 @@ class Rollouts:
             weight_version=header["weight_version"],
             routing=[t[f"routing.{i}"] for i in range(n)] if header["routing"] else None,
             drawn=header.get("drawn"),
+            masks=_split(t["masks"], lengths) if "masks" in t else None,
+            episodes=[(a, b, c) for a, b, c in t["episodes"].tolist()] if "episodes" in t else None,
         )
 
     def completion_tokens_total(self) -> int:
         return sum(len(c) for c in self.completion_tokens)
+
+    def model_tokens(self, i: int) -> int:
+        """Tokens of sequence i the policy sampled (a multi-turn episode's tool tokens left out)."""
+        return len(self.completion_tokens[i]) if self.masks is None else sum(self.masks[i])
+
+    def episode_metrics(self) -> dict[str, float]:
+        """Multi-turn episodes' means (turns, tool calls per episode, failed calls, the share of
+        completion tokens tools wrote); empty for single-turn rollouts."""
+        if self.masks is None or self.episodes is None or not self.episodes:
+            return {}
+        n = len(self.episodes)
+        tokens = self.completion_tokens_total()
+        return {
+            "turns_mean": sum(e[0] for e in self.episodes) / n,
+            "tool_calls_per_episode": sum(e[1] for e in self.episodes) / n,
+            "tool_errors": float(sum(e[2] for e in self.episodes)),
+            "masked_token_fraction": 1 - sum(map(sum, self.masks)) / tokens if tokens else 0.0,
+        }
 
 
 def _flat(rows: list[list], dtype: torch.dtype) -> torch.Tensor:
@@ -310,7 +349,8 @@ def collate(rollouts: Rollouts, indices: list[int], advantages: torch.Tensor, pa
     for row, (i, s) in enumerate(zip(indices, seqs, strict=True)):
         ids[row, : len(s)] = torch.tensor(s)
         p, c = len(rollouts.prompt_tokens[i]), len(rollouts.completion_tokens[i])
-        mask[row, p - 1 : p - 1 + c] = 1.0  # logits at t predict token t+1
+        # logits at t predict token t+1; a token a tool wrote is not the policy's: left out
+        mask[row, p - 1 : p - 1 + c] = 1.0 if rollouts.masks is None else torch.tensor(rollouts.masks[i])
         logp[row, p - 1 : p - 1 + c] = torch.tensor(rollouts.rollout_logprobs[i])
     routing = None
     if rollouts.routing is not None:

@@ -208,12 +208,13 @@ def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
         if algo.dynamic_sampling
         else {}
     )
+    drawn |= rollouts.episode_metrics()
     if not kept:  # every group had equal rewards: nothing to learn, keep Adam's moments untouched
         return {"kept": 0.0, **drawn}
     plans = []  # per mini-batch: (its totals, this rank's micro-batches)
     for part in mini_batches(kept, algo.mini_batches_per_step):
         totals = Totals(
-            tokens=float(sum(len(rollouts.completion_tokens[i]) for i in part)),
+            tokens=float(sum(rollouts.model_tokens(i) for i in part)),
             sequences=float(len(part)),
             norm_len=float(algo.max_new_tokens),
         )

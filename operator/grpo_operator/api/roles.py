@@ -350,6 +350,10 @@ class WeightSync(ApiModel):
     )
 
 
+class ToolCallParser(StrEnum):
+    HERMES = "hermes"
+
+
 class RolloutSpec(RoleCommon):
     model_config = ConfigDict(
         json_schema_extra=cel(
@@ -427,6 +431,27 @@ class RolloutSpec(RoleCommon):
         ge=1,
         le=65536,
         description="maxBatchSize: optional, default 256, [1, 65536]. Sequences one server decodes at once.",
+    )
+    tool_call_parser: ToolCallParser = Field(
+        default=ToolCallParser.HERMES,
+        description="toolCallParser: optional, default hermes. How tool calls are read from the model's "
+        'text (with spec.tools): hermes is the Hermes/Qwen form <tool_call>{"name": ..., '
+        '"arguments": {...}}</tool_call>.',
+    )
+    max_turns: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description="maxTurns: optional, default 8, [1, 64]. Model turns per episode with spec.tools: after "
+        "each turn that calls tools their results are appended as tool messages and the model goes on, "
+        "within algorithm.maxNewTokens over the whole episode.",
+    )
+    max_tool_result_chars: int = Field(
+        default=4096,
+        ge=64,
+        le=1 << 20,
+        description="maxToolResultChars: optional, default 4096, [64, 1048576]. A tool result longer than "
+        "this is cut, with a visible marker, before the model reads it.",
     )
     generate_timeout_seconds: int | None = Field(
         default=None,

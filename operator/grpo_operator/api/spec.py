@@ -213,6 +213,31 @@ class RewardFunction(ApiModel):
     )
 
 
+class BuiltinTool(StrEnum):
+    CALCULATOR = "calculator"
+    PYTHON = "python"
+
+
+class ToolSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            ("has(self.builtin) != has(self.function)", "exactly one of builtin or function must be set")
+        )
+    )
+    builtin: BuiltinTool | None = Field(
+        default=None,
+        description="builtin: one of builtin/function. calculator (arithmetic) or python (runs the code it "
+        "is given, under the reward sandbox's limits, and returns its output).",
+    )
+    function: str | None = Field(
+        default=None,
+        max_length=256,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+        description="function: one of builtin/function. 'module:function' with type hints and a docstring "
+        "(Args: section): its JSON schema is what the chat template's tools argument describes.",
+    )
+
+
 class RewardSpec(ApiModel):
     functions: list[RewardFunction] = Field(
         min_length=1,
@@ -357,6 +382,14 @@ class GRPOJobSpec(ApiModel):
     model: ModelSpec = Field(description="model: required. The policy model to train.")
     dataset: DatasetSpec = Field(description="dataset: required. Prompts to train on.")
     reward: RewardSpec = Field(description="reward: required. How completions are scored.")
+    tools: list[ToolSpec] = Field(
+        default_factory=list,
+        max_length=32,
+        description="tools: optional. Functions the model may call during an episode (multi-turn): "
+        "described to it through its chat template's tools argument, called in the reward sandbox "
+        "(spec.reward.timeoutSeconds each), their results appended as tool messages; tokens they "
+        "write are masked out of the loss. See rollout.toolCallParser and rollout.maxTurns.",
+    )
     algorithm: AlgorithmSpec = Field(
         default_factory=AlgorithmSpec, description="algorithm: optional. GRPO settings."
     )

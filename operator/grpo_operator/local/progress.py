@@ -80,6 +80,9 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+EPISODE_KEYS = ("turns_mean", "tool_calls_per_episode", "tool_errors", "masked_token_fraction")
+
+
 def summarize(
     records: list[StepReport], *, wall_s: float, restarts: int, starts: list[AttemptStart] | None = None
 ) -> dict[str, float | int | str | None]:
@@ -111,6 +114,11 @@ def summarize(
         "clip_fraction_mean": _mean(
             [r.metrics["clip_frac"] for r in records if r.metrics.get("clip_frac") is not None]
         ),
+        # multi-turn episodes (spec.tools), means over the steps; None for single-turn jobs
+        **{
+            key: _mean([r.metrics[key] for r in records if r.metrics.get(key) is not None])
+            for key in EPISODE_KEYS
+        },
         "wall_s": round(wall_s, 3),
         "restarts": restarts,
         # where the last attempt started (a gang restart, or a rerun); None: fresh

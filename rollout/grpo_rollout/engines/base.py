@@ -49,6 +49,11 @@ class Sample:
     finish_reason: FinishReason
     text: str
     routing: Routing | None = None  # set when generate was asked for routing
+    # a multi-turn episode (`grpo_rollout.episodes`): 1 per model token, 0 per tool token; None: all model
+    mask: list[int] | None = None
+    turns: int = 1
+    tool_calls: int = 0
+    tool_errors: int = 0
 
 
 @dataclass

@@ -75,7 +75,7 @@ class ToolRunner:
         """
         if timeout <= 0 or max_result_chars <= 0 or workers < 1:
             raise ValueError("timeout and max_result_chars must be positive, workers at least 1")
-        self.timeout, self.max_result_chars = timeout, max_result_chars
+        self.timeout, self.max_result_chars, self.workers = timeout, max_result_chars, workers
         self._workers: queue.LifoQueue[PluginWorker] = queue.LifoQueue()  # LIFO: a warm worker first
         for _ in range(workers):
             self._workers.put(PluginWorker(memory_bytes, label="tool worker"))
