@@ -24,7 +24,9 @@ def test_runs_to_completion_with_summary_plot_and_no_leftovers(tmp_path: Path, t
     assert set(summary) == {
         "steps", "reward_first", "reward_last", "samples_per_s", "clip_fraction_mean", "wall_s", "restarts",
         "resumed_from_step", "resumed_from", "eval_reward_first", "eval_reward_last",
+        "turns_mean", "tool_calls_per_episode", "tool_errors", "masked_token_fraction",
     }  # fmt: skip
+    assert summary["turns_mean"] is None and summary["masked_token_fraction"] is None  # single-turn
     assert summary["eval_reward_first"] is None and summary["eval_reward_last"] is None  # no eval set
     assert summary["steps"] == 4 and summary["restarts"] == 0 and summary["resumed_from_step"] is None
     assert summary["resumed_from"] is None and "trainer attempt 0: starting fresh" in run.output()

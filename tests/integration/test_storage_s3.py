@@ -194,7 +194,7 @@ def test_datasets_stream_from_s3_jsonl_and_parquet(s3_server: Any, tmp_path: Pat
     assert rows(f"{bucket}/math/train.jsonl") == [["1+1=", {"answer": "2"}, 1], ["2+2=", {"answer": "4"}, 3]]
     assert rows(f"{bucket}/pq/train.parquet") == [[f"{i}+0=", {"answer": str(i)}, i + 1] for i in range(7)]
     assert [r[0] for r in rows(f"{bucket}/math")] == ["1+1=", "2+2="]  # a prefix: its data files
-    bad = "field 'prompt' missing or not a non-empty string"
+    bad = "field 'prompt' missing or not a non-empty string or list of chat messages"
     assert rows(f"{bucket}/bad/train.jsonl") == f"ERROR spec.dataset.path {bucket}/bad/train.jsonl:2: {bad}"
     assert (
         rows(f"{bucket}/nothing-here.jsonl")

@@ -75,6 +75,20 @@ def test_deep_unary_nesting_is_refused_not_a_crash():
         calculator("-" * 999 + "1")
 
 
+def test_the_nesting_bound_does_not_depend_on_the_interpreters_recursion_limit():
+    """Once refused only by RecursionError: in the full suite something had raised the limit, and
+    999 nested minus signs evaluated to 1."""
+    import sys
+
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)
+    try:
+        with pytest.raises(ValueError, match="nested too deeply"):
+            calculator("-" * 200 + "1")
+    finally:
+        sys.setrecursionlimit(old)
+
+
 def test_no_intermediate_passes_the_cap():
     assert calculator(f"2 ** {MAX_INT_BITS - 1}") == 2 ** (MAX_INT_BITS - 1)
     with pytest.raises(ValueError, match="result too large"):

@@ -18,11 +18,13 @@ from typing import Any
 
 from grpo_operator import storage
 from grpo_operator.api.spec import GRPOJobSpec
+from grpo_operator.api.status import Reason
 
 from grpo_trainer.config import ConfigError
 from grpo_trainer.data import DATASET_FIELD, RowShape, load_rows
 from grpo_trainer.prompts import Lengths, prompt_limit, render, renderer_for
 
+EXIT_NO_TOKENIZER = 3  # the model's tokenizer cannot be loaded: nothing was rendered
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt")
 # The columns each built-in reward reads (grpo_rollout.rewards: require_column).
 BUILTIN_COLUMNS = {
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         report = preview(spec, max(0, args.n))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_NO_TOKENIZER if e.reason == Reason.MODEL_INVALID else 2
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
     else:

@@ -28,6 +28,11 @@ def renderer_for(spec: GRPOJobSpec, model_dir: str) -> PromptRenderer:
         return PromptRenderer.load(model_dir, ChatSettings.of(spec.dataset))
     except ChatError as e:
         raise ConfigError(str(e)) from None
+    except (OSError, ValueError) as e:  # transformers: no tokenizer files it can read
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"spec.model.path {model_dir}: cannot load its tokenizer: {why}", reason=Reason.MODEL_INVALID
+        ) from None
 
 
 def render(rows: Sequence[Row], renderer: PromptRenderer) -> list[Rendered]:

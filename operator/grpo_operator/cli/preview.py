@@ -23,6 +23,11 @@ from grpo_operator.cli.run import claims
 from grpo_operator.local.plan import PlanError, load_job, localize
 
 WORKER = "grpo_trainer.preview"
+EXIT_NO_TOKENIZER = 3  # grpo_trainer.preview's: the model's tokenizer cannot be loaded
+
+
+class NotRendered(Exception):
+    """The prompts could not be rendered at all (no tokenizer to load): said, not an error of the file."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,12 +54,19 @@ def worker_command(job_file: Path, pvc: list[str], spec_file: Path, *extra: str)
 
 
 def report(job_file: Path, pvc: list[str]) -> dict[str, Any]:
-    """The worker's JSON report with no prompt shown (lengths and warnings); PlanError on failure."""
+    """The worker's JSON report with no prompt shown (lengths and warnings); PlanError for a row that
+    cannot be rendered, NotRendered when nothing could be (a path or the tokenizer out of reach)."""
     with tempfile.TemporaryDirectory(prefix="grpo-preview-") as tmp:
-        cmd = worker_command(job_file, pvc, Path(tmp) / "spec.json", "-n", "0", "--json")
+        try:
+            cmd = worker_command(job_file, pvc, Path(tmp) / "spec.json", "-n", "0", "--json")
+        except PlanError as e:  # a path not reachable from here: the path check says so
+            raise NotRendered(str(e)) from None
         done = subprocess.run(cmd, capture_output=True, text=True)
+    why = done.stderr.strip().removeprefix("error: ") or f"{WORKER} exited {done.returncode}"
+    if done.returncode == EXIT_NO_TOKENIZER:
+        raise NotRendered(why)
     if done.returncode != 0:
-        raise PlanError(done.stderr.strip().removeprefix("error: ") or f"{WORKER} exited {done.returncode}")
+        raise PlanError(why)
     return json.loads(done.stdout)
 
 

@@ -108,6 +108,9 @@ def _prompt_problems(
         report = preview.report(path, pvc)
     except PlanError as e:
         return [validation.Problem(str(path), 1, "spec.dataset", str(e))]
+    except preview.NotRendered as e:
+        warnings.append(validation.Problem(str(path), 1, "spec.dataset", f"prompts not rendered: {e}"))
+        return []
     for w in report["warnings"]:
         field, _, message = w.partition(": ")
         warnings.append(validation.Problem(str(path), 1, field, message))

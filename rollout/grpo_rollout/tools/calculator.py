@@ -13,6 +13,9 @@ from typing import Any
 
 MAX_EXPRESSION_CHARS = 1000
 MAX_INT_BITS = 4096  # about 1,233 decimal digits: far past any answer, cheap to compute with
+# Operators nested inside one another: a bound of its own, not the interpreter's recursion limit
+# (which the process may have raised), so the answer never depends on where the tool runs.
+MAX_DEPTH = 100
 
 BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -46,7 +49,7 @@ def calculator(expression: str) -> int | float:
     except RecursionError:
         raise ValueError("expression nested too deeply") from None
     try:
-        return _checked(_evaluate(tree.body))
+        return _checked(_evaluate(tree.body, 0))
     except ZeroDivisionError:
         raise ValueError("division by zero") from None
     except OverflowError:
@@ -55,13 +58,15 @@ def calculator(expression: str) -> int | float:
         raise ValueError("expression nested too deeply") from None
 
 
-def _evaluate(node: ast.AST) -> int | float:
+def _evaluate(node: ast.AST, depth: int) -> int | float:
+    if depth > MAX_DEPTH:
+        raise ValueError(f"expression nested too deeply (more than {MAX_DEPTH} levels)")
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
         return _checked(node.value)
     if isinstance(node, ast.UnaryOp) and type(node.op) in UNARY:
-        return UNARY[type(node.op)](_evaluate(node.operand))
+        return UNARY[type(node.op)](_evaluate(node.operand, depth + 1))
     if isinstance(node, ast.BinOp) and type(node.op) in BINARY:
-        left, right = _evaluate(node.left), _evaluate(node.right)
+        left, right = _evaluate(node.left, depth + 1), _evaluate(node.right, depth + 1)
         if isinstance(node.op, ast.Pow):
             _check_power(left, right)
         return _checked(BINARY[type(node.op)](left, right))
