@@ -140,6 +140,12 @@ class EnvironmentRunner:
             pin = self._pins.get(episode_id)
             if pin is None:
                 return self._failed(f"no live episode {episode_id!r}: never reset, already done, or closed")
+        try:
+            json.dumps(messages)  # checked here: a request that cannot be sent would leave the instance live
+        except (TypeError, ValueError, RecursionError) as e:
+            self.close(episode_id)
+            with self._lock:
+                return self._failed(f"TypeError: the step() messages are not JSON: {e}")
         request = {"op": "env_step", "episode": episode_id, "messages": messages}
         with pin.slot.lock:
             if pin.slot.worker.killed != pin.generation:
@@ -187,7 +193,7 @@ class EnvironmentRunner:
             answer = f"TimeoutError: environment {what}() took longer than {self.timeout:g}s; worker killed"
         except PluginError as e:
             answer = str(e)
-        except (TypeError, ValueError, RecursionError) as e:  # raised before sending: the caller's data
+        except (TypeError, ValueError, RecursionError) as e:  # raised before sending: a row that is not JSON
             answer = f"TypeError: the {what}() arguments are not JSON: {e}"
         if slot.worker.killed != killed:  # a failed call killed it, or this call found it dead
             failed = f"{what}() of episode {episode_id!r} failed: {answer}"

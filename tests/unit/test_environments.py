@@ -56,6 +56,8 @@ class Whoami:
             raise RuntimeError("the board is on fire")
         if content == "crash":
             os._exit(3)
+        if content == "hog":
+            self.hoard = [bytearray(1 << 20) for _ in range(1024)]
         if content == "secret":
             token = str(os.environ.get("GRPO_TOKEN"))
             return {"messages": [{"role": "user", "content": token}], "done": False}
@@ -207,6 +209,14 @@ def test_a_step_that_raises_or_crashes_its_worker_ends_its_episode_with_the_reas
     assert not say(whoami, "after", "pid").done
 
 
+def test_a_step_allocating_past_the_memory_limit_ends_its_episode_alone(whoami):
+    whoami.reset("hog", {})
+    result = say(whoami, "hog", "hog")
+    assert result.error == "MemoryError: over the environment worker's 256 MiB memory limit"
+    whoami.reset("after-hog", {})
+    assert not say(whoami, "after-hog", "pid").done
+
+
 def test_a_failing_reset_is_an_error_result_not_an_exception():
     runner = make("FailsToStart", {"fuse": 1}, workers=1)
     try:
@@ -286,6 +296,15 @@ def test_long_messages_are_cut_with_a_visible_marker_and_prints_reach_the_log_cu
     log = capfd.readouterr().err
     assert "environment step of episode 'chatty' printed 10485761 chars: ppp" in log
     assert len(log) < 10_000
+
+
+def test_what_json_cannot_carry_is_an_error_result_and_leaves_nothing_live(whoami):
+    result = whoami.reset("row", {"when": {1, 2}})
+    assert result.done and result.error.startswith("TypeError: the reset() arguments are not JSON")
+    whoami.reset("msgs", {})
+    result = whoami.step("msgs", [{"role": "assistant", "content": b"bytes"}])
+    assert result.done and result.error.startswith("TypeError: the step() messages are not JSON")
+    assert not whoami.reset("msgs", {}).done  # the worker dropped the first instance
 
 
 def test_environments_never_see_the_job_token(whoami, monkeypatch):
