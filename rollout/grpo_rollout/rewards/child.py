@@ -9,7 +9,9 @@ reward spawns stay below it (even after their parent exits) and the parent's kil
 It reads one JSON request per line from stdin and answers one JSON line; stdout is moved to stderr
 first, so a reward that prints cannot corrupt the answers. JSON, not pickle: the parent must never
 unpickle what code it does not trust sends. A request's "op" says what to do: "score" (the default:
-a reward's batch call), "tool" (one tool call) or "describe" (a tool's schema for the chat template).
+a reward's batch call), "tool" (one tool call), "describe" (a tool's schema for the chat template), or
+"env_check", "env_reset", "env_step", "env_close" for `grpo_rollout.environments`: environment instances
+live in this process between requests, in `grpo_rollout.environment_host.EpisodeHost`.
 It imports only the standard library, the loaders and what a request names, so a fresh worker starts
 fast (transformers, for a schema, only when asked for one).
 """
@@ -22,9 +24,12 @@ import os
 import resource
 import signal
 import sys
-from contextlib import redirect_stderr, redirect_stdout
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from typing import Any, BinaryIO
 
+from grpo_rollout import environment_host
+from grpo_rollout.environment_host import EnvError, EpisodeHost
 from grpo_rollout.rewards.base import load_function
 from grpo_rollout.tools import registry, schema
 
@@ -51,10 +56,14 @@ def confine(memory_bytes: int) -> int:
     return limit
 
 
-def answer(request: dict[str, Any], functions: dict[str, Any], memory_bytes: int) -> dict[str, Any]:
-    """Run one request; every failure of the reward or tool becomes {"ok": false, "error": ...}."""
+def answer(
+    request: dict[str, Any], functions: dict[str, Any], memory_bytes: int, host: EpisodeHost
+) -> dict[str, Any]:
+    """Run one request; every failure of a reward, tool or environment becomes {"ok": false, "error": ...}."""
     op = request.get("op", "score")
     try:
+        if op.startswith("env_"):
+            return {"ok": True, "result": call_environment(op, request, functions, host)}
         if op == "tool":
             return call_tool(request, functions)
         if op == "describe":
@@ -69,17 +78,46 @@ def answer(request: dict[str, Any], functions: dict[str, Any], memory_bytes: int
         scores = fn(request["prompts"], request["completions"], **request["columns"])
         return {"ok": True, "scores": [None if v is None else float(v) for v in scores]}
     except MemoryError:
-        who, limit = "reward" if op == "score" else "tool", memory_bytes >> 20
+        who = "reward" if op == "score" else "environment" if op.startswith("env_") else "tool"
+        limit = memory_bytes >> 20
         return {"ok": False, "error": f"MemoryError: over the {who} worker's {limit} MiB memory limit"}
+    except EnvError as e:  # already says which method did what wrong
+        return {"ok": False, "error": str(e)[:MAX_ERROR_CHARS]}
     except BaseException as e:  # anything the reward does wrong is reported, never ends the loop
         return {"ok": False, "error": f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]}
 
 
-def load(functions: dict[str, Any], path: str, tool: bool = False) -> Any:
-    """A reward or tool by path, imported once per worker."""
-    if path not in functions:
-        functions[path] = registry.load_tool(path) if tool else load_function(path)
-    return functions[path]
+def load(functions: dict[str, Any], path: str, tool: bool = False, environment: bool = False) -> Any:
+    """A reward, tool or environment class by path, imported once per worker."""
+    key = f"{'env:' * environment}{path}"  # a class is checked as one, apart from a function
+    if key not in functions:
+        if environment:
+            functions[key] = environment_host.load_class(path)
+        else:
+            functions[key] = registry.load_tool(path) if tool else load_function(path)
+    return functions[key]
+
+
+def call_environment(
+    op: str, request: dict[str, Any], functions: dict[str, Any], host: EpisodeHost
+) -> dict[str, Any]:
+    """One environment request; what user code prints reaches the log cut, as a tool's does."""
+    if op == "env_close":
+        host.close(request["episode"])
+        return {}
+    if op == "env_step":
+        with printing_capped(f"environment step of episode {request['episode']!r}"):
+            return host.step(request["episode"], request["messages"], request["max_chars"])
+    path, args = request["path"], request["args"]
+    cls = load(functions, path, environment=True)
+    if op == "env_check":  # at start-up: the class imports and has its methods (and takes the args)
+        if args is not None:
+            environment_host.check_args(cls, args, path)
+        return {}
+    if op != "env_reset":
+        raise ValueError(f"unknown op {op!r}")
+    with printing_capped(f"environment reset of episode {request['episode']!r}"):
+        return {"messages": host.reset(cls, args, request["episode"], request["row"], request["max_chars"])}
 
 
 def call_tool(request: dict[str, Any], functions: dict[str, Any]) -> dict[str, Any]:
@@ -93,15 +131,8 @@ def call_tool(request: dict[str, Any], functions: dict[str, Any]) -> dict[str, A
         inspect.signature(fn).bind(**request["arguments"])
     except TypeError as e:
         return {"ok": False, "error": f"TypeError: wrong arguments for tool {name!r}: {e}"}
-    printed = CappedText(MAX_ERROR_CHARS)
-    try:
-        with registry.deadline(request["timeout"]), redirect_stdout(printed), redirect_stderr(printed):
-            value = fn(**request["arguments"])
-    finally:
-        if printed.size:
-            print(
-                f"tool {name!r} printed {printed.size} chars: {printed.text()}", file=sys.stderr, flush=True
-            )
+    with registry.deadline(request["timeout"]), printing_capped(f"tool {name!r}"):
+        value = fn(**request["arguments"])
     try:
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError) as e:
@@ -114,6 +145,18 @@ def cap(text: str, max_chars: int) -> str:
     """`text`, or its first `max_chars` characters and a marker the model can see."""
     cut = len(text) - max_chars
     return text if cut <= 0 else f"{text[:max_chars]}\n[truncated {cut} chars]"
+
+
+@contextmanager
+def printing_capped(who: str) -> Iterator[None]:
+    """What the code inside prints, kept to MAX_ERROR_CHARS and written to the server log once, after it."""
+    printed = CappedText(MAX_ERROR_CHARS)
+    try:
+        with redirect_stdout(printed), redirect_stderr(printed):
+            yield
+    finally:
+        if printed.size:
+            print(f"{who} printed {printed.size} chars: {printed.text()}", file=sys.stderr, flush=True)
 
 
 class CappedText(io.TextIOBase):
@@ -137,8 +180,9 @@ class CappedText(io.TextIOBase):
 
 def serve(requests: BinaryIO, answers: BinaryIO, memory_bytes: int) -> None:
     functions: dict[str, Any] = {}
+    host = EpisodeHost()  # environment instances, alive from their episode's reset to its end
     for line in requests:
-        result = answer(json.loads(line), functions, memory_bytes)
+        result = answer(json.loads(line), functions, memory_bytes, host)
         answers.write(json.dumps(result).encode() + b"\n")
         answers.flush()
 
