@@ -34,7 +34,7 @@ from grpo_rollout.chat import ChatSettings
 from grpo_rollout.engines.base import EngineConfig, EngineDead
 from grpo_rollout.engines.vllm_engine import VllmEngineConfig, VllmOptions
 from grpo_rollout.server import serve
-from grpo_rollout.service import RolloutService, ServiceConfig, ToolSettings
+from grpo_rollout.service import EnvironmentSettings, RolloutService, ServiceConfig, ToolSettings
 
 EXIT_ENGINE_DEAD = 4  # the engine died: restart the pod (no other exit code of ours means this)
 
@@ -114,6 +114,8 @@ def service_config(contract: RunContract, args: argparse.Namespace) -> tuple[Ser
         drain_seconds=args.drain_seconds,
         chat=ChatSettings.of(spec.dataset),
         tools=tool_settings(spec),
+        environment=environment_settings(spec),
+        max_turns=spec.rollout.max_turns,
     )
     return config, port
 
@@ -127,9 +129,22 @@ def tool_settings(spec: GRPOJobSpec) -> ToolSettings | None:
     return ToolSettings(
         paths,
         parser=str(rollout.tool_call_parser),
-        max_turns=rollout.max_turns,
         max_result_chars=rollout.max_tool_result_chars,
         timeout_s=spec.reward.timeout_seconds,
+    )
+
+
+def environment_settings(spec: GRPOJobSpec) -> EnvironmentSettings | None:
+    """spec.environment, its calls bounded like the rewards'; None without one."""
+    env = spec.environment
+    if env is None:
+        return None
+    return EnvironmentSettings(
+        env.class_path,
+        dict(env.args),
+        reward_weight=env.reward_weight,
+        timeout_s=spec.reward.timeout_seconds,
+        max_message_chars=spec.rollout.max_tool_result_chars,
     )
 
 

@@ -37,6 +37,7 @@ from grpo_rollout.engines.base import (
     create_engine,
     engine_failure,
 )
+from grpo_rollout.environments import EnvironmentRunner
 from grpo_rollout.gate import Gate
 from grpo_rollout.metrics import RolloutMetrics
 from grpo_rollout.protocol import (
@@ -46,6 +47,7 @@ from grpo_rollout.protocol import (
     GenerateResponse,
     HealthResponse,
     PromptResult,
+    RewardDetail,
     ServerState,
     WeightBucket,
     WeightStreamRequest,
@@ -79,10 +81,21 @@ class ToolSettings:
 
     paths: tuple[str, ...]  # built-in names or 'module:function'
     parser: str = "hermes"
-    max_turns: int = 8
     max_result_chars: int = 4096
     timeout_s: float = 10.0
     workers: int = 2  # sandbox processes calling tools for concurrent episodes
+
+
+@dataclass(frozen=True)
+class EnvironmentSettings:
+    """spec.environment; each reset and step gets the reward timeout."""
+
+    path: str  # 'module:Class'
+    args: dict[str, Any] = field(default_factory=dict)
+    reward_weight: float = 1.0
+    timeout_s: float = 10.0
+    max_message_chars: int = 4096
+    workers: int = 2
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,8 @@ class ServiceConfig:
     drain_seconds: float = 25.0  # under Kubernetes' default 30 s grace period
     chat: ChatSettings = field(default_factory=ChatSettings)  # how prompts meet the model's chat template
     tools: ToolSettings | None = None  # spec.tools: multi-turn episodes (`grpo_rollout.episodes`)
+    environment: EnvironmentSettings | None = None  # spec.environment: interactive episodes
+    max_turns: int = 8  # spec.rollout.maxTurns, with tools or an environment
 
 
 class RolloutService:
@@ -149,9 +164,24 @@ class RolloutService:
             self.config.chat,
             runner.schemas if runner is not None else None,
         )
-        if tools is not None and runner is not None:
-            parser = get_parser(tools.parser)
-            self.tool_loop = episodes.ToolLoop(self.renderer, parser, runner, tools.max_turns)
+        env = self.config.environment
+        environment = None
+        if env is not None:  # the class is imported and checked in the sandbox workers
+            environment = await loop.run_in_executor(
+                self._reward_pool,
+                lambda: EnvironmentRunner(
+                    env.path,
+                    env.args,
+                    timeout=env.timeout_s,
+                    max_message_chars=env.max_message_chars,
+                    workers=env.workers,
+                ),
+            )
+        if runner is not None or environment is not None:
+            parser = get_parser(tools.parser if tools is not None else "hermes")
+            self.tool_loop = episodes.ToolLoop(
+                self.renderer, parser, runner, self.config.max_turns, environment, workers=4
+            )
         engine = await loop.run_in_executor(
             self._engine_pool, create_engine, self.config.engine, self.config.engine_config
         )
@@ -275,12 +305,14 @@ class RolloutService:
             if self.tool_loop is not None:
                 out = episodes.run(
                     self.engine,
+                    req.prompts,
                     rendered,
                     req.n,
                     req.sampling,
                     lambda: self.hand_back,
                     self.tool_loop,
                     routing=req.return_routing,
+                    request_id=req.request_id,
                 )
             else:
                 out = self.engine.generate(
@@ -311,6 +343,13 @@ class RolloutService:
             for sample in ps.samples:
                 reward, details = scored[k]
                 k += 1
+                env = self.config.environment
+                if env is not None and (sample.env_reward is not None or sample.env_error is not None):
+                    score = sample.env_reward or 0.0
+                    reward += env.reward_weight * score
+                    details = [*details, RewardDetail(
+                        name="environment", weight=env.reward_weight, score=score, error=sample.env_error
+                    )]  # fmt: skip
                 for d in details:
                     if d.error is not None:
                         self.metrics.reward_failures.labels(d.name).inc()
@@ -487,7 +526,9 @@ class RolloutService:
         if self.scorer is not None:
             self.scorer.close()
         if self.tool_loop is not None:
-            self.tool_loop.runner.close()
+            for part in (self.tool_loop.runner, self.tool_loop.environment):
+                if part is not None:
+                    part.close()
         self._engine_pool.shutdown(wait=False, cancel_futures=True)
         self._generate_pool.shutdown(wait=False, cancel_futures=True)
         self._reward_pool.shutdown(wait=False, cancel_futures=True)

@@ -65,7 +65,9 @@ def test_an_episode_calls_the_tool_reads_its_result_and_answers_with_tool_tokens
     loop = episodes.ToolLoop(renderer, get_parser("hermes"), runner, max_turns=4)
     prompt = renderer.render(Prompt.of("q", QUESTION, {})).token_ids
     sampling = Sampling(temperature=0, max_new_tokens=200, seed=1)
-    [result] = episodes.run(engine, [prompt], 2, sampling, lambda: False, loop)
+    [result] = episodes.run(
+        engine, [Prompt.of("q", QUESTION, {})], [prompt], 2, sampling, lambda: False, loop
+    )
     assert result is not None and result.prompt_token_ids == prompt
     want, p = trajectory(engine.tokenizer, renderer)
     for s in result.samples:
@@ -88,8 +90,9 @@ def test_no_room_for_another_turn_drops_the_tool_result_and_ends_at_the_models_t
     prompt = renderer.render(Prompt.of("q", QUESTION, {})).token_ids
     want, p = trajectory(engine.tokenizer, renderer)
     budget = len(want) - p - 3  # the call fits, the tool message does too, no room to answer
+    sampling = Sampling(temperature=0, max_new_tokens=budget)
     [result] = episodes.run(
-        engine, [prompt], 1, Sampling(temperature=0, max_new_tokens=budget), lambda: False, loop
+        engine, [Prompt.of("q", QUESTION, {})], [prompt], 1, sampling, lambda: False, loop
     )
     assert result is not None
     [s] = result.samples

@@ -12,7 +12,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_operator.api.base import MAX_SECONDS, MAX_SEED, ApiModel, cel, immutable
@@ -238,11 +238,35 @@ class ToolSpec(ApiModel):
     )
 
 
+class EnvironmentSpec(ApiModel):
+    class_path: str = Field(
+        alias="class",
+        max_length=256,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+        description="class: required. 'module:Class' of an interactive task: Class(**args), reset(row) -> "
+        "messages (the episode's opening, from the dataset row: its prompt and columns; a function of "
+        "the row, since a group's episodes start alike) and step(messages) -> {messages, reward, done} "
+        "(the conversation so far, the model's last turn included; the messages to append, an optional "
+        "turn reward, whether the episode is over). Runs in the reward sandbox, one instance per episode.",
+    )
+    args: TemplateKwargs = Field(
+        default_factory=dict, description="args: optional. Keyword arguments of the class (JSON values)."
+    )
+    reward_weight: float = Field(
+        default=1.0,
+        ge=-1000,
+        le=1000,
+        description="rewardWeight: optional, default 1.0, [-1000, 1000]. Factor of the episode's reward "
+        "(the sum of its step rewards) in the completion's reward, beside reward.functions.",
+    )
+
+
 class RewardSpec(ApiModel):
     functions: list[RewardFunction] = Field(
-        min_length=1,
+        default_factory=list,
         max_length=16,
-        description="functions: required, 1-16 entries. Rewards are summed by weight.",
+        description="functions: 0-16 entries (at least one without spec.environment). Rewards are summed "
+        "by weight.",
     )
     timeout_seconds: float = Field(
         default=10.0,
@@ -377,11 +401,30 @@ class GRPOJobSpec(ApiModel):
                 "pod-local, so no pod would hold a whole checkpoint",
                 ".checkpoint.path",
             ),
+            (
+                "has(self.environment) || (has(self.reward.functions) && size(self.reward.functions) > 0)",
+                "reward.functions needs at least one entry unless spec.environment scores the episodes",
+                ".reward.functions",
+            ),
         )
     )
     model: ModelSpec = Field(description="model: required. The policy model to train.")
     dataset: DatasetSpec = Field(description="dataset: required. Prompts to train on.")
     reward: RewardSpec = Field(description="reward: required. How completions are scored.")
+    environment: EnvironmentSpec | None = Field(
+        default=None,
+        description="environment: optional. An interactive task (multi-turn): the model's turns go to its "
+        "step() until it says done or rollout.maxTurns; what it writes is masked out of the loss.",
+    )
+
+    @model_validator(mode="after")
+    def _scored(self) -> "GRPOJobSpec":
+        if not self.reward.functions and self.environment is None:  # the CEL rule, for readers of job.json
+            raise ValueError(
+                "reward.functions needs at least one entry unless spec.environment scores the episodes"
+            )
+        return self
+
     tools: list[ToolSpec] = Field(
         default_factory=list,
         max_length=32,

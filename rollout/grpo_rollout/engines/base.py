@@ -54,6 +54,8 @@ class Sample:
     turns: int = 1
     tool_calls: int = 0
     tool_errors: int = 0
+    env_reward: float | None = None  # spec.environment: the sum of its step rewards
+    env_error: str | None = None  # why the environment failed this episode
 
 
 @dataclass

@@ -1,0 +1,110 @@
+"""Interactive environments (spec.environment) on the real pieces: the torch engine, the tiny model's
+chat template, the environment's code in the sandbox worker; and a local job whose only reward is
+the environment's, which the tiny model learns from.
+
+The environment here asks each answer twice ("Are you sure?") and pays 1 when the second answer is
+the row's sum: the model's turns, the environment's message masked out, the reward the episode's."""
+
+from pathlib import Path
+
+import pytest
+from grpo_rollout import episodes
+from grpo_rollout.chat import ChatSettings, PromptRenderer
+from grpo_rollout.engines.base import EngineConfig
+from grpo_rollout.engines.torch_engine import TorchEngine
+from grpo_rollout.environments import EnvironmentRunner
+from grpo_rollout.protocol import Prompt, Sampling
+from grpo_rollout.tools.parsers import get_parser
+
+ENVIRONMENT = '''
+class AreYouSure:
+    """Two turns: the model answers, is asked again, and is paid for its second answer."""
+
+    def __init__(self, question: str = "Are you sure?"):
+        self.question = question
+
+    def reset(self, row):
+        self.answer = row["answer"]
+        return [{"role": "user", "content": row["prompt"][0]["content"]}]
+
+    def step(self, messages):
+        asked = sum(m["role"] == "user" for m in messages)
+        if asked == 1:
+            return {"messages": [{"role": "user", "content": self.question}], "done": False}
+        return {"messages": [], "reward": float(messages[-1]["content"] == self.answer), "done": True}
+'''
+
+
+@pytest.fixture
+def on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "are_you_sure.py").write_text(ENVIRONMENT)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the sandbox worker imports with the server's path
+    return tmp_path
+
+
+def test_an_episode_takes_the_environments_turns_masked_and_its_reward(
+    on_path: Path, tiny_model: Path
+) -> None:
+    engine = TorchEngine(EngineConfig(model_path=str(tiny_model), device="cpu"))
+    env = EnvironmentRunner("are_you_sure:AreYouSure", {"question": "Sure?"}, timeout=30)
+    try:
+        renderer = PromptRenderer.load(str(tiny_model), ChatSettings())
+        loop = episodes.ToolLoop(renderer, get_parser("hermes"), None, max_turns=4, environment=env)
+        prompt = Prompt.of("p", [{"role": "user", "content": "3+4="}], {"answer": "7"})
+        dataset_ids = renderer.render(Prompt.of("p", "ignored: the environment opens", {})).token_ids
+        sampling = Sampling(temperature=1.0, max_new_tokens=40, seed=3)
+        [result] = episodes.run(
+            engine, [prompt], [dataset_ids], 4, sampling, lambda: False, loop, request_id="r"
+        )
+        assert result is not None
+        assert result.prompt_token_ids == renderer.render(prompt).token_ids  # the environment's opening
+        asked = renderer.continuation([{"role": "user", "content": "Sure?"}], "<|end|>")
+        assert renderer.decode(asked) == "<|user|>Sure?<|end|><|assistant|>"
+        for s in result.samples:
+            assert s.turns == 2 and s.env_error is None and s.env_reward in (0.0, 1.0)
+            first = s.mask.index(0)
+            assert s.mask == [1] * first + [0] * len(asked) + [1] * (len(s.mask) - first - len(asked))
+            assert s.token_ids[first : first + len(asked)] == asked
+            assert s.env_reward == float(s.text == "7")
+    finally:
+        env.close()
+
+
+def test_a_reset_that_fails_leaves_the_prompts_episodes_empty_with_the_reason(
+    on_path: Path, tiny_model: Path
+) -> None:
+    engine = TorchEngine(EngineConfig(model_path=str(tiny_model), device="cpu"))
+    env = EnvironmentRunner("are_you_sure:AreYouSure", {}, timeout=30)
+    try:
+        renderer = PromptRenderer.load(str(tiny_model), ChatSettings())
+        loop = episodes.ToolLoop(renderer, get_parser("hermes"), None, max_turns=4, environment=env)
+        good = Prompt.of("a", [{"role": "user", "content": "1+1="}], {"answer": "2"})
+        bad = Prompt.of("b", [{"role": "user", "content": "1+2="}], {})  # no answer column: reset raises
+        ids = [renderer.render(p).token_ids for p in (good, bad)]
+        out = episodes.run(engine, [good, bad], ids, 2, Sampling(max_new_tokens=20), lambda: False, loop)
+        assert out[0] is not None and all(s.turns == 2 for s in out[0].samples)
+        assert out[1] is not None and all(s.token_ids == [] and s.env_reward == 0.0 for s in out[1].samples)
+        assert all("KeyError" in (s.env_error or "") for s in out[1].samples), out[1].samples[0].env_error
+    finally:
+        env.close()
+
+
+def test_a_local_job_learns_from_the_environments_reward_alone(tmp_path: Path, tiny_model: Path) -> None:
+    """No reward function: the completion's reward is the environment's (weight 1), the tokens it
+    wrote are masked, and the tiny model's addition gets better under it."""
+    from tests.support.local_runtime import job_manifest, run_job
+
+    manifest = job_manifest(tiny_model, maxSteps=40, groupSize=8, promptsPerStep=16, microBatchSize=64)
+    manifest["spec"]["dataset"]["path"] = str(tiny_model / "addition-train.jsonl")
+    manifest["spec"]["reward"] = {"functions": []}
+    manifest["spec"]["environment"] = {"class": "are_you_sure:AreYouSure"}
+    manifest["spec"]["algorithm"].update(maxNewTokens=32, learningRate=0.0005)  # two answers and a question
+    run = run_job(tmp_path, manifest, files={"are_you_sure.py": ENVIRONMENT})
+    assert run.finish(timeout=900) == 0, run.output()
+    summary = run.summary()
+    assert summary["steps"] == 40 and summary["restarts"] == 0, summary
+    assert summary["turns_mean"] == pytest.approx(2.0, abs=0.05), summary  # asked twice, nearly always
+    assert 0.0 < summary["masked_token_fraction"] < 1.0, summary
+    rewards = [s["reward_mean"] for s in run.steps()]
+    first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
+    assert last > first + 0.05, rewards
