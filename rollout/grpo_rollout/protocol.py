@@ -231,7 +231,11 @@ class Completion(WireModel):
         "it (a multi-turn episode: its logprob is 0 and the trainer leaves it out of the loss); None: "
         "every token is the model's.",
     )
-    turns: int = Field(default=1, ge=1, description="turns: the model's turns in this episode.")
+    turns: int = Field(
+        default=1,
+        ge=0,
+        description="turns: the model's turns in this episode (0: its environment failed to open it).",
+    )
     tool_calls: int = Field(default=0, ge=0, description="tool_calls: tools called during the episode.")
     tool_errors: int = Field(
         default=0, ge=0, description="tool_errors: calls that failed (raised, timed out, malformed)."

@@ -16,23 +16,9 @@ from grpo_rollout.environments import EnvironmentRunner
 from grpo_rollout.protocol import Prompt, Sampling
 from grpo_rollout.tools.parsers import get_parser
 
-ENVIRONMENT = '''
-class AreYouSure:
-    """Two turns: the model answers, is asked again, and is paid for its second answer."""
+from tests.support.environments import ARE_YOU_SURE
 
-    def __init__(self, question: str = "Are you sure?"):
-        self.question = question
-
-    def reset(self, row):
-        self.answer = row["answer"]
-        return [{"role": "user", "content": row["prompt"][0]["content"]}]
-
-    def step(self, messages):
-        asked = sum(m["role"] == "user" for m in messages)
-        if asked == 1:
-            return {"messages": [{"role": "user", "content": self.question}], "done": False}
-        return {"messages": [], "reward": float(messages[-1]["content"] == self.answer), "done": True}
-'''
+ENVIRONMENT = ARE_YOU_SURE
 
 
 @pytest.fixture

@@ -81,12 +81,19 @@ class Live:
     log: Path
 
 
-def serve(vllm_python: Path, model_dir: Path, tmp: Path, vllm: dict) -> Iterator[Live]:
-    """A rollout server on our vLLM engine (`spec.rollout.vllm` = `vllm`), stopped with all it forked."""
+def serve(
+    vllm_python: Path, model_dir: Path, tmp: Path, vllm: dict, spec_extra: dict | None = None
+) -> Iterator[Live]:
+    """A rollout server on our vLLM engine (`spec.rollout.vllm` = `vllm`), stopped with all it forked;
+    `spec_extra`: more spec fields; `tmp` is on its import path (plugins written there)."""
     port = free_port()
-    contract = write_contract(tmp / "job.json", model_dir, ports=[port], engine="vllm", vllm=vllm)
+    contract = write_contract(
+        tmp / "job.json", model_dir, ports=[port], engine="vllm", vllm=vllm, spec_extra=spec_extra
+    )
     log = tmp / "server.log"
-    proc = start_server(contract, port, TOKEN, python=str(vllm_python), env=VLLM_ENV, log_path=log)
+    proc = start_server(
+        contract, port, TOKEN, python=str(vllm_python), env=VLLM_ENV, log_path=log, extra_pythonpath=str(tmp)
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         try:
@@ -265,3 +272,31 @@ def test_every_data_parallel_engine_is_a_member_of_its_own_and_takes_the_streame
     dp_server.model, dp_server.version = new, 1
     for seed in (5, 6, 7):  # concurrent prompts of each call spread over both engines
         assert_serves(dp_server, seed)
+
+
+def test_multi_turn_episodes_run_on_the_vllm_engine_with_the_environments_turns_masked(
+    vllm_python: Path, model_dir: Path, tmp_path: Path
+) -> None:
+    """The episode loop is the engine's caller, not part of an engine: on vLLM each episode is two
+    model turns around the environment's question, its tokens masked, its prompt the opening."""
+    from tests.support.environments import ARE_YOU_SURE
+
+    (tmp_path / "are_you_sure.py").write_text(ARE_YOU_SURE)
+    extra = {"environment": {"class": "are_you_sure:AreYouSure", "args": {"question": "Sure?"}}}
+    vllm = {"enforceEager": True, "maxModelLen": 256}
+    for live in serve(vllm_python, model_dir, tmp_path, vllm, spec_extra=extra):
+        results = generate(live.url, Sampling(temperature=1.0, max_new_tokens=160, seed=5))
+        from grpo_rollout.chat import ChatSettings, PromptRenderer
+
+        renderer = PromptRenderer.load(str(model_dir), ChatSettings())
+        episodes = [c for r in results for c in r.completions]
+        two = [c for c in episodes if c.turns == 2]
+        assert two, [(c.turns, c.finish_reason, len(c.token_ids)) for c in episodes]  # a random model
+        for c in two:
+            assert c.mask is not None
+            first = c.mask.index(0)
+            stop = renderer.decode(c.token_ids[first - 1 : first])  # how the model's first turn ended
+            asked = renderer.continuation([{"role": "user", "content": "Sure?"}], stop)
+            assert c.mask.count(0) == len(asked) and c.token_ids[first : first + len(asked)] == asked
+            assert all(lp == 0.0 for lp, m in zip(c.logprobs, c.mask, strict=True) if m == 0)
+            assert [d.name for d in c.reward_details][-1] == "environment"

@@ -46,9 +46,11 @@ def write_contract(
     max_batch_size: int = 64,
     engine: str = "torch",
     vllm: dict | None = None,
+    spec_extra: dict | None = None,
 ) -> Path:
     """A run contract (job.json) for rollout servers on loopback `ports` serving `model_dir`
-    with `engine` (`vllm`: the `spec.rollout.vllm` fields in their YAML spelling)."""
+    with `engine` (`vllm`: the `spec.rollout.vllm` fields in their YAML spelling); `spec_extra`:
+    more spec fields (e.g. environment, tools)."""
     spec = GRPOJobSpec.model_validate(
         {
             "model": {"path": str(model_dir), "dtype": "float32"},
@@ -63,6 +65,7 @@ def write_contract(
                 "maxBatchSize": max_batch_size,
                 **({"vllm": vllm} if vllm else {}),
             },
+            **(spec_extra or {}),
         }
     )
     contract = RunContract(
