@@ -41,7 +41,14 @@ test-quick: setup control-plane lint
 test-unit: setup
 	$(PY) -m pytest tests/unit
 
-ifeq ($(ENGINE),vllm)
+ifeq ($(TASK),calculator)
+# Multi-turn tool use: the tiny model learns to call the calculator (examples/tiny-local-calculator.yaml).
+demo: setup
+	$(VENV)/bin/grpo-operator tiny-model examples/.tiny-calculator --task calculator
+	rm -rf out/demo-calculator
+	$(VENV)/bin/grpo-operator run examples/tiny-local-calculator.yaml --workdir out/demo-calculator \
+		--summary-json out/demo-calculator/summary.json
+else ifeq ($(ENGINE),vllm)
 demo: setup vllm-venv
 	$(VENV)/bin/grpo-operator tiny-model $(TINY)-vllm --head-dim 32
 	rm -rf out/demo-vllm  # a fresh run each time: its checkpoints would otherwise resume the last one

@@ -1,4 +1,4 @@
-"""`grpo-operator tiny-model DIR`: build the demo's tiny MoE model, tokenizer and dataset.
+"""`grpo-operator tiny-model DIR [--task addition|calculator]`: build a tiny MoE model, tokenizer and dataset.
 
 A thin shell: it runs `python -m grpo_trainer.tiny_model DIR` in a subprocess, because the
 operator package must not import torch (the operator image carries none). Needs the
@@ -9,9 +9,18 @@ import argparse
 import subprocess
 import sys
 
+TASKS = {"addition": "grpo_trainer.tiny_model", "calculator": "grpo_trainer.tiny_calculator"}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dir", help="output directory: a Hugging Face model dir plus addition.jsonl")
+    parser.add_argument("dir", help="output directory: a Hugging Face model dir plus the task's dataset")
+    parser.add_argument(
+        "--task",
+        choices=sorted(TASKS),
+        default="addition",
+        help="addition (default): single-digit sums, the demo's; calculator: powers the model answers "
+        "by calling the calculator tool (examples/tiny-local-calculator.yaml)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds init and warm-up (default 0)")
     parser.add_argument(
         "--target-accuracy",
@@ -29,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cmd = [sys.executable, "-m", "grpo_trainer.tiny_model", args.dir, "--seed", str(args.seed)]
+    cmd = [sys.executable, "-m", TASKS[args.task], args.dir, "--seed", str(args.seed)]
     cmd += ["--target-accuracy", str(args.target_accuracy)]
     if args.head_dim is not None:
         cmd += ["--head-dim", str(args.head_dim)]
