@@ -137,3 +137,27 @@ def test_a_local_job_with_tools_runs_episodes_end_to_end_and_reports_them(
     assert summary["steps"] == 3 and summary["restarts"] == 0, summary
     assert summary["turns_mean"] == 1.0 and summary["tool_calls_per_episode"] == 0.0, summary
     assert summary["masked_token_fraction"] == 0.0, summary
+
+
+def test_routing_replay_covers_every_model_turn_of_an_episode(taught: tuple[Path, ToolRunner]) -> None:
+    """The last turn's pass saw the whole episode (earlier turns and tool tokens as its context), so
+    its routing has a row for every token the trainer feeds: prompt + completion - 1."""
+    model_dir, runner = taught
+    engine = TorchEngine(EngineConfig(model_path=str(model_dir), device="cpu"))
+    renderer = PromptRenderer.load(str(model_dir), ChatSettings(), tools=runner.schemas)
+    loop = episodes.ToolLoop(renderer, get_parser("hermes"), runner, max_turns=4)
+    prompt = Prompt.of("q", QUESTION, {})
+    ids = renderer.render(prompt).token_ids
+    sampling = Sampling(temperature=0, max_new_tokens=200)
+    [result] = episodes.run(engine, [prompt], [ids], 1, sampling, lambda: False, loop, routing=True)
+    assert result is not None
+    [s] = result.samples
+    assert s.turns == 2 and s.routing is not None
+    assert s.routing.shape[0] == len(ids) + len(s.token_ids) - 1
+    from grpo_rollout.protocol import Completion, PromptResult
+
+    completion = Completion(
+        text=s.text, token_ids=s.token_ids, logprobs=s.logprobs, mask=s.mask,
+        finish_reason=s.finish_reason, reward=1.0, routing=s.routing, turns=s.turns,
+    )  # fmt: skip
+    PromptResult(prompt_id="q", prompt_token_ids=ids, completions=[completion])  # the wire's own check

@@ -33,3 +33,19 @@ def test_plain_lines_show_every_evaluation_and_the_table_the_newest() -> None:
     ]
     assert "eval@0 0.250" in out.getvalue() and "eval@3 0.750" in out.getvalue()
     assert "eval" in table.getvalue() and "0.750" in table.getvalue()
+
+
+def test_a_multi_turn_job_shows_its_turns_per_episode() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=200, force_terminal=False)
+    with ProgressView(console, "job") as view:
+        state = RunState(phase="Running", max_steps=10)
+        multi = report(1, []).model_copy(update={"metrics": {"turns_mean": 1.75}})
+        view.update(state, [multi])
+        table = io.StringIO()
+        Console(file=table, width=200).print(view._render())
+        assert "turns 1.750" in out.getvalue() and "turns" in table.getvalue() and "1.750" in table.getvalue()
+        view.update(state, [report(2, [])])  # single-turn: no turns column
+        table = io.StringIO()
+        Console(file=table, width=200).print(view._render())
+        assert "turns" not in table.getvalue()

@@ -104,3 +104,22 @@ def test_a_row_the_template_cannot_take_fails_validate_and_preview_naming_the_fi
         [*CLI, "validate", "--check-paths", str(job)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 1 and "spec.dataset: " in done.stderr and "row 1" in done.stderr, done.stderr
+
+
+def test_preview_shows_the_tools_as_the_template_describes_them(job: Path) -> None:
+    """spec.tools reach the template's `tools` argument, described in the sandbox as the servers do."""
+    from transformers import AutoTokenizer
+
+    model = job.parent / "model"
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.chat_template = (  # a template that lists its tools, as Qwen's writes them into the system turn
+        "{% for t in tools or [] %}[tool {{ t['function']['name'] }}]{% endfor %}"
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}<|assistant|>"
+    )
+    tok.save_pretrained(model)
+    manifest = yaml.safe_load(job.read_text())
+    manifest["spec"]["tools"] = [{"builtin": "calculator"}]
+    job.write_text(yaml.safe_dump(manifest))
+    done = preview(job, "-n", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["prompts"][0]["text"].startswith("[tool calculator]<|system|>")

@@ -22,10 +22,30 @@ from grpo_trainer.data import Row
 log = logging.getLogger(__name__)
 
 
-def renderer_for(spec: GRPOJobSpec, model_dir: str) -> PromptRenderer:
-    """The renderer the job's rollout servers use, for the model in local `model_dir`."""
+def tool_schemas(spec: GRPOJobSpec) -> list[dict] | None:
+    """The JSON schemas the chat template describes spec.tools with, made where the servers make
+    them (the tools imported in the reward sandbox, `grpo_rollout.tools.runner`); ConfigError naming
+    the tool that cannot be described."""
+    if not spec.tools:
+        return None
+    from grpo_rollout.tools.runner import ToolRunner  # starts a sandbox worker: only for jobs with tools
+
+    paths = [str(t.builtin) if t.builtin is not None else str(t.function) for t in spec.tools]
     try:
-        return PromptRenderer.load(model_dir, ChatSettings.of(spec.dataset))
+        runner = ToolRunner(paths, timeout=spec.reward.timeout_seconds)
+    except ValueError as e:
+        raise ConfigError(f"spec.{e}") from None
+    try:
+        return runner.schemas
+    finally:
+        runner.close()
+
+
+def renderer_for(spec: GRPOJobSpec, model_dir: str) -> PromptRenderer:
+    """The renderer the job's rollout servers use (the tools described), for the model in `model_dir`."""
+    tools = tool_schemas(spec)
+    try:
+        return PromptRenderer.load(model_dir, ChatSettings.of(spec.dataset), tools)
     except ChatError as e:
         raise ConfigError(str(e)) from None
     except (OSError, ValueError) as e:  # transformers: no tokenizer files it can read

@@ -80,8 +80,10 @@ class ProgressView:
                 continue  # fast steps: a line a second is plenty for a log (evaluations always shown)
             self._printed_at = now
             evals = "".join(f"eval@{e.step} {_fmt(e.reward)}  " for e in rec.evals)
+            turns = rec.metrics.get("turns_mean")
+            episode = f"turns {_fmt(turns)}  " if turns is not None else ""
             self.console.print(
-                f"step {rec.step}/{state.max_steps}  reward {_fmt(rec.reward_mean)}  {evals}"
+                f"step {rec.step}/{state.max_steps}  reward {_fmt(rec.reward_mean)}  {evals}{episode}"
                 f"tokens/s {_fmt(rec.tokens_per_s, '.0f')}  samples/s {_fmt(rec.samples_per_s, '.1f')}  "
                 f"staleness {_fmt(rec.staleness, '.0f')}  restarts {state.gang_restarts}",
                 highlight=False,
@@ -92,13 +94,16 @@ class ProgressView:
         s, r = self._state, self._last
         table = Table(title=f"{self.title} — {s.phase}", show_header=True, expand=False)
         # Narrow headers: the panel must fit an 80-column terminal without wrapping cells.
-        columns = ("step", "reward", "eval", "tok/s", "samples/s", "stale", "weights", "restarts", "elapsed")
+        turns = r.metrics.get("turns_mean") if r else None  # multi-turn jobs (tools, an environment)
+        columns = ("step", "reward", "eval", *(("turns",) if turns is not None else ()), "tok/s", "samples/s",
+                   "stale", "weights", "restarts", "elapsed")  # fmt: skip
         for col in columns:
             table.add_column(col, justify="right", no_wrap=True)
         table.add_row(
             f"{r.step if r else 0}/{s.max_steps}",
             _fmt(r.reward_mean if r else None),
             _fmt(self._eval.reward if self._eval else None),
+            *((_fmt(turns),) if turns is not None else ()),
             _fmt(r.tokens_per_s if r else None, ".0f"),
             _fmt(r.samples_per_s if r else None, ".1f"),
             _fmt(r.staleness if r else None, ".0f"),
