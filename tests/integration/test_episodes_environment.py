@@ -94,3 +94,33 @@ def test_a_local_job_learns_from_the_environments_reward_alone(tmp_path: Path, t
     rewards = [s["reward_mean"] for s in run.steps()]
     first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
     assert last > first + 0.05, rewards
+
+
+def test_multi_turn_runs_unchanged_with_dynamic_sampling_evaluation_and_a_resume(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """Episodes through the rest of the loop: dynamic sampling concatenates draws (their masks with
+    them), the held-out set is scored through the same episodes, and a rerun resumes from the save."""
+    from tests.support.local_runtime import job_manifest, run_job
+
+    manifest = job_manifest(tiny_model, maxSteps=4, groupSize=4, promptsPerStep=4, microBatchSize=16)
+    spec = manifest["spec"]
+    spec["dataset"] = {
+        "path": str(tiny_model / "addition-train.jsonl"),
+        "eval": {"path": str(tiny_model / "addition-heldout.jsonl"), "everySteps": 2, "samples": 2},
+    }
+    spec["reward"] = {"functions": []}
+    spec["environment"] = {"class": "are_you_sure:AreYouSure"}
+    spec["algorithm"].update(maxNewTokens=32, dynamicSampling=True, maxDynamicSamplingDraws=4)
+    spec["checkpoint"]["everySteps"] = 2
+    run = run_job(tmp_path, manifest, files={"are_you_sure.py": ENVIRONMENT})
+    assert run.finish(timeout=900) == 0, run.output()
+    summary = run.summary()
+    assert summary["steps"] == 4 and summary["eval_reward_first"] is not None, summary
+    assert summary["turns_mean"] > 1.5, summary
+    spec["algorithm"]["maxSteps"] = 6
+    rerun = run_job(tmp_path, manifest, files={"are_you_sure.py": ENVIRONMENT})
+    assert rerun.finish(timeout=900) == 0, rerun.output()
+    summary = rerun.summary()
+    assert summary["resumed_from_step"] == 4 and summary["steps"] == 6, summary
+    assert summary["turns_mean"] > 1.5, summary

@@ -12,7 +12,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import ConfigDict, Field, WithJsonSchema, field_validator
 
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_operator.api.base import MAX_SECONDS, MAX_SEED, ApiModel, cel, immutable
@@ -416,14 +416,6 @@ class GRPOJobSpec(ApiModel):
         description="environment: optional. An interactive task (multi-turn): the model's turns go to its "
         "step() until it says done or rollout.maxTurns; what it writes is masked out of the loss.",
     )
-
-    @model_validator(mode="after")
-    def _scored(self) -> "GRPOJobSpec":
-        if not self.reward.functions and self.environment is None:  # the CEL rule, for readers of job.json
-            raise ValueError(
-                "reward.functions needs at least one entry unless spec.environment scores the episodes"
-            )
-        return self
 
     tools: list[ToolSpec] = Field(
         default_factory=list,
