@@ -6,7 +6,7 @@ Run: `python benchmarks/trainer_memory.py --json mem.json` (a few minutes on 2 c
    600 MB fp32 at full size, 97 % of it routed experts) and saves it as safetensors;
 2. for each row (world, ep, sharding) spawns `world` gloo ranks, one torch thread each; every
    rank runs the trainer's own code: `parallel.load_policy` (sharded loading: meta skeleton, EP,
-   FSDP2 under `full`, only local tensors read), `optim.GangAdamW`, then two `loop.train_step`s
+   FSDP2 under `full`, only local tensors read), `optim.GangAdamW`, then two `step.Learner.train_step`s
    on a `Rollouts` batch built here (no rollout server: rollout batch -> loss -> backward ->
    gradient sync -> clip -> AdamW step; the second step peaks with AdamW state allocated);
 3. measures each rank's peak RSS (VmHWM of /proc/self/status), and the RSS
@@ -112,12 +112,12 @@ def status_mib(field: str) -> float:
 
 def worker(rank: int, world: int, ep: int, sharding: str, port: int, model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
-    from grpo_trainer import checkpoint, loading
+    from grpo_trainer import loading
     from grpo_trainer.config import RankInfo
-    from grpo_trainer.loop import Run, train_step
     from grpo_trainer.losses import LossConfig
     from grpo_trainer.optim import GangAdamW
     from grpo_trainer.parallel import load_policy, make_groups
+    from grpo_trainer.step import Learner
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     c = contract(model_dir, world, ep, sharding)
@@ -131,9 +131,9 @@ def worker(rank: int, world: int, ep: int, sharding: str, port: int, model_dir: 
     model = load_policy(model_dir, groups, "gloo", cpu, sharding=sharding)
     loaded = status_mib("VmHWM")
     opt = GangAdamW(model, groups, lr=1e-4, sharding=sharding)
-    run = Run(c, info, groups, cpu, model, None, opt, LossConfig.from_spec(algo), None, 0,
-              checkpoint.TrainState(), None, None)  # fmt: skip
-    stats = [train_step(run, data) for _ in range(2)]
+    learner = Learner(algo, info, groups, cpu, str(c.spec.model.dtype), model, None, opt,
+                      LossConfig.from_spec(algo), 0)  # fmt: skip
+    stats = [learner.train_step(data) for _ in range(2)]
     peak = status_mib("VmHWM")
     row = {"rank": rank, "base_mib": base, "after_load_peak_mib": loaded, "peak_mib": peak,
            "loss": stats[-1].get("loss"), "kept": stats[-1].get("kept")}  # fmt: skip

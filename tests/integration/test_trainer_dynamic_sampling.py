@@ -55,8 +55,8 @@ def rank0_run(contract_path: Path, algo: AlgorithmSpec) -> Run:
     contract = contract.model_copy(update={"spec": contract.spec.model_copy(update={"algorithm": algo})})
     rows = [Row(prompt=f"q{i}", columns={"kind": "easy" if i % 2 else "hard"}, line=i + 1) for i in range(64)]
     generator = Generator(contract.rollout.endpoints, TOKEN, algo)
-    return Run(contract, None, None, None, None, None, None, None, PromptOrder(rows, seed=1), 0,
-               TrainState(), generator, None)  # fmt: skip
+    return Run(contract=contract, info=None, learner=None, order=PromptOrder(rows, seed=1),  # type: ignore[arg-type]
+               state=TrainState(), generator=generator)  # fmt: skip
 
 
 def test_every_step_trains_prompts_per_step_groups_and_the_position_follows_the_draws(server: Path) -> None:

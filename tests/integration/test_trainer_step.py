@@ -1,7 +1,7 @@
 """One GRPO optimizer step on real gloo ranks equals the same step on one process.
 
 Spawns world = 2 with EP = 2 (experts sharded, all-to-all dispatch) and world = 2 with EP = 1
-(pure data parallel), runs `grpo_trainer.loop.train_step` on the same rollouts, gathers the
+(pure data parallel), runs `grpo_trainer.step.Learner.train_step` on the same rollouts, gathers the
 full state dict and compares it with a single-process step. SGD (not Adam) keeps the
 comparison linear in the gradient, so it checks loss normalisation over micro-batches and
 ranks (rank 1's 4 sequences in 2 micro-batches plus the all-masked one that keeps it in step

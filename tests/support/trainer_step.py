@@ -13,14 +13,14 @@ import torch
 import torch.distributed as dist
 from grpo_operator import render
 from grpo_operator.api.job import GRPOJob
-from grpo_trainer import checkpoint, moe
+from grpo_trainer import moe
 from grpo_trainer.batch import Rollouts
 from grpo_trainer.config import RankInfo
 from grpo_trainer.forward import forward_logp
-from grpo_trainer.loop import Run, train_step
 from grpo_trainer.losses import LossConfig
 from grpo_trainer.optim import GangAdamW
 from grpo_trainer.parallel import load_policy, make_groups, split_parameters
+from grpo_trainer.step import Learner
 from grpo_trainer.tiny_model import TinyConfig, save_untrained
 from torch.distributed.tensor import DTensor
 
@@ -98,12 +98,14 @@ def worker(
         if algo.kl_coef
         else None
     )
-    run = Run(contract, info, groups, torch.device("cpu"), model, ref, opt, LossConfig.from_spec(algo),
-              None, 0, checkpoint.TrainState(), None, None)  # fmt: skip
+    dtype = str(contract.spec.model.dtype)
+    learner = Learner(
+        algo, info, groups, torch.device("cpu"), dtype, model, ref, opt, LossConfig.from_spec(algo), 0
+    )
     data = rollouts()
     ids = torch.tensor([data.prompt_tokens[0] + data.completion_tokens[0]])
     before = forward_logp(model, ids, 1.0)[0].sum().item() if world == 1 else 0.0
-    stats = train_step(run, data)
+    stats = learner.train_step(data)
     state = moe.full_state_dict(model)  # collective (FSDP2: every rank gathers each DTensor)
     if rank == 0:
         after = forward_logp(model, ids, 1.0)[0].sum().item() if world == 1 else 0.0

@@ -7,11 +7,11 @@ launcher `grpo_trainer.launcher`). Per step, in this order:
                while this one trains
                (dynamicSampling: further draws until promptsPerStep groups carry a signal)
   2. scoring   rewards → advantages; zero-variance groups dropped (every rank, same result)
-  3. updates   epochsPerStep x miniBatchesPerStep optimizer updates (docs/objective.md), each:
-     micro-steps  each rank forwards/backwards its share, loss normalised by the mini-batch's totals
-     update    gradient sync (dense over the world, experts over expert-DP), clip, AdamW step
-  4. weights   version v+1 to the rollout servers: every rank streams what it holds (collective),
-               or rank 0's EP group gathers the model and rank 0 POSTs it (http)
+  3. updates   epochsPerStep x miniBatchesPerStep optimizer updates (docs/objective.md,
+               `grpo_trainer.step.Learner`), each: micro-steps (each rank forwards/backwards its
+               share, loss normalised by the mini-batch's totals), gradient sync, clip, AdamW step
+  4. weights   version v+1 to the rollout servers (`grpo_trainer.pusher.WeightPusher`): every rank
+               streams what it holds (collective), or rank 0 POSTs the gathered model (http)
   5. log / checkpoint  (with dataset.eval, rank 0 first scores the held-out set when due:
                `grpo_trainer.evaluation`; also once before step 1, the baseline)
 """
@@ -29,37 +29,26 @@ from grpo_operator.api.contract import RunContract
 from torch import nn
 
 from grpo_trainer import checkpoint, memory, moe, prompts, weight_sync
-from grpo_trainer.batch import (
-    MicroBatch,
-    Rollouts,
-    effective_prefix,
-    micro_batches,
-    mini_batches,
-    rank_plan,
-    score,
-)
-from grpo_trainer.config import MAX_GRAD_NORM, RankInfo, job_token
+from grpo_trainer.batch import Rollouts, effective_prefix
+from grpo_trainer.config import RankInfo, job_token
 from grpo_trainer.data import DATASET_FIELD, PromptOrder, RowShape, load_rows
 from grpo_trainer.evaluation import Evaluator
-from grpo_trainer.forward import autocast, batch_logp, packs
 from grpo_trainer.generation import Generator
 from grpo_trainer.inputs import check_inputs
-from grpo_trainer.losses import LossConfig, Totals, grpo_loss
+from grpo_trainer.losses import LossConfig
 from grpo_trainer.optim import GangAdamW
 from grpo_trainer.parallel import (
-    Groups,
     StopRequest,
     broadcast_bytes,
     broadcast_json,
-    clip_gradients,
     ep_tokens_per_dispatch,
     init_distributed,
     load_policy,
     make_groups,
-    sync_gradients,
 )
 from grpo_trainer.progress import ProgressReporter, StepSeconds, step_report
 from grpo_trainer.pusher import WeightPusher
+from grpo_trainer.step import Learner
 
 log = logging.getLogger(__name__)
 Prefetch = Future  # a Future[Rollouts] from `Generator.submit`
@@ -72,21 +61,23 @@ class Run:
 
     contract: RunContract
     info: RankInfo
-    groups: Groups
-    device: torch.device
-    model: nn.Module
-    ref: nn.Module | None
-    optimizer: GangAdamW
-    loss_cfg: LossConfig
+    learner: Learner  # the policy, its optimizer and loss: what a step updates (`grpo_trainer.step`)
     order: PromptOrder
-    pad_id: int
     state: checkpoint.TrainState
-    generator: Generator | None  # rank 0 only
-    reporter: ProgressReporter | None  # rank 0 only
+    generator: Generator | None = None  # rank 0 only
+    reporter: ProgressReporter | None = None  # rank 0 only
     saver: checkpoint.Saver | None = None
     evaluator: Evaluator | None = None  # rank 0 only, with spec.dataset.eval: the held-out set
     resumed: checkpoint.Resumed | None = None  # the save this run started from
     pusher: WeightPusher | None = None  # the weights to the rollout servers (every rank)
+
+    @property
+    def device(self) -> torch.device:
+        return self.learner.device
+
+    @property
+    def model(self) -> nn.Module:
+        return self.learner.model
 
 
 def setup(contract: RunContract, info: RankInfo) -> Run:
@@ -122,8 +113,9 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     offload = str(spec.trainer.optimizer_offload)  # cpu: AdamW state in host memory (DeepSpeed CPU Adam)
     optimizer = GangAdamW(model, groups, lr=algo.learning_rate, sharding=sharding, offload=offload)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    state, cfg = checkpoint.TrainState(), LossConfig.from_spec(algo)
-    run = Run(contract, info, groups, device, model, ref, optimizer, cfg, order, pad_id, state, None, None)
+    learner = Learner(algo, info, groups, device, str(spec.model.dtype), model, ref, optimizer,
+                      LossConfig.from_spec(algo), pad_id)  # fmt: skip
+    run = Run(contract=contract, info=info, learner=learner, order=order, state=checkpoint.TrainState())
     checkpoint.check_root(contract.checkpoint_dir, info)  # fail at once when this rank cannot save
     run.saver = checkpoint.Saver(
         contract.checkpoint_dir,
@@ -147,120 +139,6 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     run.pusher = WeightPusher(contract, info, model, device, run.generator)
     run.state.version = run.pusher.sync_at_start(run.state.version, resumed=run.resumed is not None)
     return run
-
-
-def micro_step(
-    run: Run, mb: MicroBatch, totals: Totals, *, entropy: bool
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Forward (policy, reference), loss and backward of one micro-batch; returns (loss, metrics)."""
-    algo = run.contract.spec.algorithm
-    with autocast(run.device, run.contract.spec.model.dtype):
-        logp, ent = batch_logp(run.model, mb, algo.temperature, entropy=entropy)
-    ref_logp = None
-    if run.ref is not None:
-        with (
-            torch.no_grad(),
-            moe.replaying(run.ref, mb.routing),
-            autocast(run.device, run.contract.spec.model.dtype),
-        ):
-            ref_logp, _ = batch_logp(run.ref, mb, algo.temperature)
-    if ent is not None and run.loss_cfg.entropy_coef == 0:
-        ent = ent.detach()  # metric only (entropy collapse is GRPO's classic failure)
-    loss, metrics = grpo_loss(
-        run.loss_cfg,
-        logp=logp,
-        old_logp=logp.detach() if mb.old_logp is None else mb.old_logp,  # one update: π_old is π itself
-        advantages=mb.advantages,
-        mask=mb.mask,
-        totals=totals,
-        rollout_logp=mb.rollout_logp,
-        ref_logp=ref_logp,
-        entropy=ent,
-    )
-    loss.backward()
-    return loss, metrics
-
-
-def old_logprobs(run: Run, batches: list[MicroBatch]) -> None:
-    """π_old's log-probs of every micro-batch, once, without gradient (the policy at the step's
-    start): the denominator of every later update's ratio. Stored on each micro-batch."""
-    algo = run.contract.spec.algorithm
-    for mb in batches:
-        dev = mb.to(run.device)
-        with (
-            torch.no_grad(),
-            moe.replaying(run.model, dev.routing),
-            autocast(run.device, run.contract.spec.model.dtype),
-        ):
-            mb.old_logp = batch_logp(run.model, dev, algo.temperature)[0].float()
-
-
-def train_step(run: Run, rollouts: Rollouts) -> dict[str, float]:
-    """The step's optimizer updates: epochsPerStep passes over miniBatchesPerStep mini-batches.
-
-    Each mini-batch is normalised by its own totals (over every rank) and every rank makes the
-    same number of updates. With more than one update, π_old's log-probs come from one no-grad
-    forward before the first (docs/objective.md); with one, π_old is the policy itself."""
-    algo, info = run.contract.spec.algorithm, run.info
-    advantages, kept = score(rollouts, algo)
-    drawn = (
-        {"extra_prompts": float(rollouts.prompts_drawn - algo.prompts_per_step)}
-        if algo.dynamic_sampling
-        else {}
-    )
-    drawn |= rollouts.episode_metrics()
-    if not kept:  # every group had equal rewards: nothing to learn, keep Adam's moments untouched
-        return {"kept": 0.0, **drawn}
-    plans = []  # per mini-batch: (its totals, this rank's micro-batches)
-    for part in mini_batches(kept, algo.mini_batches_per_step):
-        totals = Totals(
-            tokens=float(sum(rollouts.model_tokens(i) for i in part)),
-            sequences=float(len(part)),
-            norm_len=float(algo.max_new_tokens),
-        )
-        packed = algo.max_tokens_per_micro_batch is not None and packs(run.model)
-        plan = rank_plan(
-            rollouts,
-            part,
-            info.rank,
-            info.world_size,
-            size=algo.micro_batch_size,
-            max_tokens=algo.max_tokens_per_micro_batch,
-            packed=packed,
-        )
-        plans.append((totals, micro_batches(rollouts, plan, advantages, pad_id=run.pad_id, packed=packed)))
-    updates = [plan for _ in range(algo.epochs_per_step) for plan in plans]
-    if len(updates) > 1:
-        old_logprobs(run, [mb for _, batches in plans for mb in batches])
-    results = [update(run, totals, batches) for totals, batches in updates]
-    seen = [m for _, metrics, _ in results for m in metrics]
-    keys = {k for m in seen for k in m}
-    metrics = {k: sum(m[k] for m in seen if k in m) / sum(k in m for m in seen) for k in keys}  # this rank's
-    loss = sum(float(loss) for loss, _, _ in results) / len(results)
-    grad_norm = sum(norm for _, _, norm in results) / len(results)
-    return {"loss": loss, "grad_norm": grad_norm, "kept": len(kept) / len(rollouts), **metrics, **drawn}
-
-
-def update(run: Run, totals: Totals, batches: list[MicroBatch]) -> tuple[torch.Tensor, list[dict], float]:
-    """One optimizer update: micro-batched loss/backward over this rank's share of a mini-batch,
-    gradient sync, clip, AdamW step. Returns (loss over all ranks, this rank's metrics per
-    non-empty micro-batch, gradient norm before clipping)."""
-    run.optimizer.zero_grad(set_to_none=True)
-    loss_sum, seen = torch.zeros((), device=run.device), []
-    for mb in batches:
-        mb = mb.to(run.device)
-        want_entropy = run.loss_cfg.entropy_coef > 0 or not seen  # else a metric of the first micro-batch
-        # replay through backward too: activation checkpointing re-runs the routers there
-        with moe.replaying(run.model, mb.routing):  # mb.routing None: route freely
-            loss, mb_metrics = micro_step(run, mb, totals, entropy=want_entropy)
-        loss_sum += loss.detach()
-        if mb.mask.any():
-            seen.append(mb_metrics)
-    sync_gradients(run.model, run.groups)
-    grad_norm = clip_gradients(run.model, run.groups, MAX_GRAD_NORM)
-    run.optimizer.step()
-    dist.all_reduce(loss_sum)
-    return loss_sum, seen, grad_norm
 
 
 def next_rollouts(run: Run, pending: deque[Prefetch]) -> Rollouts:
@@ -372,7 +250,7 @@ def export(run: Run, name: str) -> None:
 def save(run: Run, *, wait: bool) -> None:
     """Start this step's save (every rank writes its shards in the background); `wait`: until sealed."""
     assert run.saver is not None
-    run.saver.save(run.state, checkpoint.gang_state(run.model, run.optimizer, run.info))
+    run.saver.save(run.state, checkpoint.gang_state(run.model, run.learner.optimizer, run.info))
     if wait:
         run.saver.wait()
 
@@ -390,7 +268,7 @@ def loop(run: Run) -> bool:
         t0 = time.time()
         rollouts = receive_rollouts(run, pending)
         t_gen = time.time()
-        stats = train_step(run, rollouts)
+        stats = run.learner.train_step(rollouts)
         staleness = run.state.version - rollouts.weight_version
         run.state = checkpoint.TrainState(
             step=run.state.step + 1,
@@ -407,13 +285,14 @@ def loop(run: Run) -> bool:
         if exports and run.state.step % exports == 0:
             export(run, f"{checkpoint.EXPORT_DIR}/{checkpoint.step_name(run.state.step)}")
         if run.reporter is not None:
-            ep_s = moe.exchange_seconds(run.model) + (moe.exchange_seconds(run.ref) if run.ref else 0.0)
+            ref = run.learner.ref
+            ep_s = moe.exchange_seconds(run.model) + (moe.exchange_seconds(ref) if ref else 0.0)
             seconds = StepSeconds(
                 step=time.time() - t0,
                 rollout=t_gen - t0,
                 train=t_train - t_gen,
                 push=t_push - t_train,
-                ep_all_to_all=ep_s if run.groups.ep is not None else None,
+                ep_all_to_all=ep_s if run.learner.groups.ep is not None else None,
             )
             evaluate = run.evaluator is not None and run.evaluator.due(run.state.step, algo.max_steps)
             if evaluate and not stopping:  # a stop request leaves at once; the last saved step is there
