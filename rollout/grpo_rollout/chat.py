@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_operator.api.spec import DatasetSpec
+
 from grpo_rollout.protocol import Prompt
 
 TEMPLATE_FIELD = "spec.dataset.chatTemplate"
@@ -34,8 +36,8 @@ class ChatSettings:
     system_prompt: str | None = None
 
     @classmethod
-    def of(cls, dataset: Any) -> "ChatSettings":
-        """From a `grpo_operator.api.spec.DatasetSpec`."""
+    def of(cls, dataset: DatasetSpec) -> "ChatSettings":
+        """The job's spec.dataset settings."""
         return cls(str(dataset.chat_template), dict(dataset.chat_template_kwargs), dataset.system_prompt)
 
 

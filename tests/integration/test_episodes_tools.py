@@ -6,13 +6,14 @@ its result, answer with it. Greedy episodes then go: model turn (the call) -> to
 -> model turn (the answer). The episode's tokens are the model's and the template's, never
 re-rendered text; the tool's are masked with log-prob 0; the trainer's micro-batch leaves them out."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 from grpo_rollout import episodes
 from grpo_rollout.chat import ChatSettings, PromptRenderer
-from grpo_rollout.engines.base import EngineConfig
+from grpo_rollout.engines.base import EngineConfig, PromptSamples
 from grpo_rollout.engines.torch_engine import TorchEngine
 from grpo_rollout.protocol import Prompt, Sampling
 from grpo_rollout.tools.parsers import get_parser
@@ -56,46 +57,50 @@ def taught(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ToolRunner]:
     runner.close()
 
 
-def test_an_episode_calls_the_tool_reads_its_result_and_answers_with_tool_tokens_masked(
-    taught: tuple[Path, ToolRunner],
-) -> None:
+@dataclass
+class Played:
+    result: PromptSamples
+    prompt: list[int]
+    renderer: PromptRenderer
+    want: list[int]  # the taught episode, prompt included
+    p: int  # its prompt's length
+
+
+def play(taught: tuple[Path, ToolRunner], n: int, sampling: Sampling, routing: bool = False) -> Played:
+    """n greedy-or-sampled episodes of the taught question on the torch engine, the real calculator."""
     model_dir, runner = taught
     engine = TorchEngine(EngineConfig(model_path=str(model_dir), device="cpu"))
     renderer = PromptRenderer.load(str(model_dir), ChatSettings(), tools=runner.schemas)
     loop = episodes.ToolLoop(renderer, get_parser("hermes"), runner, max_turns=4)
-    prompt = renderer.render(Prompt.of("q", QUESTION, {})).token_ids
-    sampling = Sampling(temperature=0, max_new_tokens=200, seed=1)
-    [result] = episodes.run(
-        engine, [Prompt.of("q", QUESTION, {})], [prompt], 2, sampling, lambda: False, loop
-    )
+    question = Prompt.of("q", QUESTION, {})
+    prompt = renderer.render(question).token_ids
+    [result] = episodes.run(engine, [question], [prompt], n, sampling, lambda: False, loop, routing=routing)
     assert result is not None and result.prompt_token_ids == prompt
     want, p = trajectory(engine.tokenizer, renderer)
-    for s in result.samples:
-        assert s.token_ids == want[p:], engine.tokenizer.decode(s.token_ids)  # token in, token out
+    return Played(result, prompt, renderer, want, p)
+
+
+def test_an_episode_calls_the_tool_reads_its_result_and_answers_with_tool_tokens_masked(
+    taught: tuple[Path, ToolRunner],
+) -> None:
+    got = play(taught, 2, Sampling(temperature=0, max_new_tokens=200, seed=1))
+    tool = got.renderer.continuation([{"role": "tool", "content": "42", "name": "calculator"}], "<|end|>")
+    call = len(got.want) - got.p - len(tool) - 3  # the call turn: everything before the tool message
+    for s in got.result.samples:
+        assert s.token_ids == got.want[got.p :], got.renderer.decode(s.token_ids)  # token in, token out
         assert (s.turns, s.tool_calls, s.tool_errors, s.text, s.finish_reason) == (2, 1, 0, "42", "stop")
-        tool = renderer.continuation([{"role": "tool", "content": "42", "name": "calculator"}], "<|end|>")
-        call = len(want) - p - len(tool) - 3  # the call turn: everything before the tool message
         assert s.mask == [1] * call + [0] * len(tool) + [1] * 3
         assert all(lp == 0.0 for lp, m in zip(s.logprobs, s.mask, strict=True) if m == 0)
-        assert all(lp < 0.0 or lp == 0.0 for lp in s.logprobs)
+        assert all(lp <= 0.0 for lp in s.logprobs)
 
 
 def test_no_room_for_another_turn_drops_the_tool_result_and_ends_at_the_models_turn(
     taught: tuple[Path, ToolRunner],
 ) -> None:
-    model_dir, runner = taught
-    engine = TorchEngine(EngineConfig(model_path=str(model_dir), device="cpu"))
-    renderer = PromptRenderer.load(str(model_dir), ChatSettings(), tools=runner.schemas)
-    loop = episodes.ToolLoop(renderer, get_parser("hermes"), runner, max_turns=4)
-    prompt = renderer.render(Prompt.of("q", QUESTION, {})).token_ids
-    want, p = trajectory(engine.tokenizer, renderer)
+    tok = build_tokenizer()
+    want, p = trajectory(tok, PromptRenderer(tok, ChatSettings(), tools=taught[1].schemas))
     budget = len(want) - p - 3  # the call fits, the tool message does too, no room to answer
-    sampling = Sampling(temperature=0, max_new_tokens=budget)
-    [result] = episodes.run(
-        engine, [Prompt.of("q", QUESTION, {})], [prompt], 1, sampling, lambda: False, loop
-    )
-    assert result is not None
-    [s] = result.samples
+    [s] = play(taught, 1, Sampling(temperature=0, max_new_tokens=budget)).result.samples
     assert s.turns == 1 and s.tool_calls == 1 and all(m == 1 for m in s.mask)  # ends with the model's tokens
     assert len(s.token_ids) < budget
 
@@ -142,22 +147,14 @@ def test_a_local_job_with_tools_runs_episodes_end_to_end_and_reports_them(
 def test_routing_replay_covers_every_model_turn_of_an_episode(taught: tuple[Path, ToolRunner]) -> None:
     """The last turn's pass saw the whole episode (earlier turns and tool tokens as its context), so
     its routing has a row for every token the trainer feeds: prompt + completion - 1."""
-    model_dir, runner = taught
-    engine = TorchEngine(EngineConfig(model_path=str(model_dir), device="cpu"))
-    renderer = PromptRenderer.load(str(model_dir), ChatSettings(), tools=runner.schemas)
-    loop = episodes.ToolLoop(renderer, get_parser("hermes"), runner, max_turns=4)
-    prompt = Prompt.of("q", QUESTION, {})
-    ids = renderer.render(prompt).token_ids
-    sampling = Sampling(temperature=0, max_new_tokens=200)
-    [result] = episodes.run(engine, [prompt], [ids], 1, sampling, lambda: False, loop, routing=True)
-    assert result is not None
-    [s] = result.samples
-    assert s.turns == 2 and s.routing is not None
-    assert s.routing.shape[0] == len(ids) + len(s.token_ids) - 1
     from grpo_rollout.protocol import Completion, PromptResult
 
+    got = play(taught, 1, Sampling(temperature=0, max_new_tokens=200), routing=True)
+    [s] = got.result.samples
+    assert s.turns == 2 and s.routing is not None
+    assert s.routing.shape[0] == len(got.prompt) + len(s.token_ids) - 1
     completion = Completion(
         text=s.text, token_ids=s.token_ids, logprobs=s.logprobs, mask=s.mask,
         finish_reason=s.finish_reason, reward=1.0, routing=s.routing, turns=s.turns,
     )  # fmt: skip
-    PromptResult(prompt_id="q", prompt_token_ids=ids, completions=[completion])  # the wire's own check
+    PromptResult(prompt_id="q", prompt_token_ids=got.prompt, completions=[completion])  # the wire's own check

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.local_runtime import job_manifest, run_job
+from tests.support.local_runtime import Run, job_manifest, run_job
 
 pytestmark = pytest.mark.slow
 EVERY = 3  # checkpoint interval of these runs
@@ -51,24 +51,29 @@ def test_killed_trainer_rank_restarts_the_gang_from_its_checkpoint(tmp_path: Pat
     assert run.pod_pids() == {}
 
 
-def test_killed_rollout_server_is_replaced_and_the_job_finishes(tmp_path: Path, tiny_model: Path) -> None:
-    manifest = job_manifest(tiny_model, maxSteps=MAX_STEPS)
-    manifest["spec"]["rollout"]["replicas"] = 2
-    run = run_job(tmp_path, manifest)
+def kill_rollout_server_mid_run(run: Run, index: int) -> Run:
+    """SIGKILL rollout server `index` after a few steps; the job then ends with every step and no
+    gang restart (the server is replaced alone)."""
     run.wait_until("a few steps", lambda: len(run.steps()) >= 3)
     servers = [
         pid
         for pid, cmdline, env in run.processes()
-        if "grpo_rollout serve" in cmdline and env["GRPO_POD_INDEX"] == "1"  # not its reward worker
+        if "grpo_rollout serve" in cmdline and env["GRPO_POD_INDEX"] == str(index)  # not its reward worker
     ]
     assert len(servers) == 1, run.processes()
     os.kill(servers[0], signal.SIGKILL)
-
     assert run.finish() == 0, run.output()
     summary = run.summary()
     assert summary["steps"] == MAX_STEPS and summary["restarts"] == 0, summary  # the gang never went down
     assert [s["step"] for s in run.steps()] == list(range(1, MAX_STEPS + 1))
-    assert "rollout-1 was killed by SIGKILL" in run.output()
+    assert f"rollout-{index} was killed by SIGKILL" in run.output()
+    return run
+
+
+def test_killed_rollout_server_is_replaced_and_the_job_finishes(tmp_path: Path, tiny_model: Path) -> None:
+    manifest = job_manifest(tiny_model, maxSteps=MAX_STEPS)
+    manifest["spec"]["rollout"]["replicas"] = 2
+    run = kill_rollout_server_mid_run(run_job(tmp_path, manifest), index=1)
     assert "restarting it alone" in run.output()
     assert run.pod_pids() == {}
 
@@ -84,21 +89,7 @@ def test_the_only_rollout_server_killed_is_caught_up_by_its_replacement_without_
     stream every rank joins while rank 0 waits for rollouts)."""
     manifest = job_manifest(tiny_model, maxSteps=MAX_STEPS)
     manifest["spec"]["rollout"]["weightSync"] = {"transport": transport}
-    run = run_job(tmp_path, manifest)
-    run.wait_until("a few steps", lambda: len(run.steps()) >= 3)
-    servers = [
-        pid
-        for pid, cmdline, env in run.processes()
-        if "grpo_rollout serve" in cmdline and env["GRPO_POD_INDEX"] == "0"  # not its reward worker
-    ]
-    assert len(servers) == 1, run.processes()
-    os.kill(servers[0], signal.SIGKILL)
-
-    assert run.finish() == 0, run.output()
-    summary = run.summary()
-    assert summary["steps"] == MAX_STEPS and summary["restarts"] == 0, summary  # the gang never went down
-    assert [s["step"] for s in run.steps()] == list(range(1, MAX_STEPS + 1))
-    assert "rollout-0 was killed by SIGKILL" in run.output()
+    run = kill_rollout_server_mid_run(run_job(tmp_path, manifest), index=0)
     trainer = (run.workdir / "logs" / "trainer-0.log").read_text()
     if transport == "collective":  # the replacement came up at version 0 while the job was past it
         assert "which came up behind it" in trainer, trainer[-3000:]

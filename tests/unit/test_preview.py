@@ -123,3 +123,19 @@ def test_preview_shows_the_tools_as_the_template_describes_them(job: Path) -> No
     done = preview(job, "-n", "1", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["prompts"][0]["text"].startswith("[tool calculator]<|system|>")
+
+
+def test_the_columns_preview_says_each_builtin_reads_are_the_ones_it_reads() -> None:
+    """preview's table (the trainer may not import the rewards) pinned to the rewards themselves."""
+    from grpo_operator.api.spec import BuiltinReward
+    from grpo_rollout.rewards.base import load_function
+    from grpo_trainer.preview import BUILTIN_COLUMNS
+
+    assert set(BUILTIN_COLUMNS) == {str(b) for b in BuiltinReward}
+    for name, columns in BUILTIN_COLUMNS.items():
+        fn = load_function(name)
+        given = {c: [[1, 2] if c == "numbers" else "3"] for c in columns}
+        assert len(fn(["p"], ["3"], **given)) == 1  # all it needs
+        for missing in columns:
+            with pytest.raises(KeyError, match=missing):
+                fn(["p"], ["3"], **{c: v for c, v in given.items() if c != missing})

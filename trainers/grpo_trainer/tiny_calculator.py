@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from grpo_trainer.tiny_model import END_OF_TURN, TinyConfig, build_model, build_tokenizer
+from grpo_trainer.tiny_model import END_OF_TURN, TinyConfig, save_warmed, templated, write_jsonl
 
 DATASET_FILE = "powers.jsonl"
 
@@ -41,16 +41,10 @@ def call_text(a: int, b: int) -> str:
     return f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{a}**{b}"}}}}</tool_call>'
 
 
-def templated(tok: PreTrainedTokenizerFast, messages: list[dict], generation_prompt: bool) -> list[int]:
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
-    return tok(text, add_special_tokens=False).input_ids
-
-
 def episode(tok: PreTrainedTokenizerFast, a: int, b: int) -> tuple[list[int], list[int]]:
     """One correct episode's tokens and its loss mask (1 on the model's turns): the prompt, the call,
     the calculator's result as a tool message, the answer; as the rollout servers lay them out."""
-    user = [{"role": "user", "content": question(a, b)}]
-    prompt = templated(tok, user, True)
+    prompt = templated(tok, question(a, b))
     end = tok.convert_tokens_to_ids(END_OF_TURN)
     call = [*tok(call_text(a, b), add_special_tokens=False).input_ids, end]
     tool = tok(f"<|tool|>{a**b}<|end|><|assistant|>", add_special_tokens=False).input_ids
@@ -83,7 +77,7 @@ def accuracy(model: PreTrainedModel, tok: PreTrainedTokenizerFast, seed: int) ->
     model.eval()
     good = 0
     for a, b in pairs():
-        prompt = templated(tok, [{"role": "user", "content": question(a, b)}], True)
+        prompt = templated(tok, question(a, b))
         call = tok.decode(sample(model, prompt, end, gen), skip_special_tokens=True)
         if call != call_text(a, b):
             continue
@@ -116,19 +110,11 @@ def warm_up(model: PreTrainedModel, tok: PreTrainedTokenizerFast, cfg: TinyConfi
 
 
 def build(out: Path, cfg: TinyConfig) -> dict[str, float | int | str]:
-    torch.manual_seed(cfg.seed)
-    tok = build_tokenizer()
-    model = build_model(cfg, tok)
-    steps, acc = warm_up(model, tok, cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    with open(out / DATASET_FILE, "w") as f:
-        for a, b in pairs():
-            f.write(
-                json.dumps({"prompt": [{"role": "user", "content": question(a, b)}], "answer": str(a**b)})
-            )
-            f.write("\n")
+    _, steps, acc = save_warmed(out, cfg, warm_up)
+    rows = [
+        {"prompt": [{"role": "user", "content": question(a, b)}], "answer": str(a**b)} for a, b in pairs()
+    ]
+    write_jsonl(out / DATASET_FILE, rows)
     return {"dir": str(out), "warmup_steps": steps, "sampled_accuracy": acc}
 
 

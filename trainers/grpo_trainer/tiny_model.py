@@ -24,6 +24,7 @@ benchmarks load when they check mechanics (sampling, log-probs, weight sync, exp
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,15 +216,29 @@ def warm_up(model: PreTrainedModel, tok: PreTrainedTokenizerFast, cfg: TinyConfi
     return step, acc
 
 
-def build(out: Path, cfg: TinyConfig) -> dict[str, float | int | str]:
-    """Write model, tokenizer and dataset to `out`; return a summary for the console."""
+WarmUp = Callable[[PreTrainedModel, PreTrainedTokenizerFast, TinyConfig], tuple[int, float]]
+
+
+def save_warmed(out: Path, cfg: TinyConfig, warm: WarmUp) -> tuple[PreTrainedModel, int, float]:
+    """Build the model, warm it up with `warm` (-> steps, accuracy) and save it with its tokenizer."""
     torch.manual_seed(cfg.seed)
     tok = build_tokenizer()
     model = build_model(cfg, tok)
-    steps, acc = warm_up(model, tok, cfg)
+    steps, acc = warm(model, tok, cfg)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tok.save_pretrained(out)
+    return model, steps, acc
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+def build(out: Path, cfg: TinyConfig) -> dict[str, float | int | str]:
+    """Write model, tokenizer and dataset to `out`; return a summary for the console."""
+    model, steps, acc = save_warmed(out, cfg, warm_up)
     rows = addition_rows()
     heldout = [r for i, r in enumerate(rows) if i % HELDOUT_EVERY == HELDOUT_EVERY // 2]
     for name, part in (
@@ -231,9 +246,7 @@ def build(out: Path, cfg: TinyConfig) -> dict[str, float | int | str]:
         (TRAIN_FILE, [as_chat(r) for r in rows if r not in heldout]),
         (HELDOUT_FILE, [as_chat(r) for r in heldout]),
     ):
-        with open(out / name, "w") as f:
-            for row in part:
-                f.write(json.dumps(row) + "\n")
+        write_jsonl(out / name, part)
     params = sum(p.numel() for p in model.parameters())
     return {"dir": str(out), "parameters": params, "warmup_steps": steps, "sampled_accuracy": acc}
 

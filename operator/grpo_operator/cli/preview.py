@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from grpo_operator.cli.run import claims
+from grpo_operator.cli.run import add_pvc_argument, claims
 from grpo_operator.local.plan import PlanError, load_job, localize
 
 WORKER = "grpo_trainer.preview"
@@ -34,14 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", type=Path, help="the GRPOJob manifest")
     parser.add_argument("-n", type=int, default=3, help="prompts to show (default 3)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument(
-        "--pvc",
-        action="append",
-        default=[],
-        metavar="CLAIM=DIR",
-        help="a local folder standing in for a PersistentVolumeClaim: pvc://CLAIM/path reads DIR/path "
-        "(repeatable)",
-    )
+    add_pvc_argument(parser)
 
 
 def worker_command(job_file: Path, pvc: list[str], spec_file: Path, *extra: str) -> list[str]:

@@ -38,16 +38,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where the contract, logs, progress, checkpoints (unless the job sets them) and plot go "
         "(default: a new temporary folder)",
     )
+    add_pvc_argument(parser)
+    parser.add_argument(
+        "--health-timeout", type=float, default=300.0, metavar="S", help="seconds to wait for rollout servers"
+    )
+
+
+def add_pvc_argument(parser: argparse.ArgumentParser, when: str = "") -> None:
+    """`--pvc CLAIM=DIR` (repeatable), read by `claims`: the commands that resolve a job's paths here."""
     parser.add_argument(
         "--pvc",
         action="append",
         default=[],
         metavar="CLAIM=DIR",
-        help="a local folder standing in for a PersistentVolumeClaim: pvc://CLAIM/path reads DIR/path "
-        "(repeatable)",
-    )
-    parser.add_argument(
-        "--health-timeout", type=float, default=300.0, metavar="S", help="seconds to wait for rollout servers"
+        help=f"{when}a local folder standing in for a PersistentVolumeClaim: pvc://CLAIM/path reads "
+        "DIR/path (repeatable)",
     )
 
 

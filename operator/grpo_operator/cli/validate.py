@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from grpo_operator import validation
-from grpo_operator.cli.run import claims
+from grpo_operator.cli.run import add_pvc_argument, claims
 from grpo_operator.local.plan import PlanError
 from grpo_operator.validation import paths
 
@@ -48,13 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "resolves from here: relative to the file's folder, pvc:// through --pvc, s3:// with this "
         "environment's AWS credentials",
     )
-    parser.add_argument(
-        "--pvc",
-        action="append",
-        default=[],
-        metavar="CLAIM=DIR",
-        help="with --check-paths: a local folder standing in for a PersistentVolumeClaim (repeatable)",
-    )
+    add_pvc_argument(parser, when="with --check-paths: ")
 
 
 def run(args: argparse.Namespace) -> int:
