@@ -10,7 +10,7 @@ cores), `--model-mib 64` for a quick look. What runs, all as separate processes 
   large pieces received in place (no model to generate with: only the transfer is measured);
 - 2 raw receivers for the link measurements.
 Transports (each timed after one warm-up version, end to end: until every server answers live;
-the collective stream REPEATS times, each right after a link measurement, and the row shows the
+the collective stream --repeats times (5), each right after a link measurement, and the row shows the
 version whose share of its own link is the median: pairs cancel the slow swings of a shared
 machine's load, the median the spikes that hit one side of a pair):
 - collective: every rank streams its shard, converted to bf16 bucket by bucket
@@ -35,6 +35,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,14 +46,26 @@ for sub in ("trainers", "operator", "rollout"):
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from grpo_operator.api.roles import WeightSync  # noqa: E402
+from grpo_trainer.tiny_model import build_tokenizer  # noqa: E402
 
 TOKEN = "weight-sync-bench"
 COLS = 4096
 TENSORS = 32
 SENDERS, SERVERS = 2, 2
-REPEATS = 5  # measured collective versions, each after a measured link
-LINK_RUNS = 1 + REPEATS  # a warm-up, then one before each measured version
-VERSIONS = range(1, 2 + REPEATS)  # version 1 is the stream's warm-up
+REPEATS = 5  # measured collective versions, each after a measured link (--repeats)
+FAILED_EXIT = 3  # a benchmark that could not finish: which process failed and why is printed
+
+
+def stream_versions(repeats: int) -> range:
+    """The collective leg's versions: version 1 is its warm-up."""
+    return range(1, 2 + repeats)
+
+
+def http_versions(repeats: int) -> tuple[int, int]:
+    """The http leg's two versions (a warm-up and the measured one) come after the collective
+    leg's: a server refuses a version older than its live one."""
+    last = stream_versions(repeats)[-1]
+    return last + 1, last + 2
 
 
 def shapes(model_bytes: int) -> dict[str, list[int]]:
@@ -135,7 +148,7 @@ class SinkEngine:
         pass
 
 
-def run_server(port: int) -> None:
+def run_server(port: int, tokenizer_dir: str) -> None:
     from grpo_operator.api.spec import RewardSpec
     from grpo_rollout.engines import base
     from grpo_rollout.engines.base import EngineConfig
@@ -144,14 +157,16 @@ def run_server(port: int) -> None:
 
     base.ENGINES["sink"] = "__main__:SinkEngine"
     reward = RewardSpec.model_validate({"functions": [{"builtin": "exact_match"}]})
-    config = ServiceConfig(f"bench-{port}", "sink", EngineConfig(model_path="-"), reward, drain_seconds=1)
+    config = ServiceConfig(
+        f"bench-{port}", "sink", EngineConfig(model_path=tokenizer_dir), reward, drain_seconds=1
+    )
     asyncio.run(serve(RolloutService(config), TOKEN, "127.0.0.1", port))
 
 
 # --- raw receiver: plain gloo broadcast and a plain HTTP sink --------------------------------
 
 
-def run_raw(index: int, store_port: int, http_port: int, share_bytes: int) -> None:
+def run_raw(index: int, store_port: int, http_port: int, share_bytes: int, link_runs: int) -> None:
     from aiohttp import web
     from grpo_rollout import weight_stream
 
@@ -162,7 +177,7 @@ def run_raw(index: int, store_port: int, http_port: int, share_bytes: int) -> No
     ]
     bufs = [torch.empty(share_bytes, dtype=torch.uint8) for _ in groups]
     opts = dist.BroadcastOptions()
-    for _ in range(LINK_RUNS):
+    for _ in range(link_runs):  # a warm-up, then one before each measured version
         works = [g.broadcast([b], opts) for g, b in zip(groups, bufs, strict=True)]
         for w in works:
             w.wait()
@@ -202,7 +217,7 @@ def run_rank(rank: int, args: argparse.Namespace) -> None:
     sender = StreamSender("127.0.0.1", args.sync_port, rank, timeout_s=600)
     items = [(k, rank * t.numel(), t.view(-1)) for k, t in shard.items()]
     out.update(raw_s=[], stream_s=[], waited_s=[], filled_s=[], stream_peak_rss=0)
-    for version in VERSIONS:
+    for version in stream_versions(args.repeats):
         link_s = _raw_broadcast(raw, ctl, share_bytes)
         out["raw_s"] += [link_s] if version > 1 else []  # the first is the link's warm-up
         ctl.add(f"link-{version}-done", 1)
@@ -227,7 +242,7 @@ def run_rank(rank: int, args: argparse.Namespace) -> None:
 
     # 3. HTTP as before: gather to rank 0, bucketize, POST to each server
     world = weight_stream.make_group(dist.PrefixStore("world", ctl), rank, SENDERS, "gloo", 600)
-    for version in (3, 4):
+    for version in http_versions(args.repeats):
         ctl.wait([f"http-{version}"])
         with PeakRss() as peak:
             t0 = time.perf_counter()
@@ -321,19 +336,70 @@ async def _stream_request(urls: list[str], version: int, sync_port: int, spec: d
     async with RolloutClient(urls, TOKEN) as client:
         result = await client.stream_weights(reqs)
     if result.failed:
-        raise RuntimeError(f"stream failed: {result.failed}")
+        raise BenchmarkFailed(f"version {version} did not go live on every server: {result.failed}")
     return time.perf_counter() - t0
 
 
-def wait_health(urls: list[str]) -> None:
+class BenchmarkFailed(RuntimeError):
+    """A process of the benchmark died or a leg failed: the run stops at once with the reason."""
+
+
+Procs = dict[str, subprocess.Popen]  # role and index -> process
+
+
+def check_alive(procs: Procs) -> None:
+    """Raise, naming it, when any process of the benchmark has exited: every process lives until
+    the controller kills it, so an exit is a failure (its traceback is above, on stderr)."""
+    for name, proc in procs.items():
+        if (code := proc.poll()) is not None:
+            raise BenchmarkFailed(f"{name} exited with status {code} (its error is printed above)")
+
+
+def await_count(
+    ctl: dist.TCPStore, key: str, count: int | None, procs: Procs, timeout_s: float = 900
+) -> None:
+    """Wait until the store's counter `key` reaches `count` (None: until the key exists), watching
+    the processes meanwhile so a dead one fails the run instead of hanging it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if count is None:
+            if ctl.check([key]):
+                return
+        elif int(ctl.add(key, 0)) >= count:
+            return
+        check_alive(procs)
+        if time.monotonic() > deadline:
+            raise BenchmarkFailed(f"nothing reached {key!r} in {timeout_s:.0f} s")
+        time.sleep(0.01)
+
+
+async def watched(work, procs: Procs):  # a coroutine, and its result
+    """Await `work` while watching the processes: a dead one cancels it and fails the run."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        await asyncio.wait({task}, timeout=0.1)
+        if not task.done():
+            try:
+                check_alive(procs)
+            except BenchmarkFailed:
+                task.cancel()
+                raise
+    return task.result()
+
+
+def wait_health(urls: list[str], procs: Procs, timeout_s: float = 120) -> None:
     import urllib.request
 
+    deadline = time.monotonic() + timeout_s
     for u in urls:
-        for _ in range(600):
+        while True:
             try:
                 urllib.request.urlopen(f"{u}/health", timeout=2)
                 break
             except OSError:
+                check_alive(procs)
+                if time.monotonic() > deadline:
+                    raise BenchmarkFailed(f"{u} did not answer /health in {timeout_s:.0f} s") from None
                 time.sleep(0.2)
 
 
@@ -343,9 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bucket-mib", type=int, default=WeightSync().bucket_mb, help="default: the API's")
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--only", choices=["collective"], default=None, help="skip the HTTP rows (quick)")
+    p.add_argument("--repeats", type=int, default=REPEATS, help="measured collective versions")
     p.add_argument("--role", default="main", help=argparse.SUPPRESS)
     p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--tokenizer", default="", help=argparse.SUPPRESS)
     p.add_argument("--store-port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--sync-port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--servers", nargs="*", default=[], help=argparse.SUPPRESS)
@@ -356,10 +424,10 @@ def main(argv: list[str] | None = None) -> int:
     spec = shapes(args.model_bytes)
     args.model_bytes_exact = sum(r * c * 2 for r, c in spec.values())
     if args.role == "server":
-        run_server(args.port)
+        run_server(args.port, args.tokenizer)
         return 0
     if args.role == "raw":
-        run_raw(args.index, args.store_port, args.port, args.model_bytes_exact // SENDERS)
+        run_raw(args.index, args.store_port, args.port, args.model_bytes_exact // SENDERS, 1 + args.repeats)
         return 0
     if args.role == "rank":
         run_rank(args.index, args)
@@ -371,42 +439,50 @@ def main(argv: list[str] | None = None) -> int:
     urls = [f"http://127.0.0.1:{p}" for p in server_ports]
     raw_urls = [f"http://127.0.0.1:{p}" for p in raw_ports]
     common = ["--model-mib", str(args.model_mib), "--bucket-mib", str(args.bucket_mib)]
+    common += ["--repeats", str(args.repeats)]
     common += ["--only", args.only] if args.only else []
-    procs = [spawn("--role", "server", "--port", str(p), *common, env={"BENCH_SHAPES": json.dumps(spec)})
-             for p in server_ports]  # fmt: skip
+    tmp = tempfile.TemporaryDirectory(prefix="weight-sync-bench-")
+    build_tokenizer().save_pretrained(tmp.name)  # servers render prompts with one, even here
+    server = ["--role", "server", "--tokenizer", tmp.name, *common]
+    env = {"BENCH_SHAPES": json.dumps(spec)}
+    procs: Procs = {
+        f"server {i}": spawn(*server, "--port", str(p), env=env) for i, p in enumerate(server_ports)
+    }
     raw = ["--role", "raw", "--store-port", str(ctl_port), *common]
-    procs += [spawn(*raw, "--index", str(i), "--port", str(p)) for i, p in enumerate(raw_ports)]
-    wait_health(urls)
-    rank_args = ["--store-port", str(ctl_port), "--sync-port", str(sync_port), "--servers", *urls]
-    procs += [spawn("--role", "rank", "--index", str(r), *common, *rank_args, "--raw-urls", *raw_urls)
-              for r in range(SENDERS)]  # fmt: skip
+    procs |= {f"raw receiver {i}": spawn(*raw, "--index", str(i), "--port", str(p))
+              for i, p in enumerate(raw_ports)}  # fmt: skip
     load_before = os.getloadavg()[0]
     try:
+        wait_health(urls, procs)
+        rank_args = ["--store-port", str(ctl_port), "--sync-port", str(sync_port), "--servers", *urls]
+        procs |= {f"trainer rank {r}": spawn("--role", "rank", "--index", str(r), *common, *rank_args,
+                                             "--raw-urls", *raw_urls) for r in range(SENDERS)}  # fmt: skip
         stream_s = []
-        for version in VERSIONS:
-            while int(ctl.add(f"link-{version}-done", 0)) < SENDERS:
-                time.sleep(0.01)
+        for version in stream_versions(args.repeats):
+            await_count(ctl, f"link-{version}-done", SENDERS, procs)
             ctl.set(f"stream-{version}", "go")
-            seconds = asyncio.run(_stream_request(urls, version, sync_port, spec))
+            seconds = asyncio.run(watched(_stream_request(urls, version, sync_port, spec), procs))
             stream_s += [seconds] if version > 1 else []
-            ctl.wait([f"stream-{version}-sent"])
-            while int(ctl.get(f"stream-{version}-sent")) < SENDERS:
-                time.sleep(0.01)
-        for version in (3, 4) if args.only is None else ():
+            await_count(ctl, f"stream-{version}-sent", SENDERS, procs)
+        for version in http_versions(args.repeats) if args.only is None else ():
             ctl.set(f"http-{version}", "go")
-            while int(ctl.add(f"http-{version}-done", 0)) < SENDERS:
-                time.sleep(0.01)
+            await_count(ctl, f"http-{version}-done", SENDERS, procs)
         ctl.set("rawhttp", "go")
-        ctl.wait([f"result-{r}" for r in range(SENDERS)])
+        for r in range(SENDERS):
+            await_count(ctl, f"result-{r}", None, procs)
         res = [json.loads(ctl.get(f"result-{r}")) for r in range(SENDERS)]
+    except BenchmarkFailed as e:
+        print(f"weight_sync benchmark failed: {e}", file=sys.stderr)
+        return FAILED_EXIT
     finally:
-        for proc in procs:
+        for proc in procs.values():
             proc.kill()
             proc.wait()
+        tmp.cleanup()
     mb = args.model_bytes_exact
     link_s = [max(runs) for runs in zip(*(r["raw_s"] for r in res), strict=True)]  # the slower rank's
-    pairs = sorted(range(REPEATS), key=lambda i: link_s[i] / stream_s[i])
-    mid = pairs[REPEATS // 2]  # the version whose share of its own link is the median one
+    pairs = sorted(range(args.repeats), key=lambda i: link_s[i] / stream_s[i])
+    mid = pairs[args.repeats // 2]  # the version whose share of its own link is the median one
     rows = [
         dict(transport="collective (gloo)", servers=SERVERS, model_bytes=mb, bucket_bytes=args.bucket_bytes,
              seconds=stream_s[mid], gb_per_s=mb / stream_s[mid] / 1e9, link_gb_per_s=mb / link_s[mid] / 1e9,
@@ -442,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     runs = ", ".join(f"{x:.2f}" for x in c["all_seconds"])
     links = ", ".join(f"{x:.2f}" for x in c["all_link_seconds"])
-    print(f"collective: {REPEATS} versions ({runs} s), each right after a link measurement ({links} s); "
+    print(f"collective: {args.repeats} versions ({runs} s), each right after a link measurement ({links} s); "
           f"the row is the median version by its share of its own link; best version against best "
           f"link: {c['best_of_best']:.0%}")  # fmt: skip
     print(f"collective, that version: {each}")

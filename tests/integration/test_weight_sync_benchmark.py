@@ -1,0 +1,68 @@
+"""`benchmarks/weight_sync.py` run small (4 MiB, both transports) finishes and writes both rows; a
+process of the benchmark that dies fails the run at once, naming it (the benchmark once failed in
+its http leg and then hung with its servers idle). Nothing here is timed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks/weight_sync.py"
+
+
+def _bench():  # the script as a module (benchmarks/ is not a package)
+    spec = importlib.util.spec_from_file_location("weight_sync_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_small_run_of_both_transports_writes_both_rows(tmp_path: Path) -> None:
+    out = tmp_path / "sync.json"
+    argv = [sys.executable, str(SCRIPT), "--model-mib", "4", "--bucket-mib", "1", "--repeats", "1"]
+    done = subprocess.run([*argv, "--json", str(out)], cwd=ROOT, timeout=300, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["transport"] for r in rows] == ["collective (gloo)", "http"]
+    for row in rows:
+        assert row["model_bytes"] == 4 << 20 and row["bucket_bytes"] == 1 << 20
+        assert row["seconds"] > 0 and row["link_gb_per_s"] > 0
+    assert len(rows[0]["all_seconds"]) == 1  # --repeats
+
+
+def test_http_versions_come_after_the_streamed_ones() -> None:
+    bench = _bench()
+    for repeats in (1, 5):
+        assert min(bench.http_versions(repeats)) > max(bench.stream_versions(repeats))
+
+
+def test_a_dead_process_fails_the_wait_at_once_naming_it() -> None:
+    import torch.distributed as dist
+
+    bench = _bench()
+    port = bench.free_port()
+    ctl = bench.store(port, master=True)
+    dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(bench.BenchmarkFailed, match="trainer rank 1 exited with status 3"):
+            bench.await_count(ctl, "never-reached", 2, {"server 0": alive, "trainer rank 1": dead})
+        assert time.monotonic() - t0 < 30  # not the store's or the groups' 600 s timeouts
+        ctl.add("counted", 2)
+        bench.await_count(ctl, "counted", 2, {"server 0": alive})  # reached: returns
+        ctl.set("result-0", "{}")
+        bench.await_count(ctl, "result-0", None, {"server 0": alive})
+    finally:
+        alive.kill()
+        alive.wait()
+        dead.wait()
+    assert isinstance(ctl, dist.TCPStore)
