@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
 from grpo_rollout.engines.base import EngineDead
+from grpo_rollout.errors import ServiceError
 from grpo_rollout.protocol import (
     AUTH_HEADER,
     MAX_GENERATE_BODY_BYTES,
@@ -34,7 +35,7 @@ from grpo_rollout.protocol import (
     WeightBucket,
     WeightStreamRequest,
 )
-from grpo_rollout.service import RolloutService, ServiceError
+from grpo_rollout.service import RolloutService
 
 log = logging.getLogger(__name__)
 

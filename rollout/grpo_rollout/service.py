@@ -5,10 +5,9 @@ thread (generations and weight swaps are serialized there, so every response is 
 one weight version) and rewards on another (scoring one request overlaps generating the next). An
 engine that batches concurrent requests itself (vLLM, `concurrent_generates` > 1) gets that many
 generate threads instead; a `Gate` then lets generations overlap and keeps weight swaps alone.
-Weight versions arrive over HTTP (`add_weights`, staged whole) or streamed over the trainer's
-collective groups (`stream_weights`, applied bucket by bucket on the engine thread, live only when
-every element arrived; a stream that breaks half-way leaves the server refusing work until the
-next complete version; a stream any member saw break is called off for all, `weight_stream`).
+Weight versions (over HTTP, or streamed over the trainer's collective groups) are the
+`WeightReceiver`'s (`grpo_rollout.receiver`): the service checks the server can take one and
+lends it the engine thread with no generation beside it (`_alone`).
 Draining (SIGTERM, e.g. a Spot interruption): new work is refused, work that has not started is
 handed back at once, running work gets until the drain deadline and is then handed back unfinished.
 A dead engine (`EngineDead` from a call, or its `failure()` seen by `watch`) is final for this
@@ -20,14 +19,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from grpo_operator.api.spec import RewardSpec
 
-from grpo_rollout import episodes, stream_member, weight_stream
+from grpo_rollout import episodes
 from grpo_rollout.chat import ChatError, ChatSettings, PromptRenderer
 from grpo_rollout.engines.base import (
     Engine,
@@ -38,6 +37,7 @@ from grpo_rollout.engines.base import (
     engine_failure,
 )
 from grpo_rollout.environments import EnvironmentRunner
+from grpo_rollout.errors import ServiceError, loading
 from grpo_rollout.gate import Gate
 from grpo_rollout.metrics import RolloutMetrics
 from grpo_rollout.protocol import (
@@ -53,26 +53,15 @@ from grpo_rollout.protocol import (
     WeightStreamRequest,
     WeightUpdateResponse,
 )
+from grpo_rollout.receiver import WeightReceiver
 from grpo_rollout.rewards.scorer import RewardScorer
 from grpo_rollout.tools.parsers import get_parser
 from grpo_rollout.tools.runner import ToolRunner
-from grpo_rollout.weights import BadBucket, WeightConflict, WeightStager
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 WATCH_S = 1.0  # how often an idle server asks its engine whether it is still alive
-
-
-class StreamBroken(RuntimeError):
-    """A member's weight groups failed mid-stream (a peer died, a transfer timed out)."""
-
-
-class ServiceError(Exception):
-    """A refusal with its HTTP status and protocol error code."""
-
-    def __init__(self, status: int, code: str, message: str, retry_after: int | None = None):
-        super().__init__(message)
-        self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
 
 
 @dataclass(frozen=True)
@@ -119,18 +108,14 @@ class RolloutService:
         self.scorer: RewardScorer | None = None
         self.renderer: PromptRenderer | None = None
         self.tool_loop: episodes.ToolLoop | None = None
-        self.stager = WeightStager()
+        self.weights = WeightReceiver(config.server_id, self.metrics, self._alone)
         self.draining = False
         self.hand_back = False  # set at the drain deadline: running generations stop and return their prompts
         self.in_flight = 0
         self._engine_pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
         self._reward_pool = ThreadPoolExecutor(1, thread_name_prefix="rewards")
-        self._weights_lock = asyncio.Lock()
         self._generate_pool = self._engine_pool  # widened in start() for an engine that batches
         self._gate = Gate()  # many generations or one weight swap
-        self.link = weight_stream.ReceiverLink()
-        self.torn = False  # a streamed version broke half-way: weights are mixed until the next one
-        self.receiving = False  # a streamed version is on its way in
         self.failure: str | None = None  # the engine's first error once it died: final
         self._dead = asyncio.Event()
 
@@ -189,28 +174,20 @@ class RolloutService:
         if concurrent > 1:
             self._generate_pool = ThreadPoolExecutor(concurrent, thread_name_prefix="generate")
         self.engine = engine
-        self.metrics.weight_version.set(self.stager.live_version)
+        self.metrics.weight_version.set(self.weights.live_version)
         log.info("%s ready: engine %s in %.1fs", self.config.server_id, engine.name, time.monotonic() - t0)
 
     def health(self) -> HealthResponse:
         return HealthResponse(
             server_id=self.config.server_id,
             state=self.state,
-            weight_version=self.stager.live_version,
+            weight_version=self.weights.live_version,
             engine=self.config.engine,
             model=self.config.engine_config.model_path,
             in_flight=self.in_flight,
-            stream_members=self.stream_members,
+            stream_members=self.weights.members(self.engine),
             error=self.failure,
         )
-
-    @property
-    def stream_members(self) -> int:
-        """Ranks this server takes in every weight group (1 until the engine is loaded: a server
-        that is not ready is not put in the groups)."""
-        if self.engine is None:
-            return 1
-        return stream_member.stream_receiver(self.engine, self.link).stream_members
 
     def died(self, message: str) -> ServiceError:
         """Record the engine's death (the first error wins: later ones are its echoes) and the
@@ -248,15 +225,15 @@ class RolloutService:
                 503, "draining", "server is draining (shutting down); send elsewhere", retry_after=5
             )
         if self.engine is None:
-            raise ServiceError(503, "loading", "server is still loading its model", retry_after=5)
+            raise loading()
 
     async def generate(self, req: GenerateRequest) -> GenerateResponse:
         self.refuse_if_not_ready()
-        if self.torn:
+        if self.weights.torn:
             raise ServiceError(
                 503, "loading", "weights incomplete (a stream broke); waiting for the next version"
             )
-        live = self.stager.live_version
+        live = self.weights.live_version
         if req.min_weight_version is not None and live < req.min_weight_version:
             raise ServiceError(
                 409,
@@ -294,7 +271,7 @@ class RolloutService:
     def _generate_now(self, req: GenerateRequest) -> tuple[int, list[PromptSamples | None]]:
         """On the engine thread; work that only starts once draining began is handed back whole."""
         assert self.engine is not None and self.renderer is not None
-        version = self.stager.live_version  # weight swaps run on this same thread: stable until we return
+        version = self.weights.live_version  # weight swaps run on this same thread: stable until we return
         if self.draining:
             return version, [None] * len(req.prompts)
         try:
@@ -381,125 +358,27 @@ class RolloutService:
             )
         return results
 
+    async def _alone(self, fn: Callable[[], T]) -> T:
+        """`fn` on the engine thread with no generation beside it (weight swaps); an engine that
+        dies in it makes the server's permanent `engine_dead` answer."""
+        loop = asyncio.get_running_loop()
+        with self._engine_call():
+            async with self._gate.exclusive():
+                return await loop.run_in_executor(self._engine_pool, fn)
+
     async def add_weights(self, meta: WeightBucket, data: bytes) -> WeightUpdateResponse:
         self.refuse_if_not_ready()
         assert self.engine is not None
-        async with self._weights_lock:
-            try:
-                complete = self.stager.add(meta, data)
-            except WeightConflict as e:
-                raise ServiceError(409, "weight_version_conflict", str(e)) from None
-            except BadBucket as e:
-                raise ServiceError(422, "bad_request", str(e)) from None
-            updated = 0
-            if complete is not None:
-                loop = asyncio.get_running_loop()
-                t0 = time.monotonic()
-                try:
-                    with self._engine_call():
-                        async with self._gate.exclusive():
-                            updated = await loop.run_in_executor(
-                                self._engine_pool, self._apply_now, complete, meta.version
-                            )
-                except ValueError as e:
-                    self.stager.discard()
-                    raise ServiceError(
-                        422, "bad_request", f"weight version {meta.version} rejected: {e}"
-                    ) from None
-                self.metrics.weight_version.set(meta.version)
-                self.metrics.weight_loads.inc()
-                log.info(
-                    "weight version %d live (%d tensors, %.2fs)", meta.version, updated, time.monotonic() - t0
-                )
-            return WeightUpdateResponse(
-                server_id=self.config.server_id,
-                live_version=self.stager.live_version,
-                staged_version=self.stager.staged_version,
-                buckets_received=len(self.stager.buckets),
-                applied=complete is not None,
-                parameters_updated=updated,
-            )
-
-    def _apply_now(self, buckets: list[bytes], version: int) -> int:
-        """On the engine thread: swap the weights and the version number together, so the next
-        generate on this thread can never report the old version for the new weights."""
-        assert self.engine is not None
-        updated = self.engine.load_weights(buckets)
-        self.stager.applied(version)
-        self.torn = False
-        return updated
+        return await self.weights.push(self.engine, meta, data)
 
     async def stream_weights(self, req: WeightStreamRequest) -> WeightUpdateResponse:
-        """Receive `req.version` over the trainer's groups (joining them first for a new epoch).
-        The stream is consumed even when the version is refused, so the senders never hang; a
-        draining server takes it too (its groups are waiting on it), only a loading one refuses."""
+        """A streamed version; a draining server takes it too (its groups are waiting on it), only
+        a loading one refuses."""
         if self.failure is not None:
             raise self.died(self.failure)
         if self.engine is None:
-            raise ServiceError(503, "loading", "server is still loading its model", retry_after=5)
-        async with self._weights_lock:
-            loop = asyncio.get_running_loop()
-            t0 = time.monotonic()
-            try:
-                with self._engine_call():
-                    async with self._gate.exclusive():
-                        updated = await loop.run_in_executor(self._engine_pool, self._stream_now, req)
-            except weight_stream.StreamCancelled as e:
-                message = f"weight version {req.version}: {e}"
-                raise ServiceError(409, "weight_stream_cancelled", message) from None
-            except WeightConflict as e:
-                raise ServiceError(409, "weight_version_conflict", str(e)) from None
-            except (ValueError, BadBucket) as e:
-                raise ServiceError(
-                    422, "weight_version_refused", f"weight version {req.version} rejected: {e}"
-                ) from None
-            self.metrics.weight_version.set(self.stager.live_version)
-            self.metrics.weight_loads.inc()
-            log.info(
-                "weight version %d live, streamed (%d tensors, %.2fs)",
-                req.version,
-                updated,
-                time.monotonic() - t0,
-            )
-            return WeightUpdateResponse(
-                server_id=self.config.server_id,
-                live_version=self.stager.live_version,
-                applied=True,
-                parameters_updated=updated,
-            )
-
-    def _stream_now(self, req: WeightStreamRequest) -> int:
-        """On the engine thread (no generate runs meanwhile): join, receive, apply, go live."""
-        self.receiving = True
-        try:
-            return self._receive(req)
-        finally:
-            self.receiving = False
-
-    def _receive(self, req: WeightStreamRequest) -> int:
-        """The version through the engine's members (its workers, or this process): a version not
-        newer than the live one is refused but still consumed, so the senders never hang."""
-        assert self.engine is not None
-        refusal: Exception | None = None
-        if req.version <= self.stager.live_version:
-            refusal = WeightConflict(
-                f"weight version {req.version} is not newer than the live {self.stager.live_version}"
-            )
-        receiver = stream_member.stream_receiver(self.engine, self.link)
-        outcome = receiver.receive_stream(req, refusal is not None)
-        if outcome.kind != "live":
-            self.torn = self.torn or outcome.loaded  # buckets may already be in the live weights
-        if outcome.kind == "cancelled":
-            raise weight_stream.StreamCancelled(outcome.message)
-        if outcome.kind == "broken":
-            raise StreamBroken(f"weight version {req.version} (stream {req.epoch}) broke: {outcome.message}")
-        if refusal is not None:
-            raise refusal
-        if outcome.kind == "refused":
-            raise BadBucket(outcome.message)
-        self.stager.applied(req.version)
-        self.torn = False
-        return outcome.updated
+            raise loading()
+        return await self.weights.stream(self.engine, req)
 
     async def drain(self) -> None:
         """Refuse new work, give running work until the deadline, then hand back what is left; a
@@ -519,7 +398,7 @@ class RolloutService:
             self.hand_back = True
             while self.in_flight and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-        while self.receiving and time.monotonic() < deadline:
+        while self.weights.receiving and time.monotonic() < deadline:
             await asyncio.sleep(0.05)  # leaving mid-stream would break it for every other server
 
     def close(self) -> None:
