@@ -113,7 +113,11 @@ class SinkEngine:
 
     def __init__(self, config) -> None:
         spec = json.loads(os.environ["BENCH_SHAPES"])
-        self.targets = {k: torch.zeros(v, dtype=torch.bfloat16) for k, v in spec.items()}
+        # touched now: a version's resident growth is then the receiver's own buffers alone
+        self.targets = {k: torch.empty(v, dtype=torch.bfloat16).fill_(0) for k, v in spec.items()}
+        self.report = os.environ.get("BENCH_REPORT")  # the sweep: what each version cost this member
+        self.versions: list[dict] = []
+        self.received = 0
 
     def generate(self, *a, **k):
         raise ValueError("the benchmark's sink engine does not generate")
@@ -129,19 +133,29 @@ class SinkEngine:
         return n
 
     def begin_update(self, tensors) -> None:
-        pass
+        self.received = 0
+        if self.report:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.rss_before = rss_now()
 
     def destination(self, name, start, count, dtype, device):
         target = self.targets[name]
         if target.dtype != dtype:
             return None
+        self.received += count * target.element_size()
         return target.view(-1)[start : start + count].view(torch.uint8)
 
     def load_bucket(self, pieces) -> None:
         for name, start, values in pieces:
             self.targets[name].view(-1)[start : start + values.numel()].copy_(values)
+            self.received += values.numel() * values.element_size()
 
     def finish_update(self) -> int:
+        if self.report:
+            extra = _status("VmHWM") - self.rss_before
+            held = sum(t.numel() * t.element_size() for t in self.targets.values())
+            self.versions.append({"extra_rss": extra, "received": self.received, "held": held})
+            Path(self.report).write_text(json.dumps(self.versions))
         return len(self.targets)
 
     def abort_update(self) -> None:
@@ -214,7 +228,7 @@ def run_rank(rank: int, args: argparse.Namespace) -> None:
     # (rank 0 hosts the store the servers join); memory: the most any version added (the first,
     # whose buffers are kept for the next)
     raw = weight_stream.make_group(dist.PrefixStore(f"raw/{rank}", ctl), 0, 1 + SERVERS, "gloo", 600)
-    sender = StreamSender("127.0.0.1", args.sync_port, rank, timeout_s=600)
+    sender = StreamSender("127.0.0.1", args.sync_port, rank, world=SENDERS, timeout_s=600)
     items = [(k, rank * t.numel(), t.view(-1)) for k, t in shard.items()]
     out.update(raw_s=[], stream_s=[], waited_s=[], filled_s=[], stream_peak_rss=0)
     for version in stream_versions(args.repeats):
@@ -224,7 +238,7 @@ def run_rank(rank: int, args: argparse.Namespace) -> None:
         ctl.wait([f"stream-{version}"])
         with PeakRss() as peak:
             t0 = time.perf_counter()
-            stats = sender.send(iter(items), epoch=7, servers=SERVERS, backend="gloo", dtype=torch.bfloat16,
+            stats = sender.send(iter(items), epoch=7, members=SERVERS, backend="gloo", dtype=torch.bfloat16,
                                 bucket_bytes=args.bucket_bytes, device=torch.device("cpu"))  # fmt: skip
             seconds = time.perf_counter() - t0
         out["stream_peak_rss"] = max(out["stream_peak_rss"], peak.extra)
@@ -306,6 +320,123 @@ async def _raw_post(args: argparse.Namespace) -> None:
         await asyncio.gather(*(one(u) for u in args.raw_urls))
 
 
+# --- the sweep: trainer ranks against one member's reserve ----------------------------------
+
+SWEEP_VERSIONS = (1, 2)  # the first allocates what a member keeps, the second reuses it
+SWEEP_EPOCH = 11
+
+
+def sweep_shapes(args: argparse.Namespace) -> dict[str, list[int]]:
+    rows = (args.sweep_mib << 20) // 2 // COLS // TENSORS
+    rows -= rows % 8  # every sender count of the sweep splits the rows evenly
+    return {f"layers.{i}.weight": [rows, COLS] for i in range(TENSORS)}
+
+
+def run_sweep_rank(rank: int, args: argparse.Namespace) -> None:
+    from grpo_trainer.weight_sync import StreamSender
+
+    torch.set_num_threads(1)
+    spec, world = sweep_shapes(args), args.senders
+    rows = next(iter(spec.values()))[0] // world
+    g = torch.Generator().manual_seed(rank)
+    shard = {k: torch.randn(rows, COLS, generator=g) for k in spec}
+    ctl = store(args.store_port)
+    sender = StreamSender("127.0.0.1", args.sync_port, rank, world=world, timeout_s=600)
+    items = [(k, rank * t.numel(), t.view(-1)) for k, t in shard.items()]
+    peaks = []
+    for version in SWEEP_VERSIONS:
+        ctl.wait([f"sweep-{version}"])
+        stats = sender.send(iter(items), epoch=SWEEP_EPOCH, members=1, backend="gloo", dtype=torch.bfloat16,
+                            bucket_bytes=args.sweep_bucket_mib << 20, device=torch.device("cpu"))  # fmt: skip
+        peaks.append(stats.peak_bytes)
+        ctl.add(f"sweep-{version}-sent", 1)
+    ctl.set(f"sweep-result-{rank}", json.dumps({"peak": max(peaks)}))
+
+
+def sweep(args: argparse.Namespace) -> list[dict]:
+    """One server (one member) fed by 1, 2, 4, 8 trainer ranks: what it keeps for streams, what it
+    receives against what it holds, what each rank's relay holds. The law: flat in the senders."""
+    from grpo_operator.api.roles import NCCL_COMM_BYTES, stream_receive_reserve
+
+    spec = sweep_shapes(args)
+    bucket = args.sweep_bucket_mib << 20
+    tmp = tempfile.TemporaryDirectory(prefix="weight-sync-sweep-")
+    build_tokenizer().save_pretrained(tmp.name)
+    rows = []
+    try:
+        for world in [int(x) for x in args.sweep.split(",")]:
+            ctl_port, sync_port, port = free_port(), free_port(), free_port()
+            ctl = store(ctl_port, master=True)
+            report = Path(tmp.name) / f"member-{world}.json"
+            env = {"BENCH_SHAPES": json.dumps(spec), "BENCH_REPORT": str(report)}
+            server = ["--role", "server", "--tokenizer", tmp.name, "--port", str(port)]
+            procs: Procs = {"server": spawn(*server, env=env)}
+            try:
+                url = f"http://127.0.0.1:{port}"
+                wait_health([url], procs)
+                common = [
+                    "--sweep-mib",
+                    str(args.sweep_mib),
+                    "--sweep-bucket-mib",
+                    str(args.sweep_bucket_mib),
+                ]
+                common += [
+                    "--senders",
+                    str(world),
+                    "--store-port",
+                    str(ctl_port),
+                    "--sync-port",
+                    str(sync_port),
+                ]
+                rank = ["--role", "sweep-rank", *common]
+                procs |= {
+                    f"trainer rank {r} of {world}": spawn(*rank, "--index", str(r)) for r in range(world)
+                }
+                seconds = []
+                for version in SWEEP_VERSIONS:
+                    ctl.set(f"sweep-{version}", "go")
+                    request = _stream_request(
+                        [url], version, sync_port, spec, senders=world, epoch=SWEEP_EPOCH
+                    )
+                    seconds.append(asyncio.run(watched(request, procs)))
+                    await_count(ctl, f"sweep-{version}-sent", world, procs)
+                for r in range(world):
+                    await_count(ctl, f"sweep-result-{r}", None, procs)
+                peaks = [json.loads(ctl.get(f"sweep-result-{r}"))["peak"] for r in range(world)]
+            finally:
+                for proc in procs.values():
+                    proc.kill()
+                    proc.wait()
+            member = json.loads(report.read_text())
+            held = member[-1]["held"]
+            rows.append(dict(
+                transport="sweep", senders=world, model_bytes=held, bucket_bytes=bucket, seconds=seconds[-1],
+                member_extra_bytes=max(v["extra_rss"] for v in member),
+                member_reserve_planned=stream_receive_reserve(world, bucket),
+                received_bytes=member[-1]["received"], received_over_held=member[-1]["received"] / held,
+                rank_peak_bytes=max(peaks),
+            ))  # fmt: skip
+    finally:
+        tmp.cleanup()
+    print(
+        f"\nsweep: one server, {args.sweep_mib} MiB in bf16, {args.sweep_bucket_mib} MiB buckets; "
+        "a member's extra memory over a version (VmHWM; the first allocates what later ones reuse)"
+    )
+    print(f"{'senders':>7} {'s':>6} {'member extra MiB':>16} {'in buckets':>10} {'plan (no NCCL) MiB':>18} "
+          f"{'received/held':>13} {'rank peak MiB':>13} {'in buckets':>10}")  # fmt: skip
+    for r in rows:
+        print(f"{r['senders']:>7} {r['seconds']:>6.2f} {r['member_extra_bytes'] / 2**20:>16.1f} "
+              f"{r['member_extra_bytes'] / bucket:>10.2f} "
+              f"{(r['member_reserve_planned'] - NCCL_COMM_BYTES) / 2**20:>18.1f} "
+              f"{r['received_over_held']:>13.4f} {r['rank_peak_bytes'] / 2**20:>13.1f} "
+              f"{r['rank_peak_bytes'] / bucket:>10.2f}")  # fmt: skip
+    extras = [r["member_extra_bytes"] for r in rows]
+    print(f"member extra: {min(extras) / 2**20:.1f} to {max(extras) / 2**20:.1f} MiB over "
+          f"{rows[0]['senders']} to {rows[-1]['senders']} senders (flat within one bucket: "
+          f"{'yes' if max(extras) - min(extras) <= bucket else 'NO'})")  # fmt: skip
+    return rows
+
+
 # --- the controller --------------------------------------------------------------------------
 
 
@@ -321,14 +452,20 @@ def spawn(*argv: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, __file__, *argv], env={**os.environ, **(env or {})})
 
 
-async def _stream_request(urls: list[str], version: int, sync_port: int, spec: dict) -> float:
+async def _stream_request(
+    urls: list[str], version: int, sync_port: int, spec: dict, senders: int = SENDERS, epoch: int = 7
+) -> float:
+    from grpo_rollout import weight_stream
     from grpo_rollout.client import RolloutClient
     from grpo_rollout.protocol import WeightStreamRequest
 
+    members = len(urls)
+
     reqs = {
         u: WeightStreamRequest(
-            version=version, epoch=7, store_host="127.0.0.1", store_port=sync_port, backend="gloo",
-            senders=SENDERS, members=SERVERS, first_member=i, timeout_s=600, tensors=spec,
+            version=version, epoch=epoch, store_host="127.0.0.1", store_port=sync_port, backend="gloo",
+            feeders=weight_stream.feeders_for(senders, members), members=members, first_member=i,
+            timeout_s=600, tensors=spec,
         )
         for i, u in enumerate(urls)
     }  # fmt: skip
@@ -373,14 +510,18 @@ def await_count(
         time.sleep(0.01)
 
 
-async def watched(work, procs: Procs):  # a coroutine, and its result
-    """Await `work` while watching the processes: a dead one cancels it and fails the run."""
+async def watched(work, procs: Procs, timeout_s: float = 600):  # a coroutine, and its result
+    """Await `work` while watching the processes: a dead one, or `timeout_s` passing while every
+    process waits on another, cancels it and fails the run."""
     task = asyncio.ensure_future(work)
+    deadline = time.monotonic() + timeout_s
     while not task.done():
         await asyncio.wait({task}, timeout=0.1)
         if not task.done():
             try:
                 check_alive(procs)
+                if time.monotonic() > deadline:
+                    raise BenchmarkFailed(f"a weight version took over {timeout_s:.0f} s")
             except BenchmarkFailed:
                 task.cancel()
                 raise
@@ -403,36 +544,8 @@ def wait_health(urls: list[str], procs: Procs, timeout_s: float = 120) -> None:
                 time.sleep(0.2)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-mib", type=int, default=1024, help="payload in the rollout dtype (bf16)")
-    p.add_argument("--bucket-mib", type=int, default=WeightSync().bucket_mb, help="default: the API's")
-    p.add_argument("--json", default=None, help="write the rows here")
-    p.add_argument("--only", choices=["collective"], default=None, help="skip the HTTP rows (quick)")
-    p.add_argument("--repeats", type=int, default=REPEATS, help="measured collective versions")
-    p.add_argument("--role", default="main", help=argparse.SUPPRESS)
-    p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--tokenizer", default="", help=argparse.SUPPRESS)
-    p.add_argument("--store-port", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--sync-port", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--servers", nargs="*", default=[], help=argparse.SUPPRESS)
-    p.add_argument("--raw-urls", nargs="*", default=[], help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    args.model_bytes = args.model_mib << 20
-    args.bucket_bytes = args.bucket_mib << 20
-    spec = shapes(args.model_bytes)
-    args.model_bytes_exact = sum(r * c * 2 for r, c in spec.values())
-    if args.role == "server":
-        run_server(args.port, args.tokenizer)
-        return 0
-    if args.role == "raw":
-        run_raw(args.index, args.store_port, args.port, args.model_bytes_exact // SENDERS, 1 + args.repeats)
-        return 0
-    if args.role == "rank":
-        run_rank(args.index, args)
-        return 0
-
+def transports(args: argparse.Namespace, spec: dict) -> list[dict]:
+    """The table: both transports (the http row unless --only collective) against their links."""
     ctl_port, sync_port = free_port(), free_port()
     ctl = store(ctl_port, master=True)
     server_ports, raw_ports = [free_port() for _ in range(SERVERS)], [free_port() for _ in range(SERVERS)]
@@ -471,9 +584,6 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(SENDERS):
             await_count(ctl, f"result-{r}", None, procs)
         res = [json.loads(ctl.get(f"result-{r}")) for r in range(SENDERS)]
-    except BenchmarkFailed as e:
-        print(f"weight_sync benchmark failed: {e}", file=sys.stderr)
-        return FAILED_EXIT
     finally:
         for proc in procs.values():
             proc.kill()
@@ -524,6 +634,60 @@ def main(argv: list[str] | None = None) -> int:
     print(f"collective, that version: {each}")
     print(f"load average (1 min) {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
           f"on {os.cpu_count()} cores")  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-mib", type=int, default=1024, help="payload in the rollout dtype (bf16)")
+    p.add_argument("--bucket-mib", type=int, default=WeightSync().bucket_mb, help="default: the API's")
+    p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument(
+        "--only",
+        choices=["collective", "sweep"],
+        default=None,
+        help="collective: the collective row alone (no http, no sweep); sweep: the sweep alone",
+    )
+    p.add_argument("--sweep", default="1,2,4,8", help="trainer ranks to sweep, to one server")
+    p.add_argument("--sweep-mib", type=int, default=64, help="the sweep's model, in bf16")
+    p.add_argument("--sweep-bucket-mib", type=int, default=8, help="the sweep's bucketMb")
+    p.add_argument("--senders", type=int, default=SENDERS, help=argparse.SUPPRESS)
+    p.add_argument("--repeats", type=int, default=REPEATS, help="measured collective versions")
+    p.add_argument("--role", default="main", help=argparse.SUPPRESS)
+    p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--tokenizer", default="", help=argparse.SUPPRESS)
+    p.add_argument("--store-port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--sync-port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--servers", nargs="*", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--raw-urls", nargs="*", default=[], help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.model_bytes = args.model_mib << 20
+    args.bucket_bytes = args.bucket_mib << 20
+    spec = shapes(args.model_bytes)
+    args.model_bytes_exact = sum(r * c * 2 for r, c in spec.values())
+    if args.role == "server":
+        run_server(args.port, args.tokenizer)
+        return 0
+    if args.role == "raw":
+        run_raw(args.index, args.store_port, args.port, args.model_bytes_exact // SENDERS, 1 + args.repeats)
+        return 0
+    if args.role == "rank":
+        run_rank(args.index, args)
+        return 0
+    if args.role == "sweep-rank":
+        run_sweep_rank(args.index, args)
+        return 0
+
+    rows: list[dict] = []
+    try:
+        if args.only != "sweep":
+            rows += transports(args, spec)
+        if args.only is None or args.only == "sweep":
+            rows += sweep(args)
+    except BenchmarkFailed as e:
+        print(f"weight_sync benchmark failed: {e}", file=sys.stderr)
+        return FAILED_EXIT
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

@@ -70,6 +70,8 @@ def vllm_options(spec: GRPOJobSpec) -> VllmOptions:
     """spec.rollout.vllm (and routing replay, which vLLM must capture from the start)."""
     v = spec.rollout.vllm
     bucket = spec.rollout.weight_sync.bucket_mb << 20  # who streams to this server, in what buckets
+    senders = spec.weight_stream_senders()
+    reserve = stream_receive_reserve(senders, bucket) if senders else 0  # 0: weights over HTTP
     return VllmOptions(
         gpu_memory_utilization=v.gpu_memory_utilization,
         max_model_len=v.max_model_len,
@@ -78,7 +80,7 @@ def vllm_options(spec: GRPOJobSpec) -> VllmOptions:
         enforce_eager=v.enforce_eager,
         sleep_for_updates=v.sleep_for_updates,
         routed_experts=spec.algorithm.routing_replay,
-        stream_reserve_bytes=stream_receive_reserve(spec.weight_stream_senders(), bucket),
+        stream_reserve_bytes=reserve,
     )
 
 

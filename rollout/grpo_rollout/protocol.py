@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: weight streams through feeders (WeightStreamRequest.feeders)
 
 # Bounds a server enforces (413 for bodies, 422 for counts) and a client respects when it splits work.
 MAX_PROMPTS_PER_REQUEST = 1024
@@ -54,7 +54,7 @@ class WireModel(BaseModel):
 
 
 class Versioned(WireModel):
-    protocol_version: Literal[1] = Field(
+    protocol_version: Literal[2] = Field(
         default=PROTOCOL_VERSION, description="protocol_version: must equal the server's PROTOCOL_VERSION."
     )
 
@@ -337,10 +337,11 @@ def _header_int(value: str) -> int | str:
 class WeightStreamRequest(Versioned):
     """Join the trainer's weight groups (when `epoch` is new) and receive `version` over them.
 
-    The trainer hosts a TCPStore at `store_host:store_port`; each of its `senders` ranks has its own
-    group of 1 + `members` ranks: the sender, then every receiving member of every server. This
-    server's members (`HealthResponse.stream_members` of them: its process, or each worker of its
-    engine) are ranks 1 + `first_member` onwards. `tensors` names every tensor of the version with
+    The trainer hosts a TCPStore at `store_host:store_port`. Receiving members are numbered over
+    all servers; this server's (`HealthResponse.stream_members` of them: its process, or each worker
+    of its engine) are `first_member` onwards. Member m is in one group: with trainer rank
+    m mod `feeders`, which forwards it the whole version, and the other members that rank feeds
+    (`grpo_rollout.weight_stream.feeder_of`). `tensors` names every tensor of the version with
     its full shape: the server checks them before anything changes and makes the version live only
     when every element of each one arrived at every member."""
 
@@ -351,7 +352,9 @@ class WeightStreamRequest(Versioned):
     store_host: str = Field(min_length=1, max_length=253)
     store_port: int = Field(ge=1, le=65535)
     backend: Literal["gloo", "nccl"]
-    senders: int = Field(ge=1, le=65536, description="senders: trainer ranks streaming, one group each.")
+    feeders: int = Field(
+        ge=1, le=65536, description="feeders: trainer ranks forwarding the version, one group each."
+    )
     members: int = Field(
         ge=1, le=65536, description="members: receiving members in every group, all servers together."
     )
@@ -386,7 +389,7 @@ class HealthResponse(Versioned):
         default=1,
         ge=1,
         le=4096,
-        description="stream_members: ranks this server takes in every weight group (its process for "
+        description="stream_members: receiving members of this server in weight streams (its process for "
         "the torch engine, each tensor-parallel worker for vLLM).",
     )
     error: str | None = Field(

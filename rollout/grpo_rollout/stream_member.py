@@ -1,6 +1,6 @@
 """One receiving member's part of a streamed weight version: join the groups, receive, apply, judge.
 
-A member holds one rank in each of the trainer's weight groups (`grpo_rollout.weight_stream`):
+A member holds one rank in one of the trainer's weight groups (`grpo_rollout.weight_stream`):
 the rollout server's own process (`LocalMember`, for an engine that does not receive itself) or
 each worker of an engine that does (`engines.base.StreamReceiver`: vLLM's tensor-parallel workers,
 `engines.vllm_stream`), so a bucket lands on the device that uses it, with no host copy and no
@@ -121,7 +121,7 @@ def receive(
             host=req.store_host,
             port=req.store_port,
             backend=req.backend,
-            senders=req.senders,
+            feeders=req.feeders,
             members=req.members,
             member=member,
             timeout_s=req.timeout_s,

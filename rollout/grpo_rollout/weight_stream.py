@@ -1,18 +1,20 @@
-"""Collective weight streaming: one group per sending trainer rank, buckets broadcast to every server.
+"""Collective weight streaming: the wire both ends of the `collective` transport speak.
 
-Both ends of the `collective` weight-sync transport use this module (the trainer's
-`grpo_trainer.weight_sync` sends, the rollout service receives). A weight version travels as
-pieces: a contiguous range of elements of one HF-named tensor, flattened (an FSDP2 shard's rows,
-an EP rank's experts, a slice of a replicated tensor). A trainer rank packs its pieces, converted
-to the rollout dtype, into a bucket of at most `bucket_bytes` and broadcasts, per bucket, in its
-own group (rank 0 = that trainer rank, ranks 1.. = the receiving members: a rollout server's
-process, or each worker of its engine):
+The trainer's `grpo_trainer.weight_sync` sends, the rollout members receive. A weight version
+travels as pieces: a contiguous range of elements of one HF-named tensor, flattened (an FSDP2
+shard's rows, an EP rank's experts, a slice of a replicated tensor), in the rollout dtype.
+
+Who talks to whom: every receiving member (a rollout server's process, or each worker of its
+engine) is in exactly ONE group, with one trainer rank that feeds it (`feeder_of`: member m is fed
+by feeder m mod F, F = min(trainer ranks, members)); the trainer ranks first exchange among
+themselves what each feeder forwards. So a member holds one communicator and two buckets whatever
+the trainer's size: the reserve does not grow with the senders (1 GiB per worker at 16 senders
+would be 96 GiB at 128). Per bucket, in its group (rank 0 = the feeder, ranks 1.. = its members):
   header   int64[3]  (1, manifest bytes, payload bytes), or (0, 0, 0) after the last bucket
   manifest uint8     JSON list of [name, first element, elements, byte offset, dtype]
   payload  uint8     the bucket, as `runs`: each piece of DIRECT_BYTES or more in a broadcast of
                      its own, the bytes between such pieces together
-Broadcasts are asynchronous and the sender fills one buffer while the other is on the wire, so a
-sender holds at most two buckets; a receiver holds two per sender group (one applied while the next
+Broadcasts are asynchronous. A receiver holds two buckets per group (one applied while the next
 arrives) and issues every group's transfers from one thread, in rounds every member derives
 identically (`receive_rounds`). A receiver reads a bucket's manifest before it posts the payload, so
 a large piece can land straight in the member's weights (`place`: the torch engine's parameters
@@ -36,7 +38,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -109,6 +111,38 @@ def runs(pieces: list[Piece], payload_bytes: int) -> list[tuple[int, int, Piece 
     if payload_bytes > at:
         out.append((at, payload_bytes - at, None))
     return out
+
+
+def feeder_of(member: int, feeders: int) -> int:
+    """The trainer rank that feeds receiving member `member` (0-based among all members)."""
+    return member % feeders
+
+
+def fed(feeder: int, members: int, feeders: int) -> int:
+    """How many members feeder `feeder` feeds (its group is those and itself)."""
+    return len(range(feeder, members, feeders))
+
+
+def feeders_for(senders: int, members: int) -> int:
+    """How many trainer ranks feed members: one each while there are as many ranks as members."""
+    return max(1, min(senders, members))
+
+
+def send_bucket(group: "Group", pieces: list[Piece], payload: torch.Tensor) -> list[dist.Work]:
+    """Broadcast one bucket in `group` from its rank 0: header, manifest, then the payload runs
+    (asynchronous; the tensors stay referenced by the group until the transfers end)."""
+    manifest = encode_manifest(pieces)
+    device = payload.device
+    header = torch.tensor([1, len(manifest), payload.numel()], dtype=torch.int64).to(device)
+    meta = torch.frombuffer(bytearray(manifest), dtype=torch.uint8).to(device)
+    works = [group.broadcast(header), group.broadcast(meta)]
+    works += [group.broadcast(payload[lo : lo + n]) for lo, n, _ in runs(pieces, payload.numel())]
+    return works
+
+
+def send_end(group: "Group", device: torch.device) -> dist.Work:
+    """The end marker after a member's last bucket."""
+    return group.broadcast(torch.zeros(HEADER_WORDS, dtype=torch.int64, device=device))
 
 
 def make_group(
@@ -286,130 +320,6 @@ def retire(group: Group | None) -> None:
         threading.Thread(target=_hold_until_settled, args=(group,), name=RETIRING, daemon=True).start()
 
 
-class BucketSender:
-    """Packs (name, first element, 1-D values) items into buckets and broadcasts them in `group`.
-
-    `peak_bytes` counts every buffer this sender holds (buckets, headers, manifests) at its
-    highest: at most two buckets plus a few kilobytes, whatever the model size. `off`: the stream's
-    call-off, which ends a wait on the wire (StreamCancelled). `buffers`: the two bucket buffers of
-    an earlier sender of the same bucket size and device (`keep`), filled again instead of
-    allocated: a fresh CPU buffer costs its first-touch page faults, 35 ms per 64 MiB measured,
-    four times the fp32 to bf16 conversion into it. `waited_s`: the time `send` spent waiting for
-    the wire to free a buffer; `filled_s`: the time it spent converting into buckets."""
-
-    def __init__(
-        self,
-        group: Group,
-        dtype: torch.dtype,
-        bucket_bytes: int,
-        device: torch.device,
-        off: CallOff | None = None,
-        buffers: list[torch.Tensor] | None = None,
-    ) -> None:
-        self.group, self.dtype, self.device, self.off = group, dtype, device, off
-        self.bucket_bytes = max(ALIGN, bucket_bytes - bucket_bytes % ALIGN)
-        self.esize = torch.empty((), dtype=dtype).element_size()
-        self._buffers = list(buffers or [])
-        where = torch.empty(0, device=device).device  # "cuda" names cuda:0 here
-        for b in self._buffers:
-            if b.dtype != torch.uint8 or b.numel() != self.bucket_bytes or b.device != where:
-                raise ValueError(
-                    f"BucketSender: a kept buffer of {b.numel()} {b.dtype} on {b.device} does not fit "
-                    f"buckets of {self.bucket_bytes} bytes on {device}"
-                )
-        self._pending: list[tuple[list, list]] = [([], []), ([], [])]  # per buffer: (works, tensors kept)
-        self._live_bytes = sum(b.numel() for b in self._buffers)
-        self.peak_bytes = self._live_bytes
-        self.buckets = 0
-        self.sent_bytes = 0
-        self.waited_s = 0.0
-        self.filled_s = 0.0
-
-    def _alloc(self, n: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
-        t = torch.empty(n, dtype=dtype, device=self.device)
-        self._live_bytes += t.numel() * t.element_size()
-        self.peak_bytes = max(self.peak_bytes, self._live_bytes)
-        return t
-
-    def _free(self, tensors: list[torch.Tensor]) -> None:
-        self._live_bytes -= sum(t.numel() * t.element_size() for t in tensors)
-
-    def _wait(self, slot: int) -> None:
-        works, kept = self._pending[slot]
-        t0 = time.perf_counter()
-        for work in works:
-            wait(work, self.off)
-        self.waited_s += time.perf_counter() - t0
-        self._free(kept)
-        self._pending[slot] = ([], [])
-
-    def _buffer(self, slot: int) -> torch.Tensor:
-        while len(self._buffers) <= slot:
-            self._buffers.append(self._alloc(self.bucket_bytes))
-        return self._buffers[slot]
-
-    def _flush(self, slot: int, planned: list[tuple[Piece, torch.Tensor]], fill: int) -> None:
-        """Send one bucket from buffer `slot`: its header and manifest (the layout is planned before
-        anything is converted), then run by run, each broadcast as soon as its pieces are converted,
-        so the wire starts on a bucket while the rest of it is still being filled."""
-        self._wait(slot)  # this buffer's last bucket must be off the wire before it is refilled
-        buf = self._buffer(slot)
-        pieces = [p for p, _ in planned]
-        manifest = encode_manifest(pieces)
-        header = self._alloc(HEADER_WORDS, torch.int64)
-        header.copy_(torch.tensor([1, len(manifest), fill], dtype=torch.int64))
-        meta = self._alloc(len(manifest))
-        meta.copy_(torch.frombuffer(bytearray(manifest), dtype=torch.uint8))
-        works = [self.group.broadcast(header), self.group.broadcast(meta)]
-        self._pending[slot] = (works, [header, meta])
-        todo = iter(planned)
-        nxt = next(todo, None)
-        for lo, n, _ in runs(pieces, fill):
-            t0 = time.perf_counter()
-            while nxt is not None and nxt[0].offset < lo + n:
-                piece, values = nxt
-                buf[piece.offset : piece.offset + piece_bytes(piece)].view(self.dtype).copy_(values)
-                nxt = next(todo, None)
-            self.filled_s += time.perf_counter() - t0
-            works.append(self.group.broadcast(buf[lo : lo + n]))
-        self.buckets += 1
-        self.sent_bytes += fill
-
-    def send(self, items: Iterable[tuple[str, int, torch.Tensor]]) -> None:
-        """Stream every item, then the end marker; returns when everything is on the wire."""
-        slot, fill, planned = 0, 0, []
-        for name, start, values in items:
-            values = values.reshape(-1)
-            done = 0
-            while done < values.numel():
-                offset = -(-fill // ALIGN) * ALIGN
-                room = (self.bucket_bytes - offset) // self.esize
-                if room <= 0:
-                    self._flush(slot, planned, fill)
-                    slot, fill, planned = 1 - slot, 0, []
-                    continue
-                n = min(room, values.numel() - done)
-                piece = Piece(name, start + done, n, offset, dtype_name(self.dtype))
-                planned.append((piece, values[done : done + n]))
-                fill, done = offset + n * self.esize, done + n
-        if planned:
-            self._flush(slot, planned, fill)
-        end = self._alloc(HEADER_WORDS, torch.int64).zero_()
-        work = self.group.broadcast(end)
-        for s in (0, 1):
-            self._wait(s)
-        wait(work, self.off)
-        self.group.settle()  # the finished transfers let go of the buckets
-        self._free([end])
-
-    def keep(self) -> list[torch.Tensor]:
-        """Hand the bucket buffers to the next sender (`buffers`); only after `send` returned, when
-        no transfer reads them any more."""
-        kept, self._buffers = self._buffers, []
-        self._free(kept)
-        return kept
-
-
 def _take(kept: dict[int, list[torch.Tensor]] | None, senders: int) -> list[list[torch.Tensor]]:
     """Every sender's receive buffers out of `kept` (emptied): a stream that breaks keeps its
     buffers out of it, since transfers still in flight may write into them."""
@@ -558,29 +468,22 @@ class ReceiverLink:
         host: str,
         port: int,
         backend: str,
-        senders: int,
+        feeders: int,
         members: int,
         member: int,
         timeout_s: float,
         off: CallOff | None = None,
     ) -> list[Group]:
-        """This member's group with each sender: `members` receivers in each, this one at rank
-        1 + `member` (the sender is rank 0)."""
-        key = (epoch, host, port, backend, senders, members, member)
+        """This member's one group: with its feeder (rank 0, `feeder_of`) and the other members
+        that feeder feeds, this one at rank 1 + member // feeders."""
+        key = (epoch, host, port, backend, feeders, members, member)
         if key != self.key:
             self.reset()
             tcp = store_client(host, port, timeout_s)
-            self.groups = [
-                form_group(
-                    dist.PrefixStore(f"{STORE_PREFIX}/{epoch}/{s}", tcp),
-                    1 + member,
-                    1 + members,
-                    backend,
-                    timeout_s,
-                    off,
-                )
-                for s in range(senders)
-            ]
+            feeder = feeder_of(member, feeders)
+            prefixed = dist.PrefixStore(f"{STORE_PREFIX}/{epoch}/{feeder}", tcp)
+            size = 1 + fed(feeder, members, feeders)
+            self.groups = [form_group(prefixed, 1 + member // feeders, size, backend, timeout_s, off)]
             self._store, self.key = tcp, key
         return self.groups
 

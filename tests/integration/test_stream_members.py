@@ -66,8 +66,8 @@ def test_a_server_and_two_worker_members_take_one_version_through_groups_of_thre
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
     shapes = {k: list(v.shape) for k, v in model.state_dict().items() if k not in tied_aliases(model)}
-    senders = [StreamSender("127.0.0.1", free_port(), 0, timeout_s=120)]
-    senders.append(StreamSender("127.0.0.1", senders[0].port, 1, timeout_s=120))
+    senders = [StreamSender("127.0.0.1", free_port(), 0, world=2, timeout_s=120)]
+    senders.append(StreamSender("127.0.0.1", senders[0].port, 1, world=2, timeout_s=120))
     epoch, members = random.getrandbits(40), 3
 
     (tmp_path / "servers").mkdir()
@@ -84,7 +84,7 @@ def test_a_server_and_two_worker_members_take_one_version_through_groups_of_thre
         def request(first_member: int) -> WeightStreamRequest:
             return WeightStreamRequest(
                 version=1, epoch=epoch, store_host="127.0.0.1", store_port=senders[0].port,
-                backend="gloo", senders=2, members=members, first_member=first_member,
+                backend="gloo", feeders=min(2, members), members=members, first_member=first_member,
                 timeout_s=120, tensors=shapes,
             )  # fmt: skip
 
@@ -110,7 +110,7 @@ def test_a_server_and_two_worker_members_take_one_version_through_groups_of_thre
                 senders[rank].send(
                     iter(owned_items(model, rank, 2, 1)),
                     epoch=epoch,
-                    servers=members,
+                    members=members,
                     backend="gloo",
                     dtype=torch.float32,
                     bucket_bytes=64 << 10,

@@ -155,10 +155,10 @@ def stream(live: Live, model: torch.nn.Module, version: int, *, skip: str | None
             shapes = {k: list(v.shape) for k, v in model.state_dict().items()}
             request = WeightStreamRequest(
                 version=version, epoch=epoch, store_host="127.0.0.1", store_port=sender.store.port,
-                backend="gloo", senders=1, members=members, first_member=0, timeout_s=60, tensors=shapes,
+                backend="gloo", feeders=1, members=members, first_member=0, timeout_s=60, tensors=shapes,
             )  # fmt: skip
             items = [it for it in owned_items(model, 0, 1, 1) if it[0] != skip]
-            how = dict(epoch=epoch, servers=members, backend="gloo", dtype=torch.float32)
+            how = dict(epoch=epoch, members=members, backend="gloo", dtype=torch.float32)
             how |= dict(bucket_bytes=64 << 10, device=torch.device("cpu"))
             send = threading.Thread(target=sender.send, args=(iter(items),), kwargs=how)
             send.start()

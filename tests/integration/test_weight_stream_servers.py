@@ -10,6 +10,7 @@ timeout), and a server told to stop mid-stream finishes the stream before it exi
 """
 
 import asyncio
+import contextlib
 import random
 import signal
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from grpo_rollout import weight_stream
 from grpo_rollout.client import RolloutClient, bucketize
 from grpo_rollout.protocol import Prompt, Sampling, WeightStreamRequest
 from grpo_trainer.weight_sync import StreamSender, owned_items, tied_aliases
@@ -49,11 +51,11 @@ def trained(model_dir: Path) -> torch.nn.Module:
 
 def stream(senders, urls, version, epoch, model, *, skip: str | None = None, midway=None, timeout_s=60):
     """Stream `model` as `version` from both senders to `urls`; the servers' answers by URL.
-    `midway()` runs once rank 0 has handed over half its tensors; a sender's error is then expected.
+    `midway()` runs as rank 0 forwards its MIDWAY-th bucket; a sender's error is then expected.
     As in the trainer, a server failing calls the stream off. The servers must answer within 60 s."""
     shapes = {k: list(v.shape) for k, v in model.state_dict().items() if k not in tied_aliases(model)}
     store = dict(store_host="127.0.0.1", store_port=senders[0].store.port)
-    shared = dict(**store, backend="gloo", timeout_s=timeout_s, senders=2)
+    shared = dict(**store, backend="gloo", timeout_s=timeout_s, feeders=min(2, len(urls)))
     requests = {
         url: WeightStreamRequest(
             version=version, epoch=epoch, members=len(urls), first_member=i, tensors=shapes, **shared
@@ -65,12 +67,10 @@ def stream(senders, urls, version, epoch, model, *, skip: str | None = None, mid
     def send(rank: int) -> None:
         try:
             items = [it for it in owned_items(model, rank, 2, 1) if it[0] != skip]
-            if midway is not None and rank == 0:
-                items = _calling(items, len(items) // 2, midway)
             senders[rank].send(
                 items,
                 epoch=epoch,
-                servers=len(urls),
+                members=len(urls),
                 backend="gloo",
                 dtype=torch.float32,
                 bucket_bytes=64 << 10,
@@ -84,12 +84,13 @@ def stream(senders, urls, version, epoch, model, *, skip: str | None = None, mid
             call_off = lambda *_: senders[0].call_off(epoch)  # noqa: E731
             return await asyncio.wait_for(client.stream_weights(requests, call_off), 60)
 
-    threads = [threading.Thread(target=send, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    result = asyncio.run(tell())
-    for t in threads:
-        t.join(60)
+    threads = [threading.Thread(target=send, args=(r,), name=f"rank-{r}") for r in range(2)]
+    with _calling(midway):
+        for t in threads:
+            t.start()
+        result = asyncio.run(tell())
+        for t in threads:
+            t.join(60)
     stuck = [t for t in threads if t.is_alive()]
     frames = sys._current_frames()
     where = "".join(f"\n{t.name}:\n" + "".join(traceback.format_stack(frames[t.ident])) for t in stuck)
@@ -98,11 +99,30 @@ def stream(senders, urls, version, epoch, model, *, skip: str | None = None, mid
     return result
 
 
-def _calling(items, at, fn):
-    for i, item in enumerate(items):
-        if i == at:
-            fn()
-        yield item
+MIDWAY = 4
+
+
+@contextlib.contextmanager
+def _calling(fn):
+    """Run `fn` once, as rank 0's thread forwards its MIDWAY-th bucket (the version is then
+    half-way: the tiny model at 64 KiB buckets takes over ten)."""
+    if fn is None:
+        yield
+        return
+    real, calls = weight_stream.send_bucket, []
+
+    def send_bucket(*args, **kwargs):
+        if threading.current_thread().name == "rank-0":
+            calls.append(1)
+            if len(calls) == MIDWAY:
+                fn()
+        return real(*args, **kwargs)
+
+    weight_stream.send_bucket = send_bucket
+    try:
+        yield
+    finally:
+        weight_stream.send_bucket = real
 
 
 def sample(url: str, seed: int = 5):
@@ -129,8 +149,8 @@ def test_streamed_weights_are_exact_go_live_only_whole_and_late_servers_join_the
 ):
     model = trained(model_dir)
     port = free_port()
-    senders = [StreamSender("127.0.0.1", port, 0, timeout_s=60)]
-    senders.append(StreamSender("127.0.0.1", port, 1, timeout_s=60))
+    senders = [StreamSender("127.0.0.1", port, 0, world=2, timeout_s=60)]
+    senders.append(StreamSender("127.0.0.1", port, 1, world=2, timeout_s=60))
     with running_servers(model_dir, tmp_path, TOKEN, count=2) as (urls, _):
         before = sample(urls[0])
         result = stream(senders, urls, 1, random.getrandbits(40), model)
@@ -177,7 +197,7 @@ def test_a_server_lost_mid_stream_is_called_off_at_the_survivor_which_takes_the_
     it is refused there without joining."""
     model = trained(model_dir)
     port = free_port()
-    senders = [StreamSender("127.0.0.1", port, rank, timeout_s=300) for rank in (0, 1)]
+    senders = [StreamSender("127.0.0.1", port, rank, world=2, timeout_s=300) for rank in (0, 1)]
     with running_servers(model_dir, tmp_path, TOKEN, count=2) as (urls, procs):
         epoch = random.getrandbits(40)
         result = stream(senders, urls, 1, epoch, model, midway=procs[1].kill, timeout_s=300)
@@ -191,7 +211,7 @@ def test_a_server_lost_mid_stream_is_called_off_at_the_survivor_which_takes_the_
         shapes = {k: list(v.shape) for k, v in model.state_dict().items() if k not in tied_aliases(model)}
         request = WeightStreamRequest(
             version=3, epoch=called_off, members=1, first_member=0, tensors=shapes, backend="gloo",
-            store_host="127.0.0.1", store_port=senders[0].store.port, timeout_s=300, senders=2,
+            store_host="127.0.0.1", store_port=senders[0].store.port, timeout_s=300, feeders=1,
         )  # fmt: skip
 
         async def streamed_after_its_call_off():
@@ -208,7 +228,7 @@ def test_a_server_told_to_stop_mid_stream_finishes_it_first(model_dir, tmp_path)
     the groups for every server, so its drain lets the stream end; both servers take the version."""
     model = trained(model_dir)
     port = free_port()
-    senders = [StreamSender("127.0.0.1", port, rank, timeout_s=60) for rank in (0, 1)]
+    senders = [StreamSender("127.0.0.1", port, rank, world=2, timeout_s=60) for rank in (0, 1)]
     with running_servers(model_dir, tmp_path, TOKEN, count=2) as (urls, procs):
         stop = lambda: procs[1].send_signal(signal.SIGTERM)  # noqa: E731
         result = stream(senders, urls, 1, random.getrandbits(40), model, midway=stop)

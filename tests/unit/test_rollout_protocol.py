@@ -8,6 +8,7 @@ from grpo_rollout.engines.routing import encode_routing
 from grpo_rollout.protocol import (
     MAX_PROMPTS_PER_REQUEST,
     MAX_SEQUENCES_PER_REQUEST,
+    PROTOCOL_VERSION,
     Completion,
     GenerateRequest,
     PromptResult,
@@ -22,7 +23,7 @@ def request(prompts: int, n: int = 2, **kw) -> dict:
 
 def test_a_valid_request_fills_sampling_defaults():
     req = GenerateRequest.model_validate(request(3))
-    assert req.protocol_version == 1
+    assert req.protocol_version == PROTOCOL_VERSION == 2
     assert (req.sampling.temperature, req.sampling.top_p) == (1.0, 1.0)
 
 
@@ -31,7 +32,7 @@ def test_a_valid_request_fills_sampling_defaults():
     [
         (request(MAX_PROMPTS_PER_REQUEST + 1), "at most 1024"),
         (request(100, n=MAX_SEQUENCES_PER_REQUEST // 100 + 1), "sequences per request"),
-        (request(1, protocol_version=2), "protocol_version"),
+        (request(1, protocol_version=1), "protocol_version"),
         (request(1, extra_field=1), "extra_field"),
         (request(1, sampling={"top_p": 0}), "top_p"),
         ({**request(2), "prompts": [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}]}, "unique"),

@@ -10,12 +10,12 @@ import threading
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from grpo_rollout import stream_member, weight_stream
 from grpo_rollout.engines.base import EngineConfig, create_engine
 from grpo_rollout.engines.routing import RoutingRecorder
 from grpo_rollout.engines.sampling import policy_logprobs
 from grpo_rollout.protocol import Sampling, WeightStreamRequest
+from grpo_trainer.weight_sync import StreamSender
 from safetensors.torch import save
 
 from tests.support.ports import free_port
@@ -186,29 +186,28 @@ def test_a_streamed_version_lands_in_the_live_weights_in_place_when_the_dtypes_a
     assert engine.destination(name, state[name].numel() - 4, 100, torch.float32, torch.device("cpu")) is None
     engine.abort_update()
 
-    port = free_port()
-    _store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # kept alive
+    sender = StreamSender("127.0.0.1", free_port(), 0, timeout_s=30)  # one trainer rank, feeding
+    port = sender.port
     req = WeightStreamRequest(
-        version=2, epoch=1, store_host="127.0.0.1", store_port=port, backend="gloo", senders=1,
+        version=2, epoch=1, store_host="127.0.0.1", store_port=port, backend="gloo", feeders=1,
         members=1, first_member=0, timeout_s=30, tensors={k: list(v.shape) for k, v in new.items()},
     )  # fmt: skip
     errors: list[BaseException] = []
 
     def send() -> None:
         try:
-            prefixed = dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/1/0", dist.TCPStore("127.0.0.1", port))
-            group = weight_stream.form_group(prefixed, 0, 2, "gloo", 30)
             items = [(k, 0, v.reshape(-1)) for k, v in new.items()]
-            weight_stream.BucketSender(group, wire, 64 << 10, torch.device("cpu")).send(iter(items))
+            sender.send(iter(items), epoch=1, members=1, backend="gloo", dtype=wire, bucket_bytes=64 << 10,
+                        device=torch.device("cpu"))  # fmt: skip
         except BaseException as e:
             errors.append(e)
 
-    sender = threading.Thread(target=send)
-    sender.start()
+    sending = threading.Thread(target=send)
+    sending.start()
     outcome = stream_member.LocalMember(engine, weight_stream.ReceiverLink()).receive_stream(
         req, refused=False
     )
-    sender.join(30)
+    sending.join(30)
     assert not errors and outcome.kind == "live", (errors, outcome)
     after = engine.model.state_dict()
     for k, v in new.items():

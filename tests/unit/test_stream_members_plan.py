@@ -26,7 +26,7 @@ def test_each_server_gets_consecutive_member_ranks_after_the_servers_before_it()
 
 
 def test_a_request_names_a_first_member_inside_the_group():
-    shared = dict(version=1, epoch=0, store_host="h", store_port=1, backend="gloo", senders=2, tensors={})
+    shared = dict(version=1, epoch=0, store_host="h", store_port=1, backend="gloo", feeders=2, tensors={})
     assert WeightStreamRequest(members=9, first_member=8, **shared).first_member == 8
     with pytest.raises(ValidationError, match="first_member 9 out of range for 9 members"):
         WeightStreamRequest(members=9, first_member=9, **shared)
@@ -46,13 +46,15 @@ def test_vllm_workers_are_numbered_as_vllms_own_weight_transfer_numbers_them():
 
 def test_the_reserve_lowers_what_vllm_is_given_and_refuses_when_nothing_is_left():
     reserve = stream_receive_reserve(16, 256 * MIB)
-    assert reserve == 16 * (2 * 256 * MIB + NCCL_COMM_BYTES)  # two buckets per sender
+    assert reserve == 2 * (128 * MIB + 16 * 16) + NCCL_COMM_BYTES  # two half-buckets, one communicator
+    # whatever the trainer's size: 128 ranks (16 p5en) add 2 x 112 x 16 B of control blocks
+    assert stream_receive_reserve(128, 256 * MIB) - reserve == 2 * 112 * 16
     gpu = instance_types.BUILTIN.get("p5.48xlarge").gpu_memory_bytes
     opts = VllmOptions(gpu_memory_utilization=0.9, stream_reserve_bytes=reserve)
     assert memory_utilization(opts, gpu) == pytest.approx(0.9 - reserve / gpu)
     assert memory_utilization(opts, None) == 0.9  # CPU: no fixed budget
     assert memory_utilization(VllmOptions(), gpu) == 0.9  # HTTP: nothing streamed
-    starved = VllmOptions(gpu_memory_utilization=0.2, stream_reserve_bytes=reserve)
+    starved = VllmOptions(gpu_memory_utilization=0.005, stream_reserve_bytes=reserve)
     with pytest.raises(ValueError, match=r"lower rollout\.weightSync\.bucketMb"):
         memory_utilization(starved, gpu)
 

@@ -1,8 +1,9 @@
 """The collective weight transport's wire format over real gloo groups, in one process.
 
-Two sender threads (trainer ranks) and two receiver threads (rollout servers) form the groups
-through a real TCPStore, exactly as `grpo_trainer.weight_sync` and the rollout service do: each
-sender has its own group with both receivers. What arrives is hashed against what was sent.
+Two sender threads (trainer ranks, `grpo_trainer.weight_sync.StreamSender`) and two receiver
+threads (rollout members) form the groups through a real TCPStore, exactly as the trainer and the
+rollout service do: the ranks exchange their chunks, each feeds one member in a group of its own.
+What arrives is hashed against what was sent.
 """
 
 import hashlib
@@ -16,9 +17,11 @@ import torch
 import torch.distributed as dist
 from grpo_rollout import weight_stream
 from grpo_rollout.weights import BadBucket, Coverage
-from grpo_trainer.weight_sync import share
+from grpo_trainer.weight_sync import StreamSender, share
 
 from tests.support.ports import free_port
+
+CONTROL = weight_stream.ALIGN  # each round's control block in a bucket (`weight_sync.CONTROL`)
 
 SENDERS, SERVERS = 2, 2
 
@@ -51,8 +54,9 @@ def stream(
     """Send `state` (each tensor split between the senders) to the receivers; returns what each
     receiver assembled and each sender's stats. Pieces of the `in_place` tensors that travel alone
     are received straight into the receiver's tensor (`placed` gets them, per receiver)."""
-    port = free_port()
-    _server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # kept alive
+    senders = [StreamSender("127.0.0.1", free_port(), 0, world=SENDERS, timeout_s=30)]
+    port = senders[0].port
+    senders += [StreamSender("127.0.0.1", port, r, world=SENDERS, timeout_s=30) for r in range(1, SENDERS)]
     received = [{k: torch.empty(v.shape, dtype=dtype) for k, v in state.items()} for _ in range(SERVERS)]
     coverage = [Coverage({k: v.shape for k, v in state.items()}) for _ in range(SERVERS)]
     stats: dict[int, tuple[int, int]] = {}
@@ -60,17 +64,16 @@ def stream(
 
     def sender(rank: int) -> None:
         try:
-            own = dist.TCPStore("127.0.0.1", port, is_master=False)  # one client per thread, as per process
-            store = dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/7/{rank}", own)
-            group = weight_stream.form_group(store, 0, 1 + SERVERS, "gloo", 30)
-            s = weight_stream.BucketSender(group, dtype, bucket_bytes, torch.device("cpu"))
             items = []
             for name, t in state.items():
                 lo, hi = share(t.numel(), rank, SENDERS)
                 if hi > lo:
                     items.append((name, lo, t.reshape(-1)[lo:hi]))
-            s.send(iter(items))
-            stats[rank] = (s.buckets, s.peak_bytes)
+            sent = senders[rank].send(
+                iter(items), epoch=7, members=SERVERS, backend="gloo", dtype=dtype,
+                bucket_bytes=bucket_bytes, device=torch.device("cpu"),
+            )  # fmt: skip
+            stats[rank] = (sent.buckets, sent.peak_bytes)
         except BaseException as e:
             import traceback
 
@@ -85,7 +88,7 @@ def stream(
                 host="127.0.0.1",
                 port=port,
                 backend="gloo",
-                senders=SENDERS,
+                feeders=weight_stream.feeders_for(SENDERS, SERVERS),
                 members=SERVERS,
                 member=i,
                 timeout_s=30,
@@ -133,7 +136,7 @@ def test_what_arrives_is_bitwise_what_the_trainer_holds_in_the_rollout_dtype(dty
         assert coverage[i].missing() == []
         assert digest(received[i]) == expected
     assert all(buckets > 2 for buckets, _ in stats.values())  # really bucketed
-    assert all(peak <= 2 * 4096 + 4096 for _, peak in stats.values())  # two buckets + headers/manifests
+    assert all(peak <= 2 * 4096 for _, peak in stats.values())  # at most two buckets
 
 
 def test_large_pieces_travel_alone_and_small_ones_together():
@@ -343,10 +346,10 @@ state = [torch.randn(2048, 1024) for _ in range(24)]  # 192 MiB of fp32 training
 status = lambda key: next(int(l.split()[1]) * 1024 for l in Path("/proc/self/status").read_text().splitlines()
                           if l.startswith(key + ":"))
 items = lambda: iter((f"w{i}", 0, t.view(-1)) for i, t in enumerate(state))
-send = dict(servers=1, backend="gloo", dtype=torch.bfloat16, device=torch.device("cpu"))
+send = dict(members=1, backend="gloo", dtype=torch.bfloat16, device=torch.device("cpu"))
 sender = StreamSender("127.0.0.1", port, 0, timeout_s=60)
 sender.send(items(), epoch=3, bucket_bytes=64 << 10, **send)  # one-time costs; its small buffers go
-sender.group(4, 1, "gloo")  # formed before measuring: the receiver joins first
+sender.group(4, 1, 1, "gloo")  # formed before measuring: the receiver joins first
 Path("/proc/self/clear_refs").write_text("5")
 before = status("VmRSS")
 stats = sender.send(items(), epoch=4, bucket_bytes=bucket, **send)
@@ -376,12 +379,13 @@ def test_a_sending_rank_holds_at_most_two_buckets_beyond_its_training_state():
 
     for epoch in (3, 4):
         where = dict(epoch=epoch, host="127.0.0.1", port=port, backend="gloo")
-        groups = link.groups_for(**where, senders=1, members=1, member=0, timeout_s=120)
+        groups = link.groups_for(**where, feeders=1, members=1, member=0, timeout_s=120)
         received = weight_stream.receive_all(groups, torch.device("cpu"), apply)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0
     m = json.loads(out)
-    assert received == 96 << 20 and m["buckets"] == 12
+    assert m["buckets"] == 24  # a round carries half a bucket
+    assert received == (96 << 20) + 24 * CONTROL
     assert m["tracked"] <= 2 * bucket + 64 * 1024
     assert m["extra"] <= 2 * bucket + (1 << 20), m
 
@@ -397,10 +401,10 @@ state = [torch.randn(2048, 1024) for _ in range(24)]
 status = lambda key: next(int(l.split()[1]) * 1024 for l in Path("/proc/self/status").read_text().splitlines()
                           if l.startswith(key + ":"))
 items = lambda: iter((f"w{i}", 0, t.view(-1)) for i, t in enumerate(state))
-send = dict(servers=1, backend="gloo", dtype=torch.bfloat16, device=torch.device("cpu"))
+send = dict(members=1, backend="gloo", dtype=torch.bfloat16, device=torch.device("cpu"))
 sender = StreamSender("127.0.0.1", port, 0, timeout_s=30)
 sender.send(items(), epoch=2, bucket_bytes=64 << 10, **send)  # one-time costs; its small buffers go
-sender.group(3, 1, "gloo")
+sender.group(3, 1, 1, "gloo")
 Path("/proc/self/clear_refs").write_text("5")
 before = status("VmRSS")
 send["bucket_bytes"] = bucket
@@ -418,7 +422,7 @@ from grpo_rollout import weight_stream
 
 link = weight_stream.ReceiverLink()
 groups = link.groups_for(epoch=3, host="127.0.0.1", port=int(sys.argv[1]), backend="gloo",
-                         senders=1, members=1, member=0, timeout_s=30)
+                         feeders=1, members=1, member=0, timeout_s=30)
 seen = [0]
 def apply(bucket):
     seen[0] += 1
@@ -447,7 +451,7 @@ def test_a_stream_broken_halfway_and_sent_again_still_holds_at_most_two_buckets(
         [sys.executable, "-c", RETRYING_SENDER, str(port), str(bucket)], stdout=subprocess.PIPE, text=True
     )
     link = weight_stream.ReceiverLink()
-    where = dict(host="127.0.0.1", port=port, backend="gloo", senders=1, members=1, member=0, timeout_s=60)
+    where = dict(host="127.0.0.1", port=port, backend="gloo", feeders=1, members=1, member=0, timeout_s=60)
     weight_stream.receive_all(link.groups_for(epoch=2, **where), torch.device("cpu"), lambda bucket: None)
     dying = subprocess.run([sys.executable, "-c", DYING_RECEIVER, str(port)], timeout=120, check=False)
     assert dying.returncode == 9
@@ -457,7 +461,7 @@ def test_a_stream_broken_halfway_and_sent_again_still_holds_at_most_two_buckets(
     out, _ = sender.communicate(timeout=120)
     assert sender.returncode == 0
     m = json.loads(out)
-    assert m["broke"] and received == 96 << 20 and m["buckets"] == 6
+    assert m["broke"] and received == (96 << 20) + 12 * CONTROL and m["buckets"] == 12
     assert m["extra"] < 3 * bucket, m
 
 

@@ -1,7 +1,8 @@
 """A receiving member issues every group's transfers from one thread, in one global order.
 
 NCCL requires the operations of different communicators to be issued in the same order on every
-rank. Three real sender threads (streams of 5, 1 and 0 buckets) and two real receivers over gloo
+rank (a member is in one group today, its feeder's; the order holds for any number). Three real
+sender threads (streams of 5, 1 and 0 buckets) and two real receivers over gloo
 groups on a real TCPStore; each receiver's groups record the order of the broadcasts it issues.
 Checked: both receivers issue the same sequence, it is the documented one (every sender's first
 header; then per round the manifest of each sender with a bucket, then per such sender its payload
@@ -68,8 +69,13 @@ def test_every_member_issues_the_same_rounds_and_uneven_streams_arrive_whole():
         try:
             store = dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/3/{s}", dist.TCPStore("127.0.0.1", port))
             group = weight_stream.form_group(store, 0, 1 + MEMBERS, "gloo", 30)
-            items = [(f"s{s}.b{b}", 0, v) for b, v in enumerate(values[s])]
-            weight_stream.BucketSender(group, torch.float32, BUCKET, torch.device("cpu")).send(iter(items))
+            works = []
+            for b, v in enumerate(values[s]):  # one whole item a bucket, as a feeder forwards it
+                piece = weight_stream.Piece(f"s{s}.b{b}", 0, v.numel(), 0, "float32")
+                works += weight_stream.send_bucket(group, [piece], v.view(torch.uint8))
+            works.append(weight_stream.send_end(group, torch.device("cpu")))
+            for work in works:
+                work.wait()
         except BaseException as e:
             errors.append(e)
 

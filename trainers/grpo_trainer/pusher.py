@@ -1,9 +1,10 @@
 """The trainer's side of weight sync, one object per rank: `WeightPusher`.
 
 It owns the transport choice (spec.rollout.weightSync, `weight_sync.transport`) and both paths:
-- `collective`: every rank streams the weights it holds, bucket by bucket, in the rollout dtype,
-  over groups with the servers' workers (`grpo_trainer.weight_sync.StreamSender`); rank 0 tells the
-  servers where to join over HTTP (`Generator.stream`). Nothing is gathered or kept.
+- `collective`: every rank converts the weights it holds, chunk by chunk, into the rollout dtype;
+  the ranks exchange the chunks so that each feeder forwards whole buckets to the servers' workers
+  it feeds, one group per worker whatever the trainer's size (`grpo_trainer.weight_sync.StreamSender`);
+  rank 0 tells the servers where to join over HTTP (`Generator.stream`). Nothing is kept.
 - `http`: rank 0's EP group gathers the unsharded weights one tensor at a time and rank 0 POSTs
   them as safetensors buckets (`Generator.push`), keeping them for servers that come up later.
 
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 
 import torch
 from grpo_operator.api.contract import RunContract
+from grpo_rollout import weight_stream
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -144,7 +146,9 @@ class WeightPusher:
             if self._streamer is None:  # rank 0 hosts the store first: its port goes out with the plan
                 port = contract.trainer.weight_sync_port
                 assert port is not None  # weight_sync.transport checked it
-                self._streamer = weight_sync.StreamSender(host, port, info.rank, timeout_s=PUSH_TIMEOUT_S)
+                self._streamer = weight_sync.StreamSender(
+                    host, port, info.rank, world=info.world_size, timeout_s=PUSH_TIMEOUT_S
+                )
             plan = {**self.generator.stream_plan(only), "port": self._streamer.port}
         plan = broadcast_json(plan, self.device)
         if not plan["servers"]:
@@ -152,14 +156,16 @@ class WeightPusher:
                 self.generator.sent_to_none(version)
             return None
         if self._streamer is None:
-            self._streamer = weight_sync.StreamSender(host, plan["port"], info.rank, timeout_s=PUSH_TIMEOUT_S)
+            self._streamer = weight_sync.StreamSender(
+                host, plan["port"], info.rank, world=info.world_size, timeout_s=PUSH_TIMEOUT_S
+            )
         pending = None
         if self.generator is not None:
             request = dict(
                 store_host=host,
                 store_port=plan["port"],
                 backend=backend,
-                senders=info.world_size,  # every rank streams its share
+                feeders=weight_stream.feeders_for(info.world_size, plan["members"]),
                 timeout_s=PUSH_TIMEOUT_S,
                 tensors=weight_sync.full_shapes(self.model),
             )
@@ -170,7 +176,7 @@ class WeightPusher:
             stats = self._streamer.send(
                 weight_sync.owned_items(self.model, info.rank, info.world_size, info.ep_size),
                 epoch=plan["epoch"],
-                servers=plan["members"],  # receiving members in each group (all servers' ranks)
+                members=plan["members"],  # receiving members, all servers' together
                 backend=backend,
                 dtype=self.dtype,
                 bucket_bytes=sync.bucket_mb << 20,

@@ -500,9 +500,30 @@ class RolloutSpec(RoleCommon):
 NCCL_COMM_BYTES = 256 << 20
 
 
+# each trainer rank's control block in every streamed bucket, and the alignment of every piece in
+# it (grpo_rollout.weight_stream.ALIGN, held equal by a test)
+STREAM_CONTROL_BYTES = 16
+
+
+def stream_chunk_bytes(senders: int, bucket_bytes: int) -> int:
+    """Each trainer rank's share of a streamed round (`grpo_trainer.weight_sync.StreamSender`): all
+    ranks' chunks make a member's bucket, at most half of bucketMb, so that a rank's send buffer and
+    its two forwarding buffers stay within two buckets; 16-byte aligned, 16 bytes at least."""
+    align = STREAM_CONTROL_BYTES
+    return max(align, bucket_bytes // 2 // senders // align * align)
+
+
+def stream_bucket_bytes(senders: int, bucket_bytes: int) -> int:
+    """The largest bucket a receiving member gets: every trainer rank's chunk of a round and its
+    control block."""
+    return senders * (STREAM_CONTROL_BYTES + stream_chunk_bytes(senders, bucket_bytes))
+
+
 def stream_receive_reserve(senders: int, bucket_bytes: int) -> int:
     """GPU bytes every receiving vLLM worker holds outside vLLM's budget for streamed weights: two
-    buckets per sender's group (`grpo_rollout.weight_stream.receive_rounds`: one applied while the
-    next arrives, both kept across versions) and that group's NCCL communicator. One formula for the
-    memory plan, which shows it, and the vLLM engine, which lowers gpu_memory_utilization by it."""
-    return senders * (2 * bucket_bytes + NCCL_COMM_BYTES)
+    buckets (`grpo_rollout.weight_stream.receive_rounds`: one applied while the next arrives, both
+    kept across versions) and one NCCL communicator, since a member is in one group, its feeder's,
+    however many trainer ranks there are; only the control blocks grow with them (16 B a rank). One
+    formula for the memory plan, which shows it, and the vLLM engine, which lowers
+    gpu_memory_utilization by it."""
+    return 2 * stream_bucket_bytes(senders, bucket_bytes) + NCCL_COMM_BYTES

@@ -13,7 +13,7 @@ transport) reach every vLLM worker directly: its receive buffers and communicato
 
 import math
 
-from grpo_operator.api.roles import NCCL_COMM_BYTES, stream_receive_reserve
+from grpo_operator.api.roles import NCCL_COMM_BYTES, STREAM_CONTROL_BYTES, stream_receive_reserve
 from grpo_operator.memory_plan.inputs import GIB, MIB, RolloutInputs
 from grpo_operator.memory_plan.result import Part, RolePlan
 from grpo_operator.memory_plan.shapes import ModelShape
@@ -49,8 +49,9 @@ def plan(shape: ModelShape, r: RolloutInputs, gpu_bytes: int | None) -> RolePlan
         reserve = stream_receive_reserve(r.stream_senders, r.stream_bucket_bytes)
         parts["weight_stream"] = Part(
             reserve,
-            f"{r.stream_senders} senders x (2 x bucketMb {r.stream_bucket_bytes // MIB} MiB + NCCL "
-            f"communicator {NCCL_COMM_BYTES // MIB} MiB), outside vLLM's gpu_memory_utilization",
+            f"2 x (bucketMb {r.stream_bucket_bytes // MIB} MiB / 2 + {STREAM_CONTROL_BYTES} B x "
+            f"{r.stream_senders} trainer ranks) + one NCCL communicator {NCCL_COMM_BYTES // MIB} MiB "
+            "(one group, whatever the trainer's size), outside vLLM's gpu_memory_utilization",
         )
     notes: list[str] = []
     shortfall = None

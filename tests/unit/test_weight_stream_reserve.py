@@ -1,0 +1,101 @@
+"""The law of the weight stream's memory: a receiving member's reserve does not grow with the trainer.
+
+At 1, 2, 4 and 8 trainer ranks (real `StreamSender` relays in threads, gloo groups on a real
+TCPStore) streaming the same model to one member (`ReceiverLink`, `receive_all`): the member is in
+one group, keeps two buffers, and their bytes stay within one bucket of each other (exactly: 32 B
+more per trainer rank, its control blocks) and within the plan's reserve
+(`api.roles.stream_receive_reserve`, the same formula the vLLM engine takes out of its budget);
+every rank's relay holds at most two buckets. Before the relay a member kept two buckets and a
+communicator per trainer rank: 96 GiB per GPU at 128 ranks.
+"""
+
+import threading
+
+import torch
+from grpo_operator.api.roles import (
+    NCCL_COMM_BYTES,
+    STREAM_CONTROL_BYTES,
+    stream_bucket_bytes,
+    stream_chunk_bytes,
+    stream_receive_reserve,
+)
+from grpo_rollout import weight_stream
+from grpo_trainer.weight_sync import CONTROL, StreamSender, share
+
+from tests.support.ports import free_port
+
+BUCKET = 64 << 10
+MODEL = {f"w{i}": torch.randn(8192) for i in range(12)}  # 384 KiB of fp32, 192 KiB in bf16
+
+
+def stream_from(world: int) -> tuple[int, int, list[int], dict[str, torch.Tensor]]:
+    """(groups the member is in, bytes its kept buffers hold, each rank's relay peak, what arrived)."""
+    senders = [StreamSender("127.0.0.1", free_port(), 0, world=world, timeout_s=60)]
+    port = senders[0].port
+    senders += [StreamSender("127.0.0.1", port, r, world=world, timeout_s=60) for r in range(1, world)]
+    peaks, errors = [0] * world, []
+
+    def send(rank: int) -> None:
+        try:
+            items = []
+            for name, t in MODEL.items():
+                lo, hi = share(t.numel(), rank, world)
+                items.append((name, lo, t[lo:hi]))
+            stats = senders[rank].send(
+                iter(items), epoch=1, members=1, backend="gloo", dtype=torch.bfloat16, bucket_bytes=BUCKET,
+                device=torch.device("cpu"),
+            )  # fmt: skip
+            peaks[rank] = stats.peak_bytes
+        except BaseException as e:  # reported by the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=send, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    link = weight_stream.ReceiverLink()
+    feeders = weight_stream.feeders_for(world, 1)
+    groups = link.groups_for(
+        epoch=1,
+        host="127.0.0.1",
+        port=port,
+        backend="gloo",
+        feeders=feeders,
+        members=1,
+        member=0,
+        timeout_s=60,
+    )
+    got = {k: torch.zeros(v.numel(), dtype=torch.bfloat16) for k, v in MODEL.items()}
+
+    def apply(bucket: weight_stream.Received) -> None:
+        for p in bucket.pieces:
+            got[p.name][p.start : p.start + p.count] = weight_stream.piece_values(bucket.payload, p)
+
+    weight_stream.receive_all(groups, torch.device("cpu"), apply, kept=link.buffers)
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    kept = sum(b.numel() for bufs in link.buffers.values() for b in bufs)
+    return len(groups), kept, peaks, got
+
+
+def test_a_members_reserve_is_flat_in_the_trainers_size_and_within_the_plan():
+    kept = {}
+    for world in (1, 2, 4, 8):
+        groups, kept[world], peaks, got = stream_from(world)
+        assert groups == 1  # one communicator, whatever the number of ranks
+        for name, values in MODEL.items():
+            assert torch.equal(got[name], values.to(torch.bfloat16)), (world, name)
+        assert kept[world] <= 2 * stream_bucket_bytes(world, BUCKET)
+        assert kept[world] + NCCL_COMM_BYTES <= stream_receive_reserve(world, BUCKET)
+        assert all(0 < peak <= 2 * BUCKET for peak in peaks), (world, peaks)
+    assert max(kept.values()) - min(kept.values()) <= BUCKET, kept  # flat: within one bucket
+    assert kept[8] - kept[1] <= 2 * 8 * CONTROL  # exactly: the control blocks
+
+
+def test_the_plans_bucket_is_the_runtimes_largest_and_at_most_half_a_bucket_of_weights():
+    assert STREAM_CONTROL_BYTES == CONTROL == weight_stream.ALIGN
+    for world in (1, 2, 16, 128, 1024):
+        for bucket in (1 << 20, 64 << 20, 256 << 20):
+            chunk = stream_chunk_bytes(world, bucket)  # what the relay plans with (plan_chunks)
+            assert chunk % weight_stream.ALIGN == 0 and world * chunk <= bucket // 2
+            assert stream_bucket_bytes(world, bucket) == world * (CONTROL + chunk)
