@@ -464,7 +464,7 @@ async def _stream_request(
     reqs = {
         u: WeightStreamRequest(
             version=version, epoch=epoch, store_host="127.0.0.1", store_port=sync_port, backend="gloo",
-            feeders=weight_stream.feeders_for(senders, members), members=members, first_member=i,
+            feeders=weight_stream.feeders_for(senders, members, "gloo"), members=members, first_member=i,
             timeout_s=600, tensors=spec,
         )
         for i, u in enumerate(urls)

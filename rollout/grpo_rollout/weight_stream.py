@@ -6,7 +6,7 @@ shard's rows, an EP rank's experts, a slice of a replicated tensor), in the roll
 
 Who talks to whom: every receiving member (a rollout server's process, or each worker of its
 engine) is in exactly ONE group, with one trainer rank that feeds it (`feeder_of`: member m is fed
-by feeder m mod F, F = min(trainer ranks, members)); the trainer ranks first exchange among
+by feeder m mod F, F per `feeders_for`); the trainer ranks first exchange among
 themselves what each feeder forwards. So a member holds one communicator and two buckets whatever
 the trainer's size: the reserve does not grow with the senders (1 GiB per worker at 16 senders
 would be 96 GiB at 128). Per bucket, in its group (rank 0 = the feeder, ranks 1.. = its members):
@@ -123,9 +123,15 @@ def fed(feeder: int, members: int, feeders: int) -> int:
     return len(range(feeder, members, feeders))
 
 
-def feeders_for(senders: int, members: int) -> int:
-    """How many trainer ranks feed members: one each while there are as many ranks as members."""
-    return max(1, min(senders, members))
+def feeders_for(senders: int, members: int, backend: str, ranks_per_node: int = 1) -> int:
+    """How many trainer ranks feed members (ranks 0..F-1). NCCL: one per trainer node. Its broadcast
+    pipelines through a group, so a feeder sends each byte about once however many members it
+    feeds, and each rank's share of the exchange stays 1/ranks-per-node of the model, where a feeder
+    per member would double what every rank sends (its chunks to every feeder, then its bucket).
+    gloo: as many as there are members, up to every rank (its broadcast sends to each member in
+    turn, so the forwarding is spread over the ranks instead)."""
+    per_node = ranks_per_node if backend == "nccl" else 1
+    return max(1, min(members, senders // max(1, per_node)))
 
 
 def send_bucket(group: "Group", pieces: list[Piece], payload: torch.Tensor) -> list[dist.Work]:

@@ -88,7 +88,7 @@ def stream(
                 host="127.0.0.1",
                 port=port,
                 backend="gloo",
-                feeders=weight_stream.feeders_for(SENDERS, SERVERS),
+                feeders=weight_stream.feeders_for(SENDERS, SERVERS, "gloo"),
                 members=SERVERS,
                 member=i,
                 timeout_s=30,

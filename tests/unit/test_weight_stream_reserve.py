@@ -53,7 +53,7 @@ def stream_from(world: int) -> tuple[int, int, list[int], dict[str, torch.Tensor
     for t in threads:
         t.start()
     link = weight_stream.ReceiverLink()
-    feeders = weight_stream.feeders_for(world, 1)
+    feeders = weight_stream.feeders_for(world, 1, "gloo")
     groups = link.groups_for(
         epoch=1,
         host="127.0.0.1",
@@ -99,3 +99,16 @@ def test_the_plans_bucket_is_the_runtimes_largest_and_at_most_half_a_bucket_of_w
             chunk = stream_chunk_bytes(world, bucket)  # what the relay plans with (plan_chunks)
             assert chunk % weight_stream.ALIGN == 0 and world * chunk <= bucket // 2
             assert stream_bucket_bytes(world, bucket) == world * (CONTROL + chunk)
+
+
+def test_nccl_feeds_from_one_rank_a_node_and_gloo_from_as_many_ranks_as_members():
+    assert weight_stream.feeders_for(128, 256, "nccl", 8) == 16  # the seed: 16 trainer nodes
+    assert weight_stream.feeders_for(16, 4, "nccl", 8) == 2
+    assert weight_stream.feeders_for(4, 8, "nccl", 8) == 1  # a gang smaller than a node
+    assert weight_stream.feeders_for(16, 1, "nccl", 8) == 1  # never more feeders than members
+    assert weight_stream.feeders_for(2, 2, "gloo", 8) == 2 and weight_stream.feeders_for(4, 3, "gloo") == 3
+    members = 37
+    for feeders in (1, 5, 16):  # every member in exactly one feeder's group
+        sizes = [weight_stream.fed(f, members, feeders) for f in range(feeders)]
+        assert sum(sizes) == members and max(sizes) - min(sizes) <= 1
+        assert all(weight_stream.feeder_of(m, feeders) < feeders for m in range(members))

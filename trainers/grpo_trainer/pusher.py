@@ -141,13 +141,19 @@ class WeightPusher:
         contract, info = self.contract, self.info
         sync, backend = contract.spec.rollout.weight_sync, contract.trainer.backend
         host = contract.trainer.master_addr
+        per_node = contract.spec.trainer.processes_per_pod  # one trainer pod per node
         plan = None
         if self.generator is not None:
             if self._streamer is None:  # rank 0 hosts the store first: its port goes out with the plan
                 port = contract.trainer.weight_sync_port
                 assert port is not None  # weight_sync.transport checked it
                 self._streamer = weight_sync.StreamSender(
-                    host, port, info.rank, world=info.world_size, timeout_s=PUSH_TIMEOUT_S
+                    host,
+                    port,
+                    info.rank,
+                    world=info.world_size,
+                    ranks_per_node=per_node,
+                    timeout_s=PUSH_TIMEOUT_S,
                 )
             plan = {**self.generator.stream_plan(only), "port": self._streamer.port}
         plan = broadcast_json(plan, self.device)
@@ -157,7 +163,12 @@ class WeightPusher:
             return None
         if self._streamer is None:
             self._streamer = weight_sync.StreamSender(
-                host, plan["port"], info.rank, world=info.world_size, timeout_s=PUSH_TIMEOUT_S
+                host,
+                plan["port"],
+                info.rank,
+                world=info.world_size,
+                ranks_per_node=per_node,
+                timeout_s=PUSH_TIMEOUT_S,
             )
         pending = None
         if self.generator is not None:
@@ -165,7 +176,7 @@ class WeightPusher:
                 store_host=host,
                 store_port=plan["port"],
                 backend=backend,
-                feeders=weight_stream.feeders_for(info.world_size, plan["members"]),
+                feeders=weight_stream.feeders_for(info.world_size, plan["members"], backend, per_node),
                 timeout_s=PUSH_TIMEOUT_S,
                 tensors=weight_sync.full_shapes(self.model),
             )

@@ -187,10 +187,20 @@ class StreamSender:
     buffers (half a bucket each), kept from one version to the next (the trainer's plan counts
     two buckets for the whole step) and across a stream that broke, like the members' buffers."""
 
-    def __init__(self, host: str, port: int, rank: int, *, world: int = 1, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        *,
+        world: int = 1,
+        ranks_per_node: int = 1,
+        timeout_s: float = 300.0,
+    ) -> None:
         import datetime
 
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
+        self.ranks_per_node = ranks_per_node  # NCCL: one feeder per node (`weight_stream.feeders_for`)
         timeout = datetime.timedelta(seconds=timeout_s)
         try:
             self.store = dist.TCPStore(
@@ -266,7 +276,7 @@ class StreamSender:
         off = weight_stream.CallOff(self._watch, epoch)
         device = torch.device(device)
         world, rank = self.world, self.rank
-        feeders = weight_stream.feeders_for(world, members)
+        feeders = weight_stream.feeders_for(world, members, backend, self.ranks_per_node)
         feeder = rank < feeders
         chunk = stream_chunk_bytes(world, bucket_bytes)
         own = list(items)
