@@ -36,6 +36,7 @@ COPY pyproject.toml README.md ./
 COPY operator ./operator
 COPY trainers ./trainers
 COPY rollout ./rollout
+COPY wire ./wire
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # ---------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parents[1]
-for sub in ("trainers", "operator", "rollout"):
+for sub in ("trainers", "operator", "rollout", "wire"):
     sys.path.insert(0, str(ROOT / sub))
 
 FULL = dict(hidden=256, layers=6, experts=32, moe_inter=1024, vocab=4096)

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for sub in ("trainers", "operator", "rollout"):
+for sub in ("trainers", "operator", "rollout", "wire"):
     sys.path.insert(0, str(ROOT / sub))
 
 import torch  # noqa: E402
@@ -182,7 +182,7 @@ def run_server(port: int, tokenizer_dir: str) -> None:
 
 def run_raw(index: int, store_port: int, http_port: int, share_bytes: int, link_runs: int) -> None:
     from aiohttp import web
-    from grpo_rollout import weight_stream
+    from grpo_wire import weight_stream
 
     tcp = store(store_port)
     groups = [
@@ -211,8 +211,8 @@ def run_raw(index: int, store_port: int, http_port: int, share_bytes: int, link_
 
 
 def run_rank(rank: int, args: argparse.Namespace) -> None:
-    from grpo_rollout import weight_stream
     from grpo_trainer.weight_sync import StreamSender
+    from grpo_wire import weight_stream
 
     torch.set_num_threads(1)
     spec = shapes(args.model_bytes)
@@ -290,7 +290,7 @@ def _raw_broadcast(raw: dist.ProcessGroup, ctl: dist.TCPStore, share_bytes: int)
 
 
 async def _http_push(shard: dict, world, args: argparse.Namespace, version: int) -> None:
-    from grpo_rollout.client import RolloutClient, bucketize
+    from grpo_wire.client import RolloutClient, bucketize
 
     full = {}
     for k, mine in shard.items():  # one tensor at a time, converted at once (the trainer's HTTP path)
@@ -455,9 +455,9 @@ def spawn(*argv: str, env: dict | None = None) -> subprocess.Popen:
 async def _stream_request(
     urls: list[str], version: int, sync_port: int, spec: dict, senders: int = SENDERS, epoch: int = 7
 ) -> float:
-    from grpo_rollout import weight_stream
-    from grpo_rollout.client import RolloutClient
-    from grpo_rollout.protocol import WeightStreamRequest
+    from grpo_wire import weight_stream
+    from grpo_wire.client import RolloutClient
+    from grpo_wire.protocol import WeightStreamRequest
 
     members = len(urls)
 

@@ -77,7 +77,7 @@ def hf_logprobs(model_dir: Path, prompt_ids: list[int], token_ids: list[int]) ->
 
 def compare(engine, model_dir: Path, prompts: list[str]) -> dict:
     """vLLM's log-probs of its own samples vs the HF model's, over every sampled token."""
-    from grpo_rollout.protocol import Sampling
+    from grpo_wire.protocol import Sampling
 
     out = engine.generate(prompts, 2, Sampling(temperature=1.0, top_p=1.0, max_new_tokens=16), lambda: False)
     diffs = []
@@ -96,7 +96,7 @@ def compare(engine, model_dir: Path, prompts: list[str]) -> dict:
 
 async def versions(service, bucket: bytes) -> tuple[list, object, object]:
     """Generations in flight while a version is pushed over the HTTP path's service method."""
-    from grpo_rollout.protocol import GenerateRequest, Prompt, Sampling, WeightBucket
+    from grpo_wire.protocol import GenerateRequest, Prompt, Sampling, WeightBucket
 
     def request(rid: str, min_version: int | None = None) -> GenerateRequest:
         prompts = [Prompt(id=str(i), text=f"{i} * {i} = ") for i in range(4)]
@@ -131,8 +131,8 @@ def main() -> int:
         import torch
         from grpo_operator.api.spec import RewardSpec
         from grpo_rollout.engines.vllm_engine import VllmEngineConfig, VllmOptions
-        from grpo_rollout.protocol import Sampling
         from grpo_rollout.service import RolloutService, ServiceConfig
+        from grpo_wire.protocol import Sampling
         from safetensors.torch import load_file, save
         from transformers import AutoModelForCausalLM
 

@@ -29,8 +29,8 @@ from grpo_operator.api.contract import (
 )
 from grpo_operator.api.roles import stream_receive_reserve
 from grpo_operator.api.spec import GRPOJobSpec
+from grpo_wire.chat import ChatSettings
 
-from grpo_rollout.chat import ChatSettings
 from grpo_rollout.engines.base import EngineConfig, EngineDead
 from grpo_rollout.engines.vllm_engine import VllmEngineConfig, VllmOptions
 from grpo_rollout.server import serve

@@ -25,10 +25,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from grpo_rollout.chat import ChatError, PromptRenderer
+from grpo_wire.chat import ChatError, PromptRenderer
+from grpo_wire.protocol import Prompt, Sampling
+
 from grpo_rollout.engines.base import Engine, PromptSamples, Sample
 from grpo_rollout.environments import EnvironmentRunner
-from grpo_rollout.protocol import Prompt, Sampling
 from grpo_rollout.tools.parsers import ToolCallParser
 from grpo_rollout.tools.runner import ToolRunner
 

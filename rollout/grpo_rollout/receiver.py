@@ -19,11 +19,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from grpo_rollout import stream_member, weight_stream
+from grpo_wire import weight_stream
+from grpo_wire.protocol import WeightBucket, WeightStreamRequest, WeightUpdateResponse
+
+from grpo_rollout import stream_member
 from grpo_rollout.engines.base import Engine
 from grpo_rollout.errors import ServiceError
 from grpo_rollout.metrics import RolloutMetrics
-from grpo_rollout.protocol import WeightBucket, WeightStreamRequest, WeightUpdateResponse
 from grpo_rollout.weights import BadBucket, WeightConflict, WeightStager
 
 log = logging.getLogger(__name__)

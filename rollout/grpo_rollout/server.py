@@ -20,12 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ValidationError
-
-from grpo_rollout.engines.base import EngineDead
-from grpo_rollout.errors import ServiceError
-from grpo_rollout.protocol import (
+from grpo_wire.protocol import (
     AUTH_HEADER,
     MAX_GENERATE_BODY_BYTES,
     MAX_WEIGHT_BUCKET_BYTES,
@@ -35,6 +30,11 @@ from grpo_rollout.protocol import (
     WeightBucket,
     WeightStreamRequest,
 )
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+
+from grpo_rollout.engines.base import EngineDead
+from grpo_rollout.errors import ServiceError
 from grpo_rollout.service import RolloutService
 
 log = logging.getLogger(__name__)

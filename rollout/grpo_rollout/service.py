@@ -25,22 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from grpo_operator.api.spec import RewardSpec
-
-from grpo_rollout import episodes
-from grpo_rollout.chat import ChatError, ChatSettings, PromptRenderer
-from grpo_rollout.engines.base import (
-    Engine,
-    EngineConfig,
-    EngineDead,
-    PromptSamples,
-    create_engine,
-    engine_failure,
-)
-from grpo_rollout.environments import EnvironmentRunner
-from grpo_rollout.errors import ServiceError, loading
-from grpo_rollout.gate import Gate
-from grpo_rollout.metrics import RolloutMetrics
-from grpo_rollout.protocol import (
+from grpo_wire.chat import ChatError, ChatSettings, PromptRenderer
+from grpo_wire.protocol import (
     ENGINE_DEAD,
     Completion,
     GenerateRequest,
@@ -53,6 +39,20 @@ from grpo_rollout.protocol import (
     WeightStreamRequest,
     WeightUpdateResponse,
 )
+
+from grpo_rollout import episodes
+from grpo_rollout.engines.base import (
+    Engine,
+    EngineConfig,
+    EngineDead,
+    PromptSamples,
+    create_engine,
+    engine_failure,
+)
+from grpo_rollout.environments import EnvironmentRunner
+from grpo_rollout.errors import ServiceError, loading
+from grpo_rollout.gate import Gate
+from grpo_rollout.metrics import RolloutMetrics
 from grpo_rollout.receiver import WeightReceiver
 from grpo_rollout.rewards.scorer import RewardScorer
 from grpo_rollout.tools.parsers import get_parser

@@ -1,6 +1,6 @@
 """One receiving member's part of a streamed weight version: join the groups, receive, apply, judge.
 
-A member holds one rank in one of the trainer's weight groups (`grpo_rollout.weight_stream`):
+A member holds one rank in one of the trainer's weight groups (`grpo_wire.weight_stream`):
 the rollout server's own process (`LocalMember`, for an engine that does not receive itself) or
 each worker of an engine that does (`engines.base.StreamReceiver`: vLLM's tensor-parallel workers,
 `engines.vllm_stream`), so a bucket lands on the device that uses it, with no host copy and no
@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from grpo_wire import weight_stream
+from grpo_wire.protocol import WeightStreamRequest
 
-from grpo_rollout import weight_stream
 from grpo_rollout.engines.base import StreamedUpdate, streamed_update
-from grpo_rollout.protocol import WeightStreamRequest
 from grpo_rollout.weights import BadBucket, Coverage
 
 if TYPE_CHECKING:

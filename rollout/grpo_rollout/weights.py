@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from grpo_rollout.protocol import WeightBucket
+from grpo_wire.protocol import WeightBucket
 
 
 class WeightConflict(Exception):

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 from grpo_rollout import episodes
-from grpo_rollout.chat import ChatSettings, PromptRenderer
 from grpo_rollout.engines.base import EngineConfig
 from grpo_rollout.engines.torch_engine import TorchEngine
 from grpo_rollout.environments import EnvironmentRunner
-from grpo_rollout.protocol import Prompt, Sampling
 from grpo_rollout.tools.parsers import get_parser
+from grpo_wire.chat import ChatSettings, PromptRenderer
+from grpo_wire.protocol import Prompt, Sampling
 
 from tests.support.environments import ARE_YOU_SURE
 

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 from grpo_rollout import episodes
-from grpo_rollout.chat import ChatSettings, PromptRenderer
 from grpo_rollout.engines.base import EngineConfig, PromptSamples
 from grpo_rollout.engines.torch_engine import TorchEngine
-from grpo_rollout.protocol import Prompt, Sampling
 from grpo_rollout.tools.parsers import get_parser
 from grpo_rollout.tools.runner import ToolRunner
 from grpo_trainer.tiny_model import TinyConfig, build_model, build_tokenizer
+from grpo_wire.chat import ChatSettings, PromptRenderer
+from grpo_wire.protocol import Prompt, Sampling
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
 QUESTION = "What is 6*7?"
@@ -106,8 +106,8 @@ def test_no_room_for_another_turn_drops_the_tool_result_and_ends_at_the_models_t
 
 
 def test_the_trainers_micro_batch_leaves_tool_tokens_out_of_the_loss() -> None:
-    from grpo_rollout.protocol import Completion, PromptResult
     from grpo_trainer.batch import Rollouts, collate
+    from grpo_wire.protocol import Completion, PromptResult
 
     completion = Completion(
         text="4", token_ids=[5, 6, 7, 8, 9], logprobs=[-1.0, -1.0, 0.0, 0.0, -1.0], mask=[1, 1, 0, 0, 1],
@@ -147,7 +147,7 @@ def test_a_local_job_with_tools_runs_episodes_end_to_end_and_reports_them(
 def test_routing_replay_covers_every_model_turn_of_an_episode(taught: tuple[Path, ToolRunner]) -> None:
     """The last turn's pass saw the whole episode (earlier turns and tool tokens as its context), so
     its routing has a row for every token the trainer feeds: prompt + completion - 1."""
-    from grpo_rollout.protocol import Completion, PromptResult
+    from grpo_wire.protocol import Completion, PromptResult
 
     got = play(taught, 1, Sampling(temperature=0, max_new_tokens=200), routing=True)
     [s] = got.result.samples

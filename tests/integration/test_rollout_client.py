@@ -10,8 +10,8 @@ import signal
 
 import pytest
 import torch
-from grpo_rollout.client import GenerateError, RolloutClient, ServerError, bucketize
-from grpo_rollout.protocol import Prompt, Sampling
+from grpo_wire.client import GenerateError, RolloutClient, ServerError, bucketize
+from grpo_wire.protocol import Prompt, Sampling
 
 from tests.support.ports import free_port
 from tests.support.rollout import build_tiny_model, running_servers

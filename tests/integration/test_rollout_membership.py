@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 from grpo_operator.api.algorithm import AlgorithmSpec
-from grpo_rollout.client import RolloutClient
-from grpo_rollout.protocol import Prompt, Sampling
 from grpo_trainer.data import Row
 from grpo_trainer.generation import Generator
 from grpo_trainer.membership import ContractFileSource
+from grpo_wire.client import RolloutClient
+from grpo_wire.protocol import Prompt, Sampling
 
 from tests.support.rollout import build_tiny_model, running_servers, write_contract
 

@@ -10,8 +10,8 @@ import textwrap
 import time
 
 import pytest
-from grpo_rollout.client import RolloutClient
-from grpo_rollout.protocol import Prompt, Sampling
+from grpo_wire.client import RolloutClient
+from grpo_wire.protocol import Prompt, Sampling
 
 from tests.support.ports import free_port
 from tests.support.rollout import build_tiny_model, start_server, wait_ready, write_contract

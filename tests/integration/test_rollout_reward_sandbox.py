@@ -13,8 +13,8 @@ import signal
 import textwrap
 
 import pytest
-from grpo_rollout.client import RolloutClient
-from grpo_rollout.protocol import Prompt, Sampling
+from grpo_wire.client import RolloutClient
+from grpo_wire.protocol import Prompt, Sampling
 
 from tests.support.ports import free_port
 from tests.support.reward_processes import alive, in_session

@@ -15,8 +15,8 @@ import urllib.request
 
 import pytest
 import torch
-from grpo_rollout.client import RolloutClient, WeightSyncError, bucketize
-from grpo_rollout.protocol import MAX_GENERATE_BODY_BYTES, Prompt, PromptResult, Sampling
+from grpo_wire.client import RolloutClient, WeightSyncError, bucketize
+from grpo_wire.protocol import MAX_GENERATE_BODY_BYTES, Prompt, PromptResult, Sampling
 
 from tests.support.ports import free_port
 from tests.support.rollout import build_tiny_model, start_server, wait_ready, write_contract

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from grpo_rollout.client import RolloutClient
-from grpo_rollout.protocol import HealthResponse, WeightStreamRequest
 from grpo_trainer.generation import member_ranks
 from grpo_trainer.weight_sync import StreamSender, owned_items, tied_aliases
+from grpo_wire.client import RolloutClient
+from grpo_wire.protocol import HealthResponse, WeightStreamRequest
 
 from tests.support.ports import free_port
 from tests.support.rollout import build_tiny_model, running_servers
@@ -32,10 +32,11 @@ TOKEN = "stream-members-token"
 
 MEMBER = """
 import hashlib, json, sys, torch
-from grpo_rollout import stream_member, weight_stream
+from grpo_rollout import stream_member
+from grpo_wire import weight_stream
 from grpo_rollout.engines.base import EngineConfig, streamed_update
 from grpo_rollout.engines.torch_engine import TorchEngine
-from grpo_rollout.protocol import WeightStreamRequest
+from grpo_wire.protocol import WeightStreamRequest
 
 req = WeightStreamRequest.model_validate_json(sys.argv[1])
 engine = TorchEngine(EngineConfig(model_path=sys.argv[3], device="cpu"))

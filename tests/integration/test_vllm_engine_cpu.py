@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from grpo_rollout.client import RolloutClient, bucketize
-from grpo_rollout.protocol import Prompt, PromptResult, Sampling, WeightStreamRequest
 from grpo_trainer.weight_sync import StreamSender, owned_items
+from grpo_wire.client import RolloutClient, bucketize
+from grpo_wire.protocol import Prompt, PromptResult, Sampling, WeightStreamRequest
 
 from tests.support.ports import free_port
 from tests.support.rollout import build_tiny_model, start_server, stop_server, wait_ready, write_contract
@@ -286,7 +286,7 @@ def test_multi_turn_episodes_run_on_the_vllm_engine_with_the_environments_turns_
     vllm = {"enforceEager": True, "maxModelLen": 256}
     for live in serve(vllm_python, model_dir, tmp_path, vllm, spec_extra=extra):
         results = generate(live.url, Sampling(temperature=1.0, max_new_tokens=160, seed=5))
-        from grpo_rollout.chat import ChatSettings, PromptRenderer
+        from grpo_wire.chat import ChatSettings, PromptRenderer
 
         renderer = PromptRenderer.load(str(model_dir), ChatSettings())
         episodes = [c for r in results for c in r.completions]

@@ -25,9 +25,9 @@ import psutil
 import pytest
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_rollout.__main__ import EXIT_ENGINE_DEAD
-from grpo_rollout.client import GenerateError, RolloutClient
-from grpo_rollout.protocol import Prompt, PromptResult, Sampling
 from grpo_trainer.generation import Generator
+from grpo_wire.client import GenerateError, RolloutClient
+from grpo_wire.protocol import Prompt, PromptResult, Sampling
 
 from tests.support.ports import free_port
 from tests.support.rollout import build_tiny_model, start_server, stop_server, wait_ready, write_contract

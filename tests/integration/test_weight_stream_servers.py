@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from grpo_rollout import weight_stream
-from grpo_rollout.client import RolloutClient, bucketize
-from grpo_rollout.protocol import Prompt, Sampling, WeightStreamRequest
 from grpo_trainer.weight_sync import StreamSender, owned_items, tied_aliases
+from grpo_wire import weight_stream
+from grpo_wire.client import RolloutClient, bucketize
+from grpo_wire.protocol import Prompt, Sampling, WeightStreamRequest
 
 from tests.support.ports import free_port
 from tests.support.rollout import build_tiny_model, running_servers, start_server, wait_ready

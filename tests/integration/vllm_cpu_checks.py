@@ -101,7 +101,7 @@ def abort(model_dir: str) -> None:
     import json
 
     from grpo_rollout.engines.vllm_engine import VllmEngine, VllmEngineConfig, VllmOptions
-    from grpo_rollout.protocol import Sampling
+    from grpo_wire.protocol import Sampling
     from transformers import AutoModelForCausalLM
 
     state = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()

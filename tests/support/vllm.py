@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+from grpo_operator.local.plan import SOURCE_FOLDERS
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -12,7 +13,7 @@ VLLM_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for the tiny model
     # This checkout's packages first: the cached venv's editable install names whichever checkout
     # ran hack/vllm-venv.sh last (another clone, a CI run's).
-    "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("operator", "trainers", "rollout")),
+    "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in SOURCE_FOLDERS),
 }
 
 

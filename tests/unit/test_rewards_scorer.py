@@ -10,9 +10,9 @@ import time
 
 import pytest
 from grpo_operator.api.spec import RewardSpec
-from grpo_rollout.protocol import RewardDetail
 from grpo_rollout.rewards.base import BUILTINS
 from grpo_rollout.rewards.scorer import RewardScorer
+from grpo_wire.protocol import RewardDetail
 
 PLUGINS = """
 import math, os, time

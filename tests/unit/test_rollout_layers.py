@@ -1,6 +1,6 @@
 """Layer rules of grpo_rollout: what the trainer may import stays light, and rollout imports no trainer.
 
-The trainer imports only `grpo_rollout.protocol` and `grpo_rollout.client`; both must load without
+The trainer imports only `grpo_wire.protocol` and `grpo_wire.client`; both must load without
 torch (the client is used from the trainer's asyncio thread, and the protocol by anything). The
 rollout package itself may use `grpo_operator.api`, the storage layer `grpo_operator.storage` and
 the pure sizing laws of `grpo_operator.memory_plan`, but never the trainer, kopf or the rest of the operator.
@@ -43,7 +43,7 @@ def test_rollout_imports_only_the_operator_api_and_storage_and_no_trainer():
 
 def test_protocol_and_client_load_without_torch():
     code = (
-        "import sys, grpo_rollout.client, grpo_rollout.protocol; "
+        "import sys, grpo_wire.client, grpo_wire.protocol; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'vllm')))"
     )
     out = subprocess.run(

@@ -1,11 +1,11 @@
-"""Wire protocol bounds, the routing payload, the weight-bucket header round trip (grpo_rollout.protocol)."""
+"""Wire protocol bounds, the routing payload, the weight-bucket header round trip (grpo_wire.protocol)."""
 
 import base64
 
 import pytest
 import torch
 from grpo_rollout.engines.routing import encode_routing
-from grpo_rollout.protocol import (
+from grpo_wire.protocol import (
     MAX_PROMPTS_PER_REQUEST,
     MAX_SEQUENCES_PER_REQUEST,
     PROTOCOL_VERSION,

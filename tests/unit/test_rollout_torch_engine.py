@@ -10,12 +10,13 @@ import threading
 import numpy as np
 import pytest
 import torch
-from grpo_rollout import stream_member, weight_stream
+from grpo_rollout import stream_member
 from grpo_rollout.engines.base import EngineConfig, create_engine
 from grpo_rollout.engines.routing import RoutingRecorder
 from grpo_rollout.engines.sampling import policy_logprobs
-from grpo_rollout.protocol import Sampling, WeightStreamRequest
 from grpo_trainer.weight_sync import StreamSender
+from grpo_wire import weight_stream
+from grpo_wire.protocol import Sampling, WeightStreamRequest
 from safetensors.torch import save
 
 from tests.support.ports import free_port

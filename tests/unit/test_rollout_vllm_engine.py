@@ -59,7 +59,7 @@ def test_checkpoint_names_pass_through_and_bad_tensors_are_refused(tiny_moe):
 
 def test_one_request_per_prompt_with_n_samples_and_the_sampled_tokens_logprob():
     from grpo_rollout.engines.vllm_engine import sampling_kwargs
-    from grpo_rollout.protocol import Sampling
+    from grpo_wire.protocol import Sampling
 
     kw = sampling_kwargs(8, Sampling(temperature=0.7, top_p=0.9, max_new_tokens=32, seed=5))
     assert kw == {"n": 8, "temperature": 0.7, "top_p": 0.9, "max_tokens": 32, "logprobs": 0, "seed": 5}

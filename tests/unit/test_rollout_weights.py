@@ -1,8 +1,8 @@
 """Version rules of bucketed weight staging (grpo_rollout.weights.WeightStager)."""
 
 import pytest
-from grpo_rollout.protocol import WeightBucket
 from grpo_rollout.weights import BadBucket, WeightConflict, WeightStager
+from grpo_wire.protocol import WeightBucket
 
 
 def bucket(version: int, index: int, count: int) -> WeightBucket:

@@ -10,10 +10,10 @@ recorded experts back.
 import pytest
 import torch
 from grpo_rollout.engines.base import EngineConfig, create_engine
-from grpo_rollout.protocol import Completion, PromptResult, Sampling
 from grpo_trainer import moe
 from grpo_trainer.batch import Rollouts, micro_batches
 from grpo_trainer.forward import forward_logp
+from grpo_wire.protocol import Completion, PromptResult, Sampling
 from transformers import AutoModelForCausalLM
 
 from tests.support.rollout import build_tiny_model

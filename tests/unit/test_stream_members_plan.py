@@ -12,8 +12,8 @@ from grpo_operator.api.job import GRPOJob
 from grpo_operator.api.roles import NCCL_COMM_BYTES, stream_receive_reserve
 from grpo_rollout.engines.vllm_engine import Assembler, VllmOptions, memory_utilization, stream_members
 from grpo_rollout.engines.vllm_stream import member_index
-from grpo_rollout.protocol import WeightStreamRequest
 from grpo_trainer.generation import member_ranks
+from grpo_wire.protocol import WeightStreamRequest
 from pydantic import ValidationError
 
 ROOT = Path(__file__).resolve().parents[2]

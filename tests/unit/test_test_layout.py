@@ -21,6 +21,7 @@ PRODUCT = [
     ROOT / "operator" / "grpo_operator",
     ROOT / "trainers" / "grpo_trainer",
     ROOT / "rollout" / "grpo_rollout",
+    ROOT / "wire" / "grpo_wire",
 ]
 
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from grpo_rollout import weight_stream
+from grpo_wire import weight_stream
 
 from tests.support.ports import free_port
 

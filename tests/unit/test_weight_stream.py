@@ -15,9 +15,9 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from grpo_rollout import weight_stream
 from grpo_rollout.weights import BadBucket, Coverage
 from grpo_trainer.weight_sync import StreamSender, share
+from grpo_wire import weight_stream
 
 from tests.support.ports import free_port
 
@@ -243,7 +243,7 @@ def test_a_call_off_ends_the_wait_for_a_member_that_never_comes_and_for_a_transf
 MEMBER = """
 import sys
 import torch.distributed as dist
-from grpo_rollout import weight_stream
+from grpo_wire import weight_stream
 
 port = int(sys.argv[1])
 client = weight_stream.store_client("127.0.0.1", port, 300)
@@ -338,7 +338,7 @@ SENDER = """
 import json, sys, time
 from pathlib import Path
 import torch, torch.distributed as dist
-from grpo_rollout import weight_stream
+from grpo_wire import weight_stream
 from grpo_trainer.weight_sync import StreamSender
 
 port, bucket = int(sys.argv[1]), int(sys.argv[2])
@@ -418,7 +418,7 @@ print(json.dumps({"broke": broke, "extra": status("VmHWM") - before, "buckets": 
 """
 DYING_RECEIVER = """
 import os, sys, torch
-from grpo_rollout import weight_stream
+from grpo_wire import weight_stream
 
 link = weight_stream.ReceiverLink()
 groups = link.groups_for(epoch=3, host="127.0.0.1", port=int(sys.argv[1]), backend="gloo",

@@ -15,7 +15,8 @@ import threading
 import pytest
 import torch
 import torch.distributed as dist
-from grpo_rollout import stream_member, weight_stream
+from grpo_rollout import stream_member
+from grpo_wire import weight_stream
 
 from tests.support.ports import free_port
 

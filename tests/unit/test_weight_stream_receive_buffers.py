@@ -13,8 +13,8 @@ import threading
 
 import pytest
 import torch
-from grpo_rollout import weight_stream
 from grpo_trainer.weight_sync import StreamSender
+from grpo_wire import weight_stream
 
 from tests.support.ports import free_port
 

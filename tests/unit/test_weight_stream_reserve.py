@@ -19,8 +19,8 @@ from grpo_operator.api.roles import (
     stream_chunk_bytes,
     stream_receive_reserve,
 )
-from grpo_rollout import weight_stream
 from grpo_trainer.weight_sync import CONTROL, StreamSender, share
+from grpo_wire import weight_stream
 
 from tests.support.ports import free_port
 

@@ -1,6 +1,6 @@
 """A step's rollouts: from the rollout servers' answers to advantages and padded micro-batches.
 
-Rank 0 turns the `grpo_rollout.client` results into a `Rollouts` (broadcast as safetensors
+Rank 0 turns the `grpo_wire.client` results into a `Rollouts` (broadcast as safetensors
 bytes, never pickled); every rank then calls `score` (rewards → advantages, which groups to keep),
 takes its share with `shard`, and iterates `micro_batches`. Shapes: S sequences in the step,
 b per micro-batch, L = longest prompt+completion in the micro-batch. With routing replay each
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import safetensors.torch
 import torch
 from grpo_operator.api.algorithm import AlgorithmSpec
-from grpo_rollout.protocol import PromptResult, Routing
+from grpo_wire.protocol import PromptResult, Routing
 
 from grpo_trainer.advantages import ADVANTAGES, overlong_penalty, zero_variance_mask
 

@@ -11,7 +11,7 @@ and a dataset without a usable row fails the job with `DatasetEmpty`.
 
 A prompt is a string or a list of chat messages (`{role, content}`; verl's preprocessed parquet,
 TRL's conversational files and OpenAI-style files write it so): the rollout server puts either
-through the model's chat template (`grpo_rollout.chat`). `spec.dataset.columns` maps the names the
+through the model's chat template (`grpo_wire.chat`). `spec.dataset.columns` maps the names the
 reward functions receive to dotted paths in the row (`reward_model.ground_truth`); the row's other
 top-level columns are passed under their own names.
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_operator.api.report import EvalScore
 from grpo_operator.api.spec import DatasetSpec, EvalSpec
-from grpo_rollout.protocol import Prompt, Sampling
+from grpo_wire.protocol import Prompt, Sampling
 
 from grpo_trainer.data import Row, RowShape, load_rows
 from grpo_trainer.generation import Generator

@@ -1,6 +1,6 @@
 """Trainer rank 0's side of the rollout servers: asynchronous generation and versioned weight pushes.
 
-Called by the training loop on rank 0 only. `grpo_rollout.client.RolloutClient` (asyncio) runs
+Called by the training loop on rank 0 only. `grpo_wire.client.RolloutClient` (asyncio) runs
 on a private event-loop thread, so the loop can `submit` the next step's prompts and keep
 training while the servers generate (the overlap `maxStaleness` allows), then `push` new
 weights after the optimizer step. Before every generation request the servers' health is read
@@ -10,7 +10,7 @@ The server set is followed during the run (`grpo_trainer.membership`: EndpointSl
 else the run contract file): a server that leaves gets no more work (its unanswered prompts are
 re-sent elsewhere); one that joins is first brought to the live weight version over HTTP and only
 then given prompts. A server whose engine died is never sent work again (it exits and its pod
-restarts, `grpo_rollout.client`); when every server is dead, generation waits, bounded, for a
+restarts, `grpo_wire.client`); when every server is dead, generation waits, bounded, for a
 replacement to report ready instead of retrying the dead ones. Every wait is bounded; failures
 name the server.
 
@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 import torch
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_operator.api.contract import RunContract
-from grpo_rollout.client import (
+from grpo_wire.client import (
     GenerateError,
     RolloutClient,
     RolloutError,
@@ -44,7 +44,7 @@ from grpo_rollout.client import (
     WeightSyncError,
     bucketize,
 )
-from grpo_rollout.protocol import HealthResponse, Prompt, PromptResult, Sampling, WeightStreamRequest
+from grpo_wire.protocol import HealthResponse, Prompt, PromptResult, Sampling, WeightStreamRequest
 
 from grpo_trainer import membership
 from grpo_trainer.batch import Rollouts

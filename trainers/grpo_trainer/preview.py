@@ -5,7 +5,7 @@ which validates the manifest and resolves its paths (relative, `pvc://` through 
 `grpo-operator run` does, so the operator package never imports transformers. Offline: the rows come
 from the job's own dataset (local or `s3://`, streamed as the trainer reads it) and the template from
 the job's own model (for `s3://` only its small tokenizer files are fetched, never the weights). The
-rendering is the rollout servers' (`grpo_rollout.chat`), the rows the trainer's (`grpo_trainer.data`):
+rendering is the rollout servers' (`grpo_wire.chat`), the rows the trainer's (`grpo_trainer.data`):
 what the table shows is what training sends.
 """
 

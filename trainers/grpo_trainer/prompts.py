@@ -1,7 +1,7 @@
 """The job's prompts as the model will receive them, checked before any GPU work.
 
 Rank 0 renders every training (and held-out) row at start-up with the rollout servers' own renderer
-(`grpo_rollout.chat`: the model's chat template, the job's template arguments and system prompt), so
+(`grpo_wire.chat`: the model's chat template, the job's template arguments and system prompt), so
 a template that fails, a message list a model without a template cannot take, or a prompt too long
 for the servers is said with the file and the row before the gang forms; `grpo-operator preview`
 shows the same rendering (`grpo_trainer.preview`).
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.api.status import Reason
-from grpo_rollout.chat import ChatError, ChatSettings, PromptRenderer, Rendered
-from grpo_rollout.protocol import Prompt
+from grpo_wire.chat import ChatError, ChatSettings, PromptRenderer, Rendered
+from grpo_wire.protocol import Prompt
 
 from grpo_trainer.config import ConfigError
 from grpo_trainer.data import Row

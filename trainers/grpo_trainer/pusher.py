@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 import torch
 from grpo_operator.api.contract import RunContract
-from grpo_rollout import weight_stream
+from grpo_wire import weight_stream
 from torch import nn
 from torch.distributed.tensor import DTensor
 

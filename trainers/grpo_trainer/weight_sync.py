@@ -11,7 +11,7 @@ hold them, each element by exactly one rank:
 A tied `lm_head.weight` (the same parameter as the input embedding) is sent once, under the
 embedding's name. The ranks relay their shares through feeders (`StreamSender`): each receiving
 member is in one group, with one trainer rank, whatever the trainer's size, and gets whole buckets
-in the wire format of `grpo_rollout.weight_stream`; the rollout servers reassemble HF-named
+in the wire format of `grpo_wire.weight_stream`; the rollout servers reassemble HF-named
 tensors. Rank 0 tells them, over HTTP, where to connect and which tensors to expect
 (`Generator.stream`).
 """
@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from grpo_operator.api.contract import RunContract
 from grpo_operator.api.roles import STREAM_CONTROL_BYTES, stream_chunk_bytes
-from grpo_rollout import weight_stream
+from grpo_wire import weight_stream
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset

@@ -501,7 +501,7 @@ NCCL_COMM_BYTES = 256 << 20
 
 
 # each trainer rank's control block in every streamed bucket, and the alignment of every piece in
-# it (grpo_rollout.weight_stream.ALIGN, held equal by a test)
+# it (grpo_wire.weight_stream.ALIGN, held equal by a test)
 STREAM_CONTROL_BYTES = 16
 
 
@@ -521,7 +521,7 @@ def stream_bucket_bytes(senders: int, bucket_bytes: int) -> int:
 
 def stream_receive_reserve(senders: int, bucket_bytes: int) -> int:
     """GPU bytes every receiving vLLM worker holds outside vLLM's budget for streamed weights: two
-    buckets (`grpo_rollout.weight_stream.receive_rounds`: one applied while the next arrives, both
+    buckets (`grpo_wire.weight_stream.receive_rounds`: one applied while the next arrives, both
     kept across versions) and one NCCL communicator, since a member is in one group, its feeder's,
     however many trainer ranks there are; only the control blocks grow with them (16 B a rank). One
     formula for the memory plan, which shows it, and the vLLM engine, which lowers

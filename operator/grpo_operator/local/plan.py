@@ -43,6 +43,7 @@ MAX_LOCAL_GRACE_S = 20.0  # a pod's terminationGracePeriodSeconds, bounded so Ct
 ENV_ROLLOUT_PYTHON = "GRPO_ROLLOUT_PYTHON"  # the rollout pods' interpreter (default: this one)
 # This checkout (operator/grpo_operator/local/plan.py -> the repository) and its vLLM CPU venv.
 REPO = Path(__file__).resolve().parents[3]
+SOURCE_FOLDERS = ("operator", "trainers", "rollout", "wire")  # where the import packages live
 VLLM_VENV_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 # Cluster networking env that would misroute loopback traffic (interfaces, EFA/libfabric, NCCL GIN).
 _CLUSTER_ONLY_ENV_PREFIXES = (
@@ -236,7 +237,7 @@ def role_pythonpath(python: str) -> list[str]:
     (the venv's editable install names whichever checkout built it last)."""
     if python != str(VLLM_VENV_PYTHON):
         return []
-    return [str(REPO / d) for d in ("operator", "trainers", "rollout")]
+    return [str(REPO / d) for d in SOURCE_FOLDERS]
 
 
 def _role(obj: dict[str, Any]) -> str:

@@ -3,7 +3,7 @@
 An engine turns prompts (token ids, or texts) into sampled token ids with exact per-token
 log-probs, and applies a new weight version, either whole (`load_weights`, safetensors buckets from
 HTTP) or streamed bucket by bucket (`begin_update` / `load_bucket` / `finish_update`, the collective
-transport, see `grpo_rollout.weight_stream`). An engine without the streamed methods gets
+transport, see `grpo_wire.weight_stream`). An engine without the streamed methods gets
 `StagedUpdate`, which assembles the version and calls `load_weights` at the end (the whole model in
 host memory once).
 Who receives a stream is one capability, `StreamReceiver`: an engine whose workers join the
@@ -20,12 +20,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from grpo_rollout.protocol import FinishReason, Routing, Sampling
+from grpo_wire.protocol import FinishReason, Routing, Sampling
 
 if TYPE_CHECKING:
     import torch
+    from grpo_wire.protocol import WeightStreamRequest
 
-    from grpo_rollout.protocol import WeightStreamRequest
     from grpo_rollout.stream_member import Outcome
 
 # One piece of a streamed bucket: (HF name, first element of the flattened tensor, 1-D values).
@@ -102,7 +102,7 @@ class Engine(Protocol):
     ) -> list[PromptSamples | None]:
         """n samples per prompt, in order; None for prompts left unfinished because should_stop() said so.
 
-        A prompt is token ids (what the server sends, rendered by `grpo_rollout.chat`) or a string,
+        A prompt is token ids (what the server sends, rendered by `grpo_wire.chat`) or a string,
         tokenized as the tokenizer does by default (as vLLM takes TokensPrompt or text).
 
         routing: also fill each Sample's `routing` (MoE routing replay); ValueError when the engine

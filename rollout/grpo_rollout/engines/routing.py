@@ -12,9 +12,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
+from grpo_wire.protocol import Routing
 from torch import nn
-
-from grpo_rollout.protocol import Routing
 
 # The HF MoE blocks the trainer's `expert_parallel` converts (grpo_trainer.moe.hf.ARCHITECTURES).
 MOE_BLOCKS = frozenset(

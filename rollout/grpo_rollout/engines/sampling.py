@@ -1,7 +1,7 @@
 """Pure sampling maths of the torch engine: the sampling policy's log-probs and one sampling step.
 
 Kept apart from the decode loop so the definition of "log-prob under the sampling policy" (see
-`grpo_rollout.protocol.Completion.logprobs`) lives in one small function the tests can read.
+`grpo_wire.protocol.Completion.logprobs`) lives in one small function the tests can read.
 """
 
 import torch

@@ -18,12 +18,12 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
+from grpo_wire.protocol import Sampling
 
 from grpo_rollout.engines.base import BucketPiece, EngineConfig, PromptSamples, Sample, Stopped
 from grpo_rollout.engines.hf_names import check_shapes
 from grpo_rollout.engines.routing import RoutingRecorder, encode_routing
 from grpo_rollout.engines.sampling import sample_step
-from grpo_rollout.protocol import Sampling
 
 log = logging.getLogger(__name__)
 

@@ -44,12 +44,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from grpo_wire.protocol import Routing, Sampling, WeightStreamRequest
 
 from grpo_rollout.engines import vllm_cpu, vllm_errors
 from grpo_rollout.engines.base import BucketPiece, EngineConfig, EngineDead, PromptSamples, Sample
 from grpo_rollout.engines.hf_names import CheckpointNames
 from grpo_rollout.engines.serving_weights import ServingWeights
-from grpo_rollout.protocol import Routing, Sampling, WeightStreamRequest
 
 if TYPE_CHECKING:
     from grpo_rollout.stream_member import Outcome

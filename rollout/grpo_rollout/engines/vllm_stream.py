@@ -15,12 +15,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from grpo_wire import weight_stream
+from grpo_wire.protocol import WeightStreamRequest
 
-from grpo_rollout import stream_member, weight_stream
+from grpo_rollout import stream_member
 from grpo_rollout.engines.base import BucketPiece
 from grpo_rollout.engines.hf_names import CheckpointNames
 from grpo_rollout.engines.vllm_engine import Assembler, checkpoint_named
-from grpo_rollout.protocol import WeightStreamRequest
 
 
 def member_index(parallel_config: Any) -> int:

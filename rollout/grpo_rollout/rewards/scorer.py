@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 from grpo_operator.api.spec import RewardSpec
+from grpo_wire.protocol import RewardDetail
 
-from grpo_rollout.protocol import RewardDetail
 from grpo_rollout.rewards.base import BUILTINS
 from grpo_rollout.rewards.worker import PluginError, PluginTimeout, PluginWorker
 

@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
-from grpo_rollout.protocol import (
+from grpo_wire.protocol import (
     AUTH_HEADER,
     DEFAULT_WEIGHT_BUCKET_BYTES,
     ENGINE_DEAD,

@@ -18,7 +18,7 @@ from typing import Any
 
 from grpo_operator.api.spec import DatasetSpec
 
-from grpo_rollout.protocol import Prompt
+from grpo_wire.protocol import Prompt
 
 TEMPLATE_FIELD = "spec.dataset.chatTemplate"
 

@@ -1,7 +1,7 @@
 """Wire protocol of the rollout servers: the only shapes that cross the trainer/rollout boundary.
 
 The rollout server (`grpo_rollout.server`) parses requests with these models and answers with
-them; the trainer imports this module (and `grpo_rollout.client`) and nothing else of the rollout
+them; the trainer imports this module (and `grpo_wire.client`) and nothing else of the rollout
 package. Every payload carries `protocol_version`, so a trainer and a server built from different
 releases fail with a clear message instead of misreading each other. Models import only pydantic.
 
@@ -9,7 +9,7 @@ Endpoints (all JSON except the weight body):
   POST /generate  GenerateRequest -> GenerateResponse        (bearer token)
   POST /weights   one safetensors bucket, WeightBucket headers -> WeightUpdateResponse (bearer token)
   POST /weights/stream  WeightStreamRequest -> WeightUpdateResponse, the version itself arriving over
-                  a torch.distributed group (`grpo_rollout.weight_stream`; bearer token)
+                  a torch.distributed group (`grpo_wire.weight_stream`; bearer token)
   GET  /health    -> HealthResponse (200 ready, 503 loading/draining/failed; no token, for probes)
   GET  /metrics   Prometheus text (no token)
 Every error is an ErrorResponse with a machine-readable `code`. One of them is permanent for the
@@ -103,7 +103,7 @@ class Prompt(WireModel):
         min_length=1,
         max_length=MAX_CHAT_MESSAGES,
         description="messages: one of text/messages. The prompt as chat messages, put through the "
-        "model's chat template with the generation prompt added (`grpo_rollout.chat`).",
+        "model's chat template with the generation prompt added (`grpo_wire.chat`).",
     )
     columns: dict[str, Any] = Field(
         default_factory=dict,
@@ -341,7 +341,7 @@ class WeightStreamRequest(Versioned):
     all servers; this server's (`HealthResponse.stream_members` of them: its process, or each worker
     of its engine) are `first_member` onwards. Member m is in one group: with trainer rank
     m mod `feeders`, which forwards it the whole version, and the other members that rank feeds
-    (`grpo_rollout.weight_stream.feeder_of`). `tensors` names every tensor of the version with
+    (`grpo_wire.weight_stream.feeder_of`). `tensors` names every tensor of the version with
     its full shape: the server checks them before anything changes and makes the version live only
     when every element of each one arrived at every member."""
 
