@@ -214,3 +214,46 @@ def test_the_weight_sync_part_is_two_of_the_jobs_buckets():
     assert plan("qwen3-30b-a3b", job).trainer.parts["weight_sync"].bytes == 2 * 256 * 2**20
     job.spec.rollout.weight_sync.bucket_mb = 1024
     assert plan("qwen3-30b-a3b", job).trainer.parts["weight_sync"].bytes == 2 * 1024 * 2**20
+
+
+def _seed_trainer(micro: int, budget: int | None = None) -> GRPOJob:
+    """DeepSeek-V3 on 16 p5en at EP 128, sharding full (the seed's trainer, DESIGN §12)."""
+    job = example()
+    spec = job.spec
+    spec.trainer.replicas, spec.trainer.instance_type = 16, "p5en.48xlarge"
+    spec.trainer.expert_parallel_size, spec.trainer.sharding = 128, "full"
+    spec.algorithm.micro_batch_size, spec.algorithm.max_new_tokens = micro, 4096
+    spec.algorithm.max_tokens_per_micro_batch = budget
+    return job
+
+
+def _trainer(job: GRPOJob) -> memory_plan.RolePlan:
+    gpu = instance_types.BUILTIN.get("p5en.48xlarge").gpu_memory_bytes
+    return memory_plan.plan_job(
+        config("deepseek-v3"), job.spec, trainer_gpu_bytes=gpu, rollout_gpu_bytes=gpu
+    ).trainer
+
+
+def test_a_trainer_that_does_not_fit_names_the_largest_micro_batch_and_token_budget_that_do():
+    too_big = _trainer(_seed_trainer(8))
+    assert too_big.fits is False
+    best = too_big.extra["largest_fitting"]
+    micro, tokens = best["micro_batch_size"], best["max_tokens_per_micro_batch"]
+    assert _trainer(_seed_trainer(micro)).fits and not _trainer(_seed_trainer(micro + 1)).fits
+    assert _trainer(_seed_trainer(8, tokens)).fits
+    assert not _trainer(_seed_trainer(8, tokens + memory_plan.trainer.TOKEN_STEP)).fits
+    assert tokens % memory_plan.trainer.TOKEN_STEP == 0
+    refusal = too_big.refusal()
+    assert f"algorithm.microBatchSize {micro} (was 8)" in refusal and f"maxTokensPerMicroBatch {tokens}" in refusal
+    assert _trainer(_seed_trainer(micro)).advice is None  # a trainer that fits gets no advice
+
+
+def test_a_token_budget_job_is_told_a_budget_and_a_hopeless_one_what_to_change():
+    budgeted = _trainer(_seed_trainer(1, 200_000))
+    assert budgeted.fits is False and "micro_batch_size" not in budgeted.extra["largest_fitting"]
+    assert "maxTokensPerMicroBatch" in budgeted.advice and "microBatchSize" not in budgeted.advice
+    hopeless = _seed_trainer(1)
+    hopeless.spec.trainer.replicas, hopeless.spec.trainer.expert_parallel_size = 1, 8  # 671 B on 8 GPUs
+    plan_ = _trainer(hopeless)
+    assert plan_.fits is False and plan_.extra["largest_fitting"] is None
+    assert "not even one sequence fits" in plan_.refusal()

@@ -131,6 +131,8 @@ def show(plan: memory_plan.Plan, source: str, hints: list[str]) -> None:
             console.print(f"  note: {note}")
         colour = {True: "green", False: "red", None: "yellow"}[role.fits]
         console.print(f"[{colour}]{role.verdict()}[/]")
+        if role.advice:
+            console.print(f"  {role.advice}")
     if hints:
         console.print(f"the trainer would fit with trainer.sharding: {' or '.join(hints)} (FSDP2, issue 10)")
 

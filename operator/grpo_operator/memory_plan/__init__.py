@@ -7,7 +7,7 @@ the GPU memory the caller passes (the CLI and `validate` from `grpo_operator.ins
 trainer from its device). docs/memory-plan.md explains the formulas.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,27 @@ def plan_job(
         prompt_tokens=prompt_tokens,
         activation_checkpointing=activation_checkpointing,
     )
-    return Plan(shape, trainer.plan(shape, t, trainer_gpu_bytes), rollout.plan(shape, r, rollout_gpu_bytes))
+    trained = trainer.plan(shape, t, trainer_gpu_bytes)
+    if trained.fits is False and trainer_gpu_bytes is not None:
+        trained = _with_advice(trained, trainer.largest_fitting(shape, t, trainer_gpu_bytes), t)
+    return Plan(shape, trained, rollout.plan(shape, r, rollout_gpu_bytes))
+
+
+def _with_advice(plan: RolePlan, fitting: dict[str, int] | None, t: TrainerInputs) -> RolePlan:
+    """A trainer that does not fit names what would: in its refusal (the trainer's start-up check
+    and `validate` say it word for word) and in `plan`'s JSON."""
+    if fitting is None:
+        advice = (
+            "not even one sequence fits: the model's state needs more GPUs (trainer.replicas), "
+            "trainer.sharding: full or a larger trainer.expertParallelSize"
+        )
+    else:
+        tokens = fitting["max_tokens_per_micro_batch"]
+        options = [f"algorithm.maxTokensPerMicroBatch {tokens}"]
+        if "micro_batch_size" in fitting:
+            options.insert(0, f"algorithm.microBatchSize {fitting['micro_batch_size']} (was {t.micro_batch})")
+        advice = "the largest that fits: " + " or ".join(options)
+    return replace(plan, advice=advice, extra={**plan.extra, "largest_fitting": fitting})
 
 
 __all__ = [

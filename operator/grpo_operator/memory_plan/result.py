@@ -28,6 +28,7 @@ class RolePlan:
     extra: dict[str, Any] = field(default_factory=dict)
     shortfall: str | None = None  # why it cannot fit although the total does (rollout: KV room)
     host: dict[str, Part] = field(default_factory=dict)  # host RAM per rank, outside the GPU budget
+    advice: str | None = None  # what would fit, for a role that does not (the trainer's micro-batch)
 
     @property
     def host_total(self) -> int:
@@ -65,7 +66,8 @@ class RolePlan:
         the trainer's start-up check raises and `grpo-operator validate` reports, word for word."""
         if self.fits is not False:
             return None
-        return f"{self.verdict()}; run `grpo-operator plan` on the job to see which settings fit"
+        advice = f"; {self.advice}" if self.advice else ""
+        return f"{self.verdict()}{advice}; run `grpo-operator plan` on the job to see which settings fit"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -90,5 +92,6 @@ class RolePlan:
                 else {}
             ),
             **self.extra,
+            **({"advice": self.advice} if self.advice else {}),
             "notes": self.notes,
         }

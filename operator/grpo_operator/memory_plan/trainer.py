@@ -11,6 +11,7 @@ that share an EP block (ceil(N/E / (W/E)) experts per rank: P_e / W when that di
 """
 
 import math
+from dataclasses import replace
 
 from grpo_operator.memory_plan.inputs import GIB, Sharding, TrainerInputs
 from grpo_operator.memory_plan.result import Part, RolePlan
@@ -145,3 +146,31 @@ def plan(shape: ModelShape, t: TrainerInputs, gpu_bytes: int | None) -> RolePlan
             "tokens_per_micro_batch": t.tokens,
         },
     )
+
+
+TOKEN_STEP = 128  # token budgets are suggested in multiples of this
+
+
+def largest_fitting(shape: ModelShape, t: TrainerInputs, gpu_bytes: int) -> dict[str, int] | None:
+    """For a trainer that does not fit: the largest `maxTokensPerMicroBatch` that does (a multiple
+    of TOKEN_STEP, at least one sequence: the longest always goes alone) and, for a job that cuts
+    micro-batches by sequences, the largest `microBatchSize` that does. None when not even one
+    sequence fits: the model's state is too large for the GPUs (more GPUs, sharding: full, or
+    expert parallelism)."""
+
+    def fits(inputs: TrainerInputs) -> bool:
+        return bool(plan(shape, inputs, gpu_bytes).fits)
+
+    one = replace(t, micro_batch=1, token_budget=None)
+    if not fits(one):
+        return None
+    lo, hi = t.seq_tokens, max(t.seq_tokens, t.tokens)  # lo fits, hi does not: bisect the budget
+    while hi - lo > TOKEN_STEP:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(replace(one, token_budget=mid)) else (lo, mid)
+    out = {"max_tokens_per_micro_batch": max(t.seq_tokens, lo // TOKEN_STEP * TOKEN_STEP)}
+    if t.token_budget is None:  # activations grow with the micro-batch: the first that fits from the top
+        out["micro_batch_size"] = next(
+            m for m in range(t.micro_batch - 1, 0, -1) if fits(replace(one, micro_batch=m))
+        )
+    return out
