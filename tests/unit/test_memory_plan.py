@@ -244,7 +244,8 @@ def test_a_trainer_that_does_not_fit_names_the_largest_micro_batch_and_token_bud
     assert not _trainer(_seed_trainer(8, tokens + memory_plan.trainer.TOKEN_STEP)).fits
     assert tokens % memory_plan.trainer.TOKEN_STEP == 0
     refusal = too_big.refusal()
-    assert f"algorithm.microBatchSize {micro} (was 8)" in refusal and f"maxTokensPerMicroBatch {tokens}" in refusal
+    assert f"algorithm.microBatchSize {micro} (was 8)" in refusal
+    assert f"maxTokensPerMicroBatch {tokens}" in refusal
     assert _trainer(_seed_trainer(micro)).advice is None  # a trainer that fits gets no advice
 
 
