@@ -374,6 +374,7 @@ class _Relay:
             self.outgoing = torch.empty(sizes[0], dtype=torch.uint8, device=device)
             self.forwarding = [torch.empty(sizes[1], dtype=torch.uint8, device=device) for _ in range(2)]
         self.peak = sum(t.numel() for t in self.buffers())
+        self._controls: dict[tuple[bool, str], torch.Tensor] = {}
 
     def buffers(self) -> list[torch.Tensor]:
         return [self.outgoing, *self.forwarding]
@@ -383,26 +384,33 @@ class _Relay:
     ) -> tuple[torch.Tensor, list[int]]:
         """This round's input to the all-to-all and its split sizes: for every rank a control block
         (1 = stop), for each feeder also this rank's chunk, converted into the rollout dtype once
-        and copied for the other feeders."""
-        sizes = [CONTROL + (part.fill if d < feeders else 0) for d in range(world)]
+        and copied for the other feeders. A few whole-buffer operations a round, not a few per rank:
+        on a GPU each is a kernel launch, and at 128 ranks per-rank writes cost milliseconds a round."""
+        fed = CONTROL + part.fill  # what each feeder gets; the other ranks get the control block alone
+        sizes = [fed] * feeders + [CONTROL] * (world - feeders)
         out = self.outgoing[: sum(sizes)]
-        at = 0
-        first = None
-        for d in range(world):
-            out[at : at + CONTROL].zero_()
-            out[at] = int(halt)
-            body = out[at + CONTROL : at + sizes[d]]
-            if body.numel():
-                if first is None:
-                    for p in part.pieces:
-                        values = own[p.item][2][p.lo : p.lo + p.piece.count]
-                        n = p.piece.count * body.new_empty((), dtype=dtype).element_size()
-                        body[p.piece.offset : p.piece.offset + n].view(dtype).copy_(values)
-                    first = body
-                else:
-                    body.copy_(first)
-            at += sizes[d]
+        to_feeders = out[: feeders * fed].view(feeders, fed)
+        to_others = out[feeders * fed :].view(world - feeders, CONTROL)
+        control = self._control(halt, out.device)
+        to_feeders[:, :CONTROL].copy_(control)
+        to_others.copy_(control)
+        first = to_feeders[0, CONTROL:]
+        esize = torch.empty((), dtype=dtype).element_size()
+        for p in part.pieces:
+            values = own[p.item][2][p.lo : p.lo + p.piece.count]
+            first[p.piece.offset : p.piece.offset + p.piece.count * esize].view(dtype).copy_(values)
+        if feeders > 1 and part.fill:
+            to_feeders[1:, CONTROL:].copy_(first.expand(feeders - 1, part.fill))
         return out, sizes
+
+    def _control(self, halt: bool, device: torch.device) -> torch.Tensor:
+        """The control block (first byte 1 = stop), made once per value and device."""
+        key = (halt, str(device))
+        if key not in self._controls:
+            block = torch.zeros(CONTROL, dtype=torch.uint8)
+            block[0] = int(halt)
+            self._controls[key] = block.to(device)
+        return self._controls[key]
 
     def keep(self) -> list[torch.Tensor]:
         return self.buffers()
