@@ -27,12 +27,10 @@ from grpo_operator.api.contract import (
     RunContract,
     write_termination_message,
 )
-from grpo_operator.api.roles import stream_receive_reserve
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_wire.chat import ChatSettings
 
-from grpo_rollout.engines.base import EngineConfig, EngineDead
-from grpo_rollout.engines.vllm_engine import VllmEngineConfig, VllmOptions
+from grpo_rollout.engines.base import EngineDead, engine_config
 from grpo_rollout.server import serve
 from grpo_rollout.service import EnvironmentSettings, RolloutService, ServiceConfig, ToolSettings
 
@@ -66,24 +64,6 @@ def listen_host(endpoint: str | None) -> str:
         return "0.0.0.0"
 
 
-def vllm_options(spec: GRPOJobSpec) -> VllmOptions:
-    """spec.rollout.vllm (and routing replay, which vLLM must capture from the start)."""
-    v = spec.rollout.vllm
-    bucket = spec.rollout.weight_sync.bucket_mb << 20  # who streams to this server, in what buckets
-    senders = spec.weight_stream_senders()
-    reserve = stream_receive_reserve(senders, bucket) if senders else 0  # 0: weights over HTTP
-    return VllmOptions(
-        gpu_memory_utilization=v.gpu_memory_utilization,
-        max_model_len=v.max_model_len,
-        data_parallel_size=v.data_parallel_size,
-        expert_parallel=v.expert_parallel_size > 1,
-        enforce_eager=v.enforce_eager,
-        sleep_for_updates=v.sleep_for_updates,
-        routed_experts=spec.algorithm.routing_replay,
-        stream_reserve_bytes=reserve,
-    )
-
-
 def service_config(contract: RunContract, args: argparse.Namespace) -> tuple[ServiceConfig, int]:
     spec = contract.spec
     try:  # an s3:// model is fetched once per pod into the node-local cache (spec.storage.cacheDir)
@@ -103,11 +83,7 @@ def service_config(contract: RunContract, args: argparse.Namespace) -> tuple[Ser
         tensor_parallel_size=spec.rollout.tensor_parallel_size,
         seed=spec.algorithm.seed + args.pod_index,
     )
-    engine = (
-        VllmEngineConfig(**common, vllm=vllm_options(spec))  # type: ignore[arg-type]
-        if str(spec.rollout.engine) == "vllm"
-        else EngineConfig(**common)  # type: ignore[arg-type]
-    )
+    engine = engine_config(str(spec.rollout.engine), spec, **common)
     config = ServiceConfig(
         server_id=f"{contract.job_name}-rollout-{args.pod_index}",
         engine=str(spec.rollout.engine),

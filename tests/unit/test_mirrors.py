@@ -6,6 +6,8 @@ workload or the operator gives a value its meaning. Adding an option means addin
 and this file says so the moment one side is forgotten.
 """
 
+from pathlib import Path
+
 import pytest
 from grpo_operator.api.algorithm import (
     AdvantageNormalization,
@@ -28,6 +30,8 @@ from grpo_trainer import forward, moe
 from grpo_trainer.advantages import ADVANTAGES
 from grpo_trainer.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grpo_trainer.parallel import EP_BACKENDS
+
+ROOT = Path(__file__).resolve().parents[2]
 
 MIRRORS = [
     ("reward built-ins", BUILTINS, BuiltinReward),
@@ -78,3 +82,24 @@ def test_the_operator_writes_every_status_field_but_the_progress_rank0_owns() ->
 @pytest.mark.parametrize("kind", list(VerdictKind))
 def test_every_verdict_kind_describes_itself(kind: VerdictKind) -> None:
     assert Verdict(kind, pod="p", role="trainer", attempt=0).describe().startswith("trainer pod p ")
+
+
+def test_every_rollout_engine_builds_its_config_from_the_job() -> None:
+    """The server names no engine: each one reads what it needs of the spec (`config_for`)."""
+    import yaml
+    from grpo_operator.api.job import GRPOJob
+    from grpo_rollout.engines.base import EngineConfig, engine_class, engine_config
+    from grpo_rollout.engines.vllm_engine import VllmEngineConfig
+
+    job = GRPOJob.model_validate(yaml.safe_load((ROOT / "examples" / "p5-qwen3-30b-a3b.yaml").read_text()))
+    common = dict(
+        model_path="/m", dtype="bfloat16", device="cpu", max_batch_size=4, tensor_parallel_size=8, seed=1
+    )
+    for name in ENGINES:
+        assert callable(getattr(engine_class(name), "config_for", None)), name
+        config = engine_config(name, job.spec, **common)
+        assert isinstance(config, EngineConfig) and config.tensor_parallel_size == 8, name
+    vllm = engine_config("vllm", job.spec, **common)
+    assert isinstance(vllm, VllmEngineConfig) and vllm.vllm.expert_parallel == (
+        job.spec.rollout.vllm.expert_parallel_size > 1
+    )

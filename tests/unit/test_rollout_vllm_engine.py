@@ -68,8 +68,7 @@ def test_one_request_per_prompt_with_n_samples_and_the_sampled_tokens_logprob():
 
 def test_engine_args_carry_the_spec_knobs_and_capture_routing_only_when_asked():
     from grpo_operator.api.spec import GRPOJobSpec
-    from grpo_rollout.__main__ import vllm_options
-    from grpo_rollout.engines.vllm_engine import WORKER_EXTENSION, VllmEngineConfig, engine_args
+    from grpo_rollout.engines.vllm_engine import WORKER_EXTENSION, VllmEngineConfig, engine_args, vllm_options
 
     spec = GRPOJobSpec.model_validate(
         {

@@ -92,7 +92,7 @@ def test_every_assembled_tensor_owns_its_storage_as_vllms_reload_keeps_it_past_t
 
 
 def test_a_vllm_server_takes_its_reserve_from_the_jobs_trainer_ranks_and_buckets():
-    from grpo_rollout.__main__ import vllm_options
+    from grpo_rollout.engines.vllm_engine import vllm_options
 
     job = GRPOJob.model_validate(yaml.safe_load((ROOT / "examples" / "p5-qwen3-30b-a3b.yaml").read_text()))
     spec = job.spec

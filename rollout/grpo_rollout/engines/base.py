@@ -24,6 +24,7 @@ from grpo_wire.protocol import FinishReason, Routing, Sampling
 
 if TYPE_CHECKING:
     import torch
+    from grpo_operator.api.spec import GRPOJobSpec
     from grpo_wire.protocol import WeightStreamRequest
 
     from grpo_rollout.stream_member import Outcome
@@ -222,10 +223,22 @@ ENGINES: dict[str, str] = {
 }
 
 
-def create_engine(name: str, config: EngineConfig) -> Engine:
-    """Import the chosen engine's module only now, and build it."""
+def engine_class(name: str) -> Any:
+    """The chosen engine's class, its module imported only now."""
     if name not in ENGINES:
         raise ValueError(f"unknown rollout engine {name!r}; choose one of {sorted(ENGINES)}")
     module, _, attr = ENGINES[name].partition(":")
-    factory: Callable[[EngineConfig], Engine] = getattr(importlib.import_module(module), attr)
+    return getattr(importlib.import_module(module), attr)
+
+
+def engine_config(name: str, spec: "GRPOJobSpec", **common: Any) -> EngineConfig:
+    """The engine's config for a job: `common` (model, dtype, device, batch, TP, seed) and what the
+    engine itself reads of the spec (`config_for`, a classmethod every engine has), so adding an
+    engine is its module and its line in ENGINES."""
+    return engine_class(name).config_for(spec, **common)
+
+
+def create_engine(name: str, config: EngineConfig) -> Engine:
+    """Import the chosen engine's module only now, and build it."""
+    factory: Callable[[EngineConfig], Engine] = engine_class(name)
     return factory(config)

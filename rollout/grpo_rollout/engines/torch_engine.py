@@ -16,6 +16,7 @@ import inspect
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from grpo_wire.protocol import Sampling
@@ -38,6 +39,11 @@ def resolve_device(device: str) -> torch.device:
 
 class TorchEngine:
     name = "torch"
+
+    @classmethod
+    def config_for(cls, spec: object, **common: Any) -> EngineConfig:
+        """The job's engine config: the common fields, nothing else of the spec."""
+        return EngineConfig(**common)
 
     def __init__(self, config: EngineConfig):
         from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy; only when this engine is chosen

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from grpo_operator.api.roles import stream_receive_reserve
 from grpo_wire.protocol import Routing, Sampling, WeightStreamRequest
 
 from grpo_rollout.engines import vllm_cpu, vllm_errors
@@ -52,6 +53,8 @@ from grpo_rollout.engines.hf_names import CheckpointNames
 from grpo_rollout.engines.serving_weights import ServingWeights
 
 if TYPE_CHECKING:
+    from grpo_operator.api.spec import GRPOJobSpec
+
     from grpo_rollout.stream_member import Outcome
 
 log = logging.getLogger(__name__)
@@ -85,6 +88,24 @@ class VllmEngineConfig(EngineConfig):
     vllm: VllmOptions = field(default_factory=VllmOptions)
 
 
+def vllm_options(spec: "GRPOJobSpec") -> VllmOptions:
+    """spec.rollout.vllm (and routing replay, which vLLM must capture from the start)."""
+    v = spec.rollout.vllm
+    bucket = spec.rollout.weight_sync.bucket_mb << 20  # who streams to this server, in what buckets
+    senders = spec.weight_stream_senders()
+    reserve = stream_receive_reserve(senders, bucket) if senders else 0  # 0: weights over HTTP
+    return VllmOptions(
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        max_model_len=v.max_model_len,
+        data_parallel_size=v.data_parallel_size,
+        expert_parallel=v.expert_parallel_size > 1,
+        enforce_eager=v.enforce_eager,
+        sleep_for_updates=v.sleep_for_updates,
+        routed_experts=spec.algorithm.routing_replay,
+        stream_reserve_bytes=reserve,
+    )
+
+
 def memory_utilization(opts: VllmOptions, device_bytes: int | None) -> float:
     """What vLLM is given of each GPU: gpuMemoryUtilization less the streamed weights' reserve
     (receive buffers and communicators, allocated after vLLM sized its KV cache); unchanged on a
@@ -96,7 +117,7 @@ def memory_utilization(opts: VllmOptions, device_bytes: int | None) -> float:
         raise ValueError(
             f"spec.rollout.vllm.gpuMemoryUtilization {opts.gpu_memory_utilization} leaves {left:.2f} of the "
             f"GPU to vLLM after the weight stream's reserve of {opts.stream_reserve_bytes / 2**30:.1f} GiB "
-            "(two buckets and one NCCL communicator per trainer rank): lower rollout.weightSync.bucketMb, "
+            "(two half-buckets and one NCCL communicator): lower rollout.weightSync.bucketMb, "
             "raise gpuMemoryUtilization, or set rollout.weightSync.transport: http"
         )
     return left
@@ -333,6 +354,11 @@ class LoopThread:
 class VllmEngine:
     name = "vllm"
     concurrent_generates = 64  # generate calls the server may run at once: vLLM batches them together
+
+    @classmethod
+    def config_for(cls, spec: "GRPOJobSpec", **common: Any) -> VllmEngineConfig:
+        """The job's engine config: the common fields and spec.rollout.vllm (`vllm_options`)."""
+        return VllmEngineConfig(**common, vllm=vllm_options(spec))
 
     def __init__(self, config: EngineConfig):
         try:
