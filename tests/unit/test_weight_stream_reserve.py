@@ -112,3 +112,16 @@ def test_nccl_feeds_from_one_rank_a_node_and_gloo_from_as_many_ranks_as_members(
         sizes = [weight_stream.fed(f, members, feeders) for f in range(feeders)]
         assert sum(sizes) == members and max(sizes) - min(sizes) <= 1
         assert all(weight_stream.feeder_of(m, feeders) < feeders for m in range(members))
+
+
+def test_the_process_group_calls_the_relay_makes_on_nccl_are_the_ones_gloo_runs_here():
+    """On a GPU the exchange group is a ProcessGroupNCCL: the relay calls the same ProcessGroup
+    methods the gloo tests above run for real (alltoall_base with split sizes, allgather,
+    broadcast, abort), bound in torch's c10d for every backend; pinned here, since no GPU runs it."""
+    import torch.distributed as dist
+
+    assert issubclass(dist.ProcessGroupNCCL, dist.ProcessGroup)
+    doc = dist.ProcessGroup.alltoall_base.__doc__
+    assert "output_split_sizes" in doc and "input_split_sizes" in doc
+    for method in ("alltoall_base", "allgather", "broadcast", "abort"):
+        assert callable(getattr(dist.ProcessGroup, method)), method

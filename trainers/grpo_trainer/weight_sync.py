@@ -123,7 +123,6 @@ class SendStats:
     peak_bytes: int  # the most this rank's relay held at once (buffers), see StreamSender
     waited_s: float = 0.0  # time spent waiting on the wire (the exchange, a forward to free a buffer)
     filled_s: float = 0.0  # time spent converting this rank's pieces into its chunk
-    own_bytes: int = 0  # bytes of this rank's own pieces, in the rollout dtype
 
 
 @dataclass(frozen=True)
@@ -249,7 +248,12 @@ class StreamSender:
         weight_stream.CallOff(self._watch, epoch).call()
 
     def plans(
-        self, meta: list[tuple[str, int, int]], chunk: int, dtype: torch.dtype, pg, device
+        self,
+        meta: list[tuple[str, int, int]],
+        chunk: int,
+        dtype: torch.dtype,
+        pg: dist.ProcessGroup,
+        device: torch.device,
     ) -> list[list[Chunk]]:
         """Every rank's chunks, from every rank's items learnt once over the exchange group (the
         model's layout does not change during a run)."""
@@ -284,11 +288,11 @@ class StreamSender:
         plans = self.plans([(n, s, v.numel()) for n, s, v in own], chunk, dtype, pg, device)
         mine = plans[rank]
         rounds = max(len(p) for p in plans)
-        sizes = (world * (CONTROL + chunk), world * (CONTROL + chunk))
-        fits = (sizes, device)
+        size = world * (CONTROL + chunk)  # every buffer: a control block and a chunk from each rank
+        fits = (size, device)
         kept = self._kept[1] if self._kept[0] == fits else []
         self._kept = ((), [])  # a different size or device frees the old buffers first
-        relay = _Relay(kept, sizes, device)
+        relay = _Relay(kept, size, device)
         failed: BaseException | None = None
         group = None
         if feeder:
@@ -297,7 +301,7 @@ class StreamSender:
             except Exception as e:
                 failed = e
         pending: list[list[dist.Work]] = [[], []]
-        stats = SendStats(0, 0, relay.peak, own_bytes=sum(c.fill for c in mine))
+        stats = SendStats(0, 0, relay.peak)
         stop = False
         for r in range(rounds):
             slot = r % 2
@@ -348,7 +352,7 @@ class StreamSender:
                 group.settle()  # the finished transfers let go of the buffers
             except BaseException as e:
                 failed = e
-        self._kept = (fits, relay.keep())  # see the class docstring
+        self._kept = (fits, relay.buffers())  # see the class docstring
         if failed is not None or stop:
             if failed is not None and not isinstance(failed, weight_stream.StreamCancelled):
                 off.call()
@@ -367,12 +371,10 @@ class _Relay:
     feeder, after a control block for every rank) and two `forwarding` buffers (a bucket each:
     every rank's control block and chunk), refilled version after version."""
 
-    def __init__(self, kept: list[torch.Tensor], sizes: tuple[int, int], device: torch.device) -> None:
-        if len(kept) == 3:
-            self.outgoing, *self.forwarding = kept
-        else:
-            self.outgoing = torch.empty(sizes[0], dtype=torch.uint8, device=device)
-            self.forwarding = [torch.empty(sizes[1], dtype=torch.uint8, device=device) for _ in range(2)]
+    def __init__(self, kept: list[torch.Tensor], size: int, device: torch.device) -> None:
+        if len(kept) != 3:
+            kept = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(3)]
+        self.outgoing, *self.forwarding = kept
         self.peak = sum(t.numel() for t in self.buffers())
         self._controls: dict[tuple[bool, str], torch.Tensor] = {}
 
@@ -411,9 +413,6 @@ class _Relay:
             block[0] = int(halt)
             self._controls[key] = block.to(device)
         return self._controls[key]
-
-    def keep(self) -> list[torch.Tensor]:
-        return self.buffers()
 
 
 def _all_gather_bytes(pg: dist.ProcessGroup, data: bytes, device: torch.device) -> list[bytes]:
