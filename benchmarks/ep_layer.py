@@ -148,7 +148,7 @@ def ours(regime: Regime, x: torch.Tensor, weight: torch.Tensor, ep: int, rank: i
     return moe.MoELayer(
         moe.Router(config, x.shape[1], nn.Parameter(weight.clone())),
         moe.GroupedExperts(gate_up, down, regime.experts, first_expert=rank * local, group=group),
-        moe.make_dispatcher("alltoall" if ep > 1 else "local", group, regime.experts),
+        moe.make_dispatcher("gloo" if ep > 1 else "local", group, regime.experts),
     )
 
 

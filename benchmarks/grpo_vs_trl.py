@@ -130,7 +130,7 @@ def trl_worker(model: Path, args: argparse.Namespace) -> None:
     """Child process: TRL GRPOTrainer on the tiny model; writes samples/s and rewards as JSON."""
     import torch
     from datasets import Dataset
-    from grpo_rollout.rewards.exact_match import exact_match
+    from grpo_rollout.rewards.builtin.exact_match import exact_match
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 

@@ -131,8 +131,10 @@ def worker(rank: int, world: int, ep: int, sharding: str, port: int, model_dir: 
     model = load_policy(model_dir, groups, "gloo", cpu, sharding=sharding)
     loaded = status_mib("VmHWM")
     opt = GangAdamW(model, groups, lr=1e-4, sharding=sharding)
-    learner = Learner(algo, info, groups, cpu, str(c.spec.model.dtype), model, None, opt,
-                      LossConfig.from_spec(algo), 0)  # fmt: skip
+    learner = Learner(
+        algo=algo, info=info, groups=groups, device=cpu, dtype=str(c.spec.model.dtype), model=model,
+        ref=None, optimizer=opt, loss_cfg=LossConfig.from_spec(algo), pad_id=0,
+    )  # fmt: skip
     stats = [learner.train_step(data) for _ in range(2)]
     peak = status_mib("VmHWM")
     row = {"rank": rank, "base_mib": base, "after_load_peak_mib": loaded, "peak_mib": peak,

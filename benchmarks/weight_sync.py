@@ -164,12 +164,11 @@ class SinkEngine:
 
 def run_server(port: int, tokenizer_dir: str) -> None:
     from grpo_operator.api.spec import RewardSpec
-    from grpo_rollout.engines import base
-    from grpo_rollout.engines.base import EngineConfig
+    from grpo_rollout.engines.base import ENGINES, EngineConfig
     from grpo_rollout.server import serve
     from grpo_rollout.service import RolloutService, ServiceConfig
 
-    base.ENGINES["sink"] = "__main__:SinkEngine"
+    ENGINES.register("sink")(SinkEngine)
     reward = RewardSpec.model_validate({"functions": [{"builtin": "exact_match"}]})
     config = ServiceConfig(
         f"bench-{port}", "sink", EngineConfig(model_path=tokenizer_dir), reward, drain_seconds=1

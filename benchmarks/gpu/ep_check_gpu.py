@@ -7,12 +7,12 @@ What one GPU can check (each a row with its threshold):
 1. bf16 matmul peak: >= 450 TFLOP/s on H100/H200 (dense peak ~989), recorded elsewhere.
 2. Grouped experts (`torch._grouped_mm` path) vs the per-expert loop, forward and backward at
    Qwen3-30B-A3B-like shapes: same results (bf16 tolerance) and not slower than 0.8x the loop.
-3. The `alltoall` backend over NCCL at world 1 (all_to_all_single on a real NCCL communicator)
+3. The `nccl` backend (all-to-all) at world 1 (all_to_all_single on a real NCCL communicator)
    against the `local` reference: bf16 output within tolerance.
 4. The training dtype path: fp32 master weights, layer under bf16 autocast, forward+backward vs
    the fp32 layer: output and gradients within bf16 tolerance, masters still fp32.
 5. `auto` over NCCL at world 1: the gang-wide measurement runs its NCCL collectives (all-reduce,
-   all_gather_object) and chooses `alltoall` with a time.
+   all_gather_object) and chooses `nccl` with a time.
 6. DeepEP, only if `deep_ep` imports (not on a bare machine): which APIs the install has, and
    v2 (`ElasticBuffer`) at EP = 1 against `local` (informative: v2's EP = 1 path moves nothing).
 What one GPU cannot check: DeepEP v1 intranode needs 2, 4 or 8 NVLink GPUs; DeepEP v2 and NCCL
@@ -110,7 +110,7 @@ def check_alltoall_world1(rows: list[dict]) -> None:
     x = torch.randn(TOKENS, HIDDEN, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         ref = layer("local", None, dtype=torch.bfloat16)(x)
-        got = layer("alltoall", dist.group.WORLD, dtype=torch.bfloat16)(x)
+        got = layer("nccl", dist.group.WORLD, dtype=torch.bfloat16)(x)
     err = rel_err(got, ref)
     check(rows, "alltoall_nccl_world1_vs_local", err <= 1e-2, rel_err=err, bound=1e-2)
 
@@ -120,7 +120,7 @@ def check_training_dtype(rows: list[dict]) -> None:
     x = torch.randn(TOKENS, HIDDEN, device="cuda")
     outs = {}
     for name, autocast in (("fp32", False), ("autocast_bf16", True)):
-        lay = layer("alltoall", dist.group.WORLD, dtype=torch.float32)
+        lay = layer("nccl", dist.group.WORLD, dtype=torch.float32)
         xs = x.clone().requires_grad_()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             out = lay(xs)
@@ -136,12 +136,13 @@ def check_auto(rows: list[dict]) -> None:
 
     shape = autoselect.EPShape(hidden=HIDDEN, top_k=TOP_K, tokens=TOKENS)
     _, selection = autoselect.choose_backend(dist.group.WORLD, EXPERTS, shape, ranks_per_node=1)
-    ok = selection.backend == "alltoall" and selection.seconds.get("alltoall", 0) > 0
+    ok = selection.backend == "nccl" and selection.seconds.get("nccl", 0) > 0
     check(rows, "auto_nccl_world1", ok, backend=selection.backend, candidates=selection.summary())
 
 
 def check_deepep(rows: list[dict]) -> None:
-    from grpo_trainer.moe import deepep_v1, deepep_v2  # the trainer's import of deep_ep and its checks
+    # the trainer's import of deep_ep and its checks
+    from grpo_trainer.moe.backends import deepep_v1, deepep_v2
 
     apis = {"Buffer": deepep_v1.Buffer is not None, "ElasticBuffer": deepep_v2.AVAILABLE}
     if not any(apis.values()):

@@ -4,10 +4,10 @@ Run from the repository root: `python benchmarks/gpu/ep_layer_gpu.py --json $OUT
 1. bf16 matmul peak of the device (torch.mm, CUDA events).
 2. Expert throughput: `grouped_swiglu` forward+backward at Qwen3-MoE-like fine-grained shapes,
    `torch._grouped_mm` path versus the per-segment mm path, as a fraction of the peak.
-3. The whole layer on CUDA with the `alltoall` backend over NCCL (world = all visible GPUs,
+3. The whole layer on CUDA with the `nccl` backend (all-to-all) (world = all visible GPUs,
    1 is fine): tokens/s forward+backward, and its output against the `local` reference.
 4. The `deepep` backend when `deep_ep` imports and two or more GPUs are visible: tokens/s and
-   agreement with `alltoall` on the same batch.
+   agreement with `nccl` on the same batch.
 Each part records an error string instead of aborting the rest. Prints a table, writes JSON.
 """
 
@@ -107,7 +107,9 @@ def layer_worker(rank: int, world: int, store: str, out: str) -> None:
         )
 
     reference = build("local", None)(x) if world == 1 else None
-    backends = ["alltoall"] + (["deepep"] if world >= 2 and "deepep" in moe.available_backends() else [])
+    from grpo_trainer.moe.backends import deepep_v1
+
+    backends = ["nccl"] + (["deepep"] if world >= 2 and deepep_v1.AVAILABLE else [])  # one node: v1
     outputs = {}
     for backend in backends:
         try:
@@ -124,8 +126,8 @@ def layer_worker(rank: int, world: int, store: str, out: str) -> None:
                    "tokens_per_s_per_rank": TOKENS / float(t)}  # fmt: skip
             if reference is not None:
                 row["max_abs_diff_vs_local"] = float((outputs[backend] - reference.float()).abs().max())
-            if backend == "deepep" and "alltoall" in outputs:
-                row["max_abs_diff_vs_alltoall"] = float((outputs[backend] - outputs["alltoall"]).abs().max())
+            if backend == "deepep" and "nccl" in outputs:
+                row["max_abs_diff_vs_nccl"] = float((outputs[backend] - outputs["nccl"]).abs().max())
             rows.append(row)
         except Exception:
             rows.append(

@@ -54,7 +54,7 @@ import wheels  # beside this script, which Python puts first on sys.path
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-SOURCES = [ROOT / "operator", ROOT / "trainers", ROOT / "rollout", HERE]
+SOURCES = [ROOT / "operator", ROOT / "trainers", ROOT / "rollout", ROOT / "wire", HERE]
 H100_BF16_DENSE_TFLOPS = 989.0  # H100/H200 SXM dense bf16 peak (the spec sheet's, no sparsity)
 PEAK_BOUND_TFLOPS = 450.0
 EXPORT_SLACK_BYTES = 64 << 20  # allocator rounding and the export's small side tensors
@@ -183,10 +183,11 @@ def ep_nccl_ready(reached: list[str]) -> None:
     from ep_layer_gpu import EXPERTS
     from grpo_trainer import moe
 
-    dispatcher = moe.make_dispatcher("alltoall", dist.group.WORLD, EXPERTS)
+    runs_on = dist.get_backend()  # the all-to-all backend of the group's own kind (gloo off a GPU)
+    dispatcher = moe.make_dispatcher(runs_on if runs_on == "gloo" else "nccl", dist.group.WORLD, EXPERTS)
     reached.append(f"{dispatcher.name} dispatcher of {EXPERTS} experts over the default group")
-    if dist.get_backend() != "nccl":
-        raise Stop(f"needs CUDA: the all-to-all is checked over NCCL, this group is {dist.get_backend()}")
+    if runs_on != "nccl":
+        raise Stop(f"needs CUDA: the all-to-all is checked over NCCL, this group is {runs_on}")
 
 
 def deepep_gate() -> str | None:
@@ -194,7 +195,8 @@ def deepep_gate() -> str | None:
     across two nodes: the one rank here spans none, so EP 1 is measured as information only."""
     import torch.distributed as dist
     from ep_layer_gpu import EXPERTS
-    from grpo_trainer.moe import autoselect, deepep_v2
+    from grpo_trainer.moe import autoselect
+    from grpo_trainer.moe.backends import deepep_v2
 
     layout = autoselect.layout_of(dist.group.WORLD)
     return deepep_v2.requires(dataclasses.replace(layout, ranks=(0, 1), ranks_per_node=1), EXPERTS)
@@ -222,7 +224,8 @@ def deepep_ready(reached: list[str]) -> None:
     """Up to DeepEP v2's buffer: its gate, its dispatcher, the communicator it will reuse."""
     import torch.distributed as dist
     from ep_layer_gpu import EXPERTS
-    from grpo_trainer.moe import deepep, deepep_v2
+    from grpo_trainer.moe import deepep
+    from grpo_trainer.moe.backends import deepep_v2
 
     why = deepep_gate()
     reached.append(f"deepep_v2 gate over a {dist.get_backend()} group: {why or 'serves'}")
@@ -268,7 +271,12 @@ SECTIONS = [
         ready=ep_nccl_ready,
     ),
     Section(
-        "deepep", 45, ("ep_check_gpu", "grpo_trainer.moe.deepep_v2"), deepep, group=True, ready=deepep_ready
+        "deepep",
+        45,
+        ("ep_check_gpu", "grpo_trainer.moe.backends.deepep_v2"),
+        deepep,
+        group=True,
+        ready=deepep_ready,
     ),
     Section("fsdp2_step", 50, ("trainer_paths",), fsdp2_step),  # trainer_paths makes the trainer's own group
     Section("hf_export_no_gather", 50, ("trainer_paths",), hf_export),

@@ -16,8 +16,10 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from grpo_rollout import plugins
+from grpo_wire.registry import Registry
 
+# No built-ins: every environment is the user's 'module:Name', loaded as rewards and tools are.
+CLASSES: Registry[type] = Registry("environment class")
 ROLES = ("system", "user", "assistant", "tool")
 # Instances alive in one worker at most: a caller that never closes its episodes evicts its own oldest
 # ones (their next step is an error) instead of growing the worker to its memory limit.
@@ -32,7 +34,7 @@ class EnvError(Exception):
 def load_class(path: str) -> type:
     """Import 'module:Name' and check it is a class with callable `reset` and `step`."""
     try:
-        cls = plugins.load_callable(path, {}, "environment class")
+        cls = CLASSES.load(path)
     except ValueError as e:  # the loader's message names the class and what is missing
         raise EnvError(str(e)) from e
     if not inspect.isclass(cls):

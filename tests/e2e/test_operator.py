@@ -206,7 +206,7 @@ def test_the_auto_choice_is_announced_before_the_first_step_once(operator, clust
     cluster.create(manifest("auto"))
     cluster.wait_phase("auto", "Running")
     candidates = {
-        "alltoall": "1.250 ms",
+        "nccl": "1.250 ms",
         "deepep_v1": "skipped: rank 0: the EP group spans 2 nodes",
         "deepep_v2": "failed: rank 3: RuntimeError: NCCL GIN is unavailable",
     }
@@ -221,16 +221,16 @@ def test_the_auto_choice_is_announced_before_the_first_step_once(operator, clust
         return [e for e in events.items if e.reason == reason]
 
     # what rank 0 writes once `auto` has chosen, before its first step (which can take minutes)
-    start = AttemptStart(ep_backend="alltoall", ep_candidates=candidates, time=time.time())
+    start = AttemptStart(ep_backend="nccl", ep_candidates=candidates, time=time.time())
     report(start.to_progress_patch())
     wait_for(lambda: announced("EPBackendChosen"), what="an EPBackendChosen Event", timeout=30)
     assert not cluster.status("auto")["progress"].get("step")  # no step reported yet
     for step in (1, 2):  # rank 0 repeats the choice in every step's report: announced once
         stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        report({"step": step, "updatedAt": stamp} | ep_progress("alltoall", candidates))
+        report({"step": step, "updatedAt": stamp} | ep_progress("nccl", candidates))
         time.sleep(5)  # two resync passes (--resync-seconds 2) see each report
     (chosen,) = announced("EPBackendChosen")
-    assert chosen.type == "Normal" and "alltoall" in chosen.message and "1.250 ms" in chosen.message
+    assert chosen.type == "Normal" and "nccl" in chosen.message and "1.250 ms" in chosen.message
     assert "spans 2 nodes" in chosen.message and (chosen.count or 1) == 1
     (failed,) = announced("EPBackendFailed")
     assert failed.type == "Warning" and "deepep_v2" in failed.message

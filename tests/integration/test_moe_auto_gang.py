@@ -7,7 +7,7 @@ every rank the same way:
   be the fastest (no communication at all) if it counted; it must be released;
 - `refused_there`: refused by layout for the second EP group only;
 - `slow_released`: works but loses, and must be released.
-Every rank must end on `alltoall`, with each failure's reason (naming the failing rank) in the
+Every rank must end on `gloo`, with each failure's reason (naming the failing rank) in the
 selection, and nobody hangs (the spawn joins under the test's timeout).
 """
 
@@ -82,26 +82,26 @@ def worker(rank: int, world: int, store: str) -> None:
     try:
         from grpo_trainer.moe import autoselect, dispatch
 
-        dispatch.register_backend("init_fails")(_init_fails)
-        dispatch.register_backend("trip_raises")(_NoExchange)
-        dispatch.register_backend("refused_there")(_NoExchange)
-        dispatch.register_backend("slow_released")(_SlowReleased)
-        for name in ("init_fails", "trip_raises", "slow_released"):
-            autoselect.register_candidate(name, lambda layout, n: None)
-        autoselect.register_candidate(
-            "refused_there", lambda layout, n: "second group" if layout.ranks[0] == 2 else None
-        )
+        def anywhere(layout, n):
+            return None
+
+        dispatch.register_backend("init_fails", requires=anywhere)(_init_fails)
+        dispatch.register_backend("trip_raises", requires=anywhere)(_NoExchange)
+        dispatch.register_backend("slow_released", requires=anywhere)(_SlowReleased)
+        dispatch.register_backend(
+            "refused_there", requires=lambda layout, n: "second group" if layout.ranks[0] == 2 else None
+        )(_NoExchange)
         ep = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
         shape = autoselect.EPShape(hidden=16, top_k=2, tokens=32)
         dispatcher = autoselect.auto_dispatcher(ep, 8, shape, ranks_per_node=2)
         selection = dispatcher.selection
-        assert dispatcher.name == "alltoall" and selection.backend == "alltoall"
+        assert dispatcher.name == "gloo" and selection.backend == "gloo"
         assert "rank 3: RuntimeError: init broke on purpose" in selection.failures["init_fails"]
         assert "rank 1: RuntimeError: round trip broke on purpose" in selection.failures["trip_raises"]
         assert "rank 2: second group" in selection.skipped["refused_there"]
         assert "refused_there" not in selection.failures  # refused by layout: no failure Event
-        assert set(selection.seconds) == {"alltoall", "slow_released"}
-        assert selection.seconds["slow_released"] > selection.seconds["alltoall"]
+        assert set(selection.seconds) == {"gloo", "slow_released"}
+        assert selection.seconds["slow_released"] > selection.seconds["gloo"]
         assert _SlowReleased.released  # the losers' buffers are dropped on every rank
         assert _NoExchange.released  # and so are those of a candidate whose round trip failed
         assert autoselect.FAILURES["init_fails"] == autoselect.FAILURES["trip_raises"] == 1
@@ -111,7 +111,7 @@ def worker(rank: int, world: int, store: str) -> None:
         assert all(e == everyone[0] for e in everyone)  # the whole gang agrees
         # the same decision is reused (no second measurement) for another model of the same shapes
         again = autoselect.auto_dispatcher(ep, 8, shape, ranks_per_node=2)
-        assert again.name == "alltoall" and autoselect.FAILURES["init_fails"] == 1
+        assert again.name == "gloo" and autoselect.FAILURES["init_fails"] == 1
         # and the chosen backend really moves tokens: x through identity experts comes back x
         x = torch.randn(6, 16)
         idx = torch.stack([torch.randperm(8)[:2] for _ in range(6)])

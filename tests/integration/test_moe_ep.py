@@ -147,7 +147,7 @@ def check_layer_edge_cases(rank: int, world: int) -> None:
                 moe.GroupedExperts(
                     gate_up[lo : lo + n].clone(), down[lo : lo + n].clone(), experts, lo, ep_group
                 ),
-                moe.make_dispatcher("alltoall" if ep_group else "local", ep_group, experts),
+                moe.make_dispatcher("gloo" if ep_group else "local", ep_group, experts),
             )
 
         ep, ref = layer(group, world, rank), layer(None, 1, 0)
@@ -189,7 +189,7 @@ def check_checkpoint(reference: torch.nn.Module, rank: int, world: int, folder: 
     fresh = copy.deepcopy(reference)
     for p in fresh.parameters():
         torch.nn.init.normal_(p)
-    model = moe.expert_parallel(fresh, backend="alltoall")
+    model = moe.expert_parallel(fresh, backend="gloo")
     moe.load_checkpoint(model, folder)
     full = moe.full_state_dict(model)
     expected = reference.state_dict()
@@ -208,10 +208,10 @@ def check_auto(rank: int, world: int) -> None:
     from grpo_trainer import moe
 
     dispatcher = moe.make_dispatcher("auto", dist.group.WORLD if world > 1 else None, 8)
-    assert dispatcher.name == ("local" if world == 1 else "alltoall")
+    assert dispatcher.name == ("local" if world == 1 else "gloo")
     if world > 1:
-        assert dispatcher.selection.backend == "alltoall"
-        assert dispatcher.selection.seconds["alltoall"] > 0
+        assert dispatcher.selection.backend == "gloo"
+        assert dispatcher.selection.seconds["gloo"] > 0
 
 
 def worker(rank: int, world: int, store: str, folder: str) -> None:

@@ -78,10 +78,32 @@ def signatures() -> None:
         "model", "dtype", "tensor_parallel_size", "data_parallel_size", "enable_expert_parallel",
         "gpu_memory_utilization", "enforce_eager", "seed", "max_num_seqs", "logprobs_mode",
         "worker_extension_cls", "enable_sleep_mode", "disable_log_stats", "max_model_len",
-        "enable_return_routed_experts", "enable_prefix_caching",
+        "enable_return_routed_experts", "enable_prefix_caching", "all2all_backend",
     }  # fmt: skip
     assert want <= engine_args, f"AsyncEngineArgs lacks {want - engine_args}"
-    print(f"vllm {vllm.__version__}: {len(pins) + 4} pins hold")
+    all2all_backends()
+    print(f"vllm {vllm.__version__}: {len(pins) + 5} pins hold")
+
+
+def all2all_backends() -> None:
+    """spec.rollout.vllm.all2allBackend offers exactly what this vLLM's `All2AllBackend` holds, less
+    the names it left out on purpose (VllmAll2AllBackend's docstring says why), and vLLM's own CLI
+    parser takes each of them as --all2all-backend."""
+    from typing import get_args
+
+    from grpo_operator.api.roles import VllmAll2AllBackend
+    from vllm.config.parallel import All2AllBackend
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    vllms = set(get_args(All2AllBackend))
+    left_out = {"naive", "pplx", "passthrough", "flashinfer_all2allv"}
+    assert left_out <= vllms, f"vLLM dropped {left_out - vllms}: take them out of the left-out list"
+    offered = {m.value for m in VllmAll2AllBackend} - {"auto"}
+    assert offered == vllms - left_out, f"API offers {sorted(offered)}, vLLM has {sorted(vllms - left_out)}"
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    for name in sorted(offered):
+        assert parser.parse_args(["--all2all-backend", name]).all2all_backend == name, name
 
 
 def routing(model_dir: str) -> None:

@@ -100,8 +100,9 @@ def worker(
     )
     dtype = str(contract.spec.model.dtype)
     learner = Learner(
-        algo, info, groups, torch.device("cpu"), dtype, model, ref, opt, LossConfig.from_spec(algo), 0
-    )
+        algo=algo, info=info, groups=groups, device=torch.device("cpu"), dtype=dtype, model=model, ref=ref,
+        optimizer=opt, loss_cfg=LossConfig.from_spec(algo), pad_id=0,
+    )  # fmt: skip
     data = rollouts()
     ids = torch.tensor([data.prompt_tokens[0] + data.completion_tokens[0]])
     before = forward_logp(model, ids, 1.0)[0].sum().item() if world == 1 else 0.0

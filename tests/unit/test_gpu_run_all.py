@@ -142,7 +142,7 @@ def run_script(*args: str, python: str = sys.executable, timeout: int = 180) -> 
 
 @pytest.mark.slow
 def test_setup_only_takes_every_section_up_to_its_cuda_need(tmp_path):
-    from grpo_trainer.moe import deepep_v2
+    from grpo_trainer.moe.backends import deepep_v2
 
     out = tmp_path / "gpu.json"
     proc = run_script("--setup-only", "--json", str(out))
@@ -164,8 +164,7 @@ def test_setup_only_takes_every_section_up_to_its_cuda_need(tmp_path):
         == "needs CUDA: the all-to-all is checked over NCCL, this group is gloo"
     )
     assert (
-        "alltoall dispatcher of 128 experts over the default group"
-        in rows["ep_nccl_world1"]["detail"]["setup"]
+        "gloo dispatcher of 128 experts over the default group" in rows["ep_nccl_world1"]["detail"]["setup"]
     )
     others = {s.name for s in run_all.SECTIONS if not s.group}
     assert {rows[n]["stop"] for n in others} == {"needs CUDA: its first step runs CUDA kernels"}

@@ -97,5 +97,5 @@ def test_config_from_spec() -> None:
 
 
 def test_config_rejects_unknown_names() -> None:
-    with pytest.raises(ValueError, match="unknown loss option 'ppo'"):
+    with pytest.raises(ValueError, match="unknown policy loss 'ppo'"):
         LossConfig(policy_loss="ppo")

@@ -68,7 +68,7 @@ def test_status_progress_comes_from_the_report_and_every_field_is_written() -> N
     assert unset == []  # a Progress field nothing fills in would be an always-empty dashboard panel
     assert progress.rollout_seconds == 0.1 and progress.train_seconds == 0.3
     assert progress.ep_all_to_all_seconds == 0.05 and progress.tokens_per_second == 900.0
-    assert progress.ep_backend == "alltoall" and progress.wire()["epBackend"] == "alltoall"
+    assert progress.ep_backend == "nccl" and progress.wire()["epBackend"] == "nccl"
     assert progress.updated_at == "2023-11-14T22:13:20+00:00"
     assert (progress.eval_reward, progress.eval_pass_at_k, progress.eval_step) == (0.3, 0.75, 3)  # newest
 

@@ -15,8 +15,8 @@ from grpo_operator.api.algorithm import (
     LossAggregation,
     PolicyLoss,
 )
-from grpo_operator.api.roles import EPBackend, RolloutEngine
-from grpo_operator.api.spec import BuiltinReward, Dtype
+from grpo_operator.api.roles import EPBackend, RolloutEngine, ToolCallParser
+from grpo_operator.api.spec import BuiltinReward, BuiltinTool, Dtype
 from grpo_operator.api.status import GRPOJobStatus
 from grpo_operator.controller.reconcile import OPERATOR_STATUS_FIELDS
 from grpo_operator.lifecycle import Verdict, VerdictKind
@@ -26,17 +26,20 @@ from grpo_rollout.engines.base import ENGINES
 from grpo_rollout.engines.routing import MOE_BLOCKS
 from grpo_rollout.engines.torch_engine import DTYPES
 from grpo_rollout.rewards.base import BUILTINS
+from grpo_rollout.tools.parsers import PARSERS
+from grpo_rollout.tools.registry import BUILTINS as TOOLS
 from grpo_trainer import forward, moe
 from grpo_trainer.advantages import ADVANTAGES
 from grpo_trainer.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-from grpo_trainer.parallel import EP_BACKENDS
+from grpo_trainer.moe.dispatch import BACKENDS as EP_BACKENDS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 MIRRORS = [
     ("reward built-ins", BUILTINS, BuiltinReward),
+    ("tool built-ins", TOOLS, BuiltinTool),
+    ("tool-call parsers", PARSERS, ToolCallParser),
     ("rollout engines", ENGINES, RolloutEngine),
-    ("EP backends", EP_BACKENDS, EPBackend),
     ("policy losses", POLICY_LOSSES, PolicyLoss),
     ("KL estimators", KL_ESTIMATORS, KLEstimator),
     ("loss aggregations", AGGREGATIONS, LossAggregation),
@@ -50,9 +53,11 @@ def test_registry_has_exactly_the_api_enums_values(what, registry, enum) -> None
     assert set(registry) == {m.value for m in enum}, what
 
 
-def test_every_ep_backend_names_a_dispatcher_the_moe_layer_has() -> None:
-    # deepep registers itself only where deep_ep imports (GPU images)
-    assert set(EP_BACKENDS.values()) <= set(moe.available_backends()) | {"deepep"}
+def test_every_ep_backend_the_api_offers_is_a_registered_backend_of_that_name() -> None:
+    """No map between the two: `epBackend` is passed to the MoE layer as it is. The registry also
+    holds what users do not name (`local` at EP = 1, the DeepEP versions `auto` measures)."""
+    assert {m.value for m in EPBackend} <= set(EP_BACKENDS)
+    assert set(EP_BACKENDS) - {m.value for m in EPBackend} == {"local", "deepep_v1", "deepep_v2"}
 
 
 def test_rollout_routing_capture_knows_exactly_the_moe_blocks_the_trainer_converts() -> None:

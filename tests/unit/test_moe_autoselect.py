@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from grpo_trainer.moe import autoselect, deepep_v1, deepep_v2
+from grpo_trainer.moe import autoselect
 from grpo_trainer.moe.autoselect import EPShape, Layout
+from grpo_trainer.moe.backends import deepep_v1, deepep_v2
 
 
 class FakeV1:
@@ -34,11 +35,14 @@ def test_layout_counts_the_nodes_an_ep_group_spans(ranks: tuple[int, ...], per_n
     assert lay.nodes == nodes and lay.spans_nodes == (nodes > 1) and lay.size == len(ranks)
 
 
-def test_alltoall_is_always_a_candidate_and_first() -> None:
+def test_the_all_to_all_of_the_groups_device_is_always_a_candidate_and_first() -> None:
     names, refused = autoselect.candidates(layout(0, 4, device="cpu"), 8)
-    assert names[0] == "alltoall" and "alltoall" not in refused
+    assert names[0] == "gloo" and "gloo" not in refused and "nccl" not in names
+    assert "on cpu" in refused["nccl"]
+    names, refused = autoselect.candidates(layout(0, 4, device="cuda"), 8)
+    assert names[0] == "nccl" and "on cuda" in refused["gloo"]
     names, refused = autoselect.candidates(layout(0, 3, device="cpu"), 8)
-    assert "alltoall" not in names and "do not divide" in refused["alltoall"]
+    assert "gloo" not in names and "do not divide" in refused["gloo"]
 
 
 def test_v1_serves_groups_inside_one_node_only() -> None:
@@ -89,9 +93,9 @@ def test_ep_shape_rejects_empty_sizes() -> None:
 def test_selection_summary_lists_times_and_failures() -> None:
     failed = {"deepep_v2": "rank 3: RuntimeError: no GIN"}
     skipped = {"deepep_v1": "rank 0: the EP group spans 2 nodes"}
-    sel = autoselect.Selection("alltoall", {"alltoall": 0.0012}, skipped, failed)
+    sel = autoselect.Selection("nccl", {"nccl": 0.0012}, skipped, failed)
     assert sel.summary() == {
-        "alltoall": "1.200 ms",
+        "nccl": "1.200 ms",
         "deepep_v1": "skipped: rank 0: the EP group spans 2 nodes",
         "deepep_v2": "failed: rank 3: RuntimeError: no GIN",
     }

@@ -16,8 +16,9 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from grpo_trainer.moe import deepep_v2
 from grpo_trainer.moe.autoselect import EPShape, round_trip_seconds
+from grpo_trainer.moe.backends import deepep_v2
+from grpo_trainer.moe.backends.local import LocalDispatcher
 from grpo_trainer.moe.deepep import (
     DeepEPDispatcher,
     chunk_count,
@@ -25,7 +26,7 @@ from grpo_trainer.moe.deepep import (
     local_expert_order,
     row_dtype,
 )
-from grpo_trainer.moe.dispatch import ExchangeClock, LocalDispatcher, expand_by_local_expert
+from grpo_trainer.moe.dispatch import ExchangeClock, expand_by_local_expert
 
 
 class FakeExchange:

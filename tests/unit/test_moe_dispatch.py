@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from grpo_trainer.moe import available_backends, make_dispatcher, register_backend
-from grpo_trainer.moe.dispatch import LocalDispatcher, expand_by_local_expert
+from grpo_trainer.moe.backends.local import LocalDispatcher
+from grpo_trainer.moe.dispatch import BACKENDS, BackendUnavailable, expand_by_local_expert
 
 
 def test_registry_lists_builtin_backends_and_rejects_unknown_names() -> None:
     names = available_backends()
-    assert {"local", "alltoall", "auto", "deepep"} <= set(names)  # deepep: to say why it cannot serve
-    assert ("deepep_v2" in names) == (importlib.util.find_spec("deep_ep") is not None)
+    # the DeepEP ones are registered where deep_ep is missing too, to say why they cannot serve
+    assert {"local", "nccl", "gloo", "auto", "deepep", "deepep_v1", "deepep_v2"} <= set(names)
     with pytest.raises(ValueError, match="unknown EP backend"):
         make_dispatcher("carrier-pigeon", None, 4)
 
@@ -23,8 +22,17 @@ def test_a_registered_backend_is_built_by_name() -> None:
     class Twin(LocalDispatcher):
         name = "test-local-twin"
 
-    assert isinstance(make_dispatcher("test-local-twin", None, 4), Twin)
-    assert isinstance(make_dispatcher("auto", None, 4), LocalDispatcher)
+    try:
+        assert isinstance(make_dispatcher("test-local-twin", None, 4), Twin)
+        assert isinstance(make_dispatcher("auto", None, 4), LocalDispatcher)
+    finally:
+        BACKENDS.remove("test-local-twin")
+
+
+def test_the_deepep_versions_built_by_name_where_deep_ep_is_missing_say_why() -> None:
+    for name in ("deepep_v1", "deepep_v2"):
+        with pytest.raises(BackendUnavailable, match=f"{name} cannot serve here: deep_ep"):
+            make_dispatcher(name, None, 4)
 
 
 def test_expand_by_local_expert_sorts_valid_slots_by_expert() -> None:
@@ -49,7 +57,7 @@ def test_local_dispatch_groups_rows_by_expert_and_combine_sums_per_token() -> No
 
 
 def test_alltoall_packs_expert_ids_only_into_dtypes_that_hold_them_exactly() -> None:
-    from grpo_trainer.moe.alltoall import pack_dtype
+    from grpo_trainer.moe.backends.alltoall import pack_dtype
 
     assert pack_dtype(torch.float32, 4096) == torch.float32
     assert pack_dtype(torch.bfloat16, 128) == torch.bfloat16

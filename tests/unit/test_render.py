@@ -237,3 +237,17 @@ def test_a_new_attempt_is_kept_off_the_nodes_seen_lost_and_keeps_its_gang_affini
     assert "nodeAffinity" not in (
         by_kind(rendered(), "StatefulSet", "moe-trainer")["spec"]["template"]["spec"]["affinity"] or {}
     )
+
+
+@pytest.mark.parametrize(
+    ("ep_backend", "trainer_type", "runs"),
+    [("gloo", "p5.48xlarge", "nccl"), ("nccl", "m7i.8xlarge", "gloo"), ("nccl", None, "gloo")],
+)
+def test_an_all_to_all_ep_backend_of_the_other_device_is_refused_naming_the_field(
+    ep_backend: str, trainer_type: str | None, runs: str
+) -> None:
+    trainer = {"replicas": 1, "processesPerPod": 8, "expertParallelSize": 8}
+    trainer |= {"instanceType": trainer_type} if trainer_type else {}
+    with pytest.raises(render.RenderError, match=f"trainer.epBackend {ep_backend} .* this gang runs {runs}"):
+        rendered(job(trainer=trainer | {"epBackend": ep_backend}))
+    rendered(job(trainer=trainer | {"epBackend": runs}))

@@ -1,7 +1,7 @@
-"""Built-in countdown reward (grpo_rollout.rewards.countdown)."""
+"""Built-in countdown reward (grpo_rollout.rewards.builtin.countdown)."""
 
 import pytest
-from grpo_rollout.rewards.countdown import FORMAT_SCORE, MAX_EXPRESSION, countdown, evaluate
+from grpo_rollout.rewards.builtin.countdown import FORMAT_SCORE, MAX_EXPRESSION, countdown, evaluate
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
-"""Built-in exact_match reward (grpo_rollout.rewards.exact_match)."""
+"""Built-in exact_match reward (grpo_rollout.rewards.builtin.exact_match)."""
 
 import pytest
-from grpo_rollout.rewards.exact_match import exact_match
+from grpo_rollout.rewards.builtin.exact_match import exact_match
 
 
 def test_trimmed_completion_equal_to_answer_scores_one():

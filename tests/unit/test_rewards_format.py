@@ -1,10 +1,10 @@
-"""Built-in format reward: <think>...</think><answer>...</answer> (grpo_rollout.rewards.format)."""
+"""Built-in format reward: <think>...</think><answer>...</answer> (grpo_rollout.rewards.builtin.format)."""
 
 import itertools
 import re
 
 import pytest
-from grpo_rollout.rewards.format import think_answer_format, well_formed
+from grpo_rollout.rewards.builtin.format import think_answer_format, well_formed
 
 
 def test_format_reward():

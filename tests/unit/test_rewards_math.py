@@ -1,4 +1,4 @@
-"""Built-in math reward: answer extraction, exact numbers, math-verify (grpo_rollout.rewards.math_answer).
+"""Built-in math reward (grpo_rollout.rewards.builtin.math_answer): answer extraction, numbers, math-verify.
 
 Answers are written the way real math datasets write them: GSM8K's `#### 72` and MATH's
 `\\boxed{...}` LaTeX, with equivalent and non-equivalent forms of the same gold answer.
@@ -15,7 +15,13 @@ import sys
 
 import pytest
 from grpo_operator.api.spec import RewardSpec
-from grpo_rollout.rewards.math_answer import MAX_TEXT, extract_answer, math_answer, same_answer, to_number
+from grpo_rollout.rewards.builtin.math_answer import (
+    MAX_TEXT,
+    extract_answer,
+    math_answer,
+    same_answer,
+    to_number,
+)
 from grpo_rollout.rewards.scorer import RewardScorer
 
 GENEROUS_S = 60.0  # SymPy's budget where a verdict of "equal" is asserted

@@ -10,8 +10,8 @@ import time
 
 import pytest
 from grpo_operator.api.spec import RewardSpec
-from grpo_rollout.rewards.base import BUILTINS
 from grpo_rollout.rewards.scorer import RewardScorer
+from grpo_rollout.rewards.worker import PluginWorker
 from grpo_wire.protocol import RewardDetail
 
 PLUGINS = """
@@ -61,14 +61,16 @@ def plugin_module(tmp_path_factory):
     sys.path.remove(str(root))
 
 
-def scorer(*functions: tuple[str, float], timeout: float = 10.0) -> RewardScorer:
+def scorer(
+    *functions: tuple[str, float], timeout: float = 10.0, worker: PluginWorker | None = None
+) -> RewardScorer:
     entries = [
         {"builtin": name} if ":" not in name else {"function": name, "weight": weight}
         for name, weight in functions
     ]
     for entry, (_, weight) in zip(entries, functions, strict=True):
         entry["weight"] = weight
-    return RewardScorer(RewardSpec.model_validate({"functions": entries, "timeoutSeconds": timeout}))
+    return RewardScorer(RewardSpec.model_validate({"functions": entries, "timeoutSeconds": timeout}), worker)
 
 
 def run(s: RewardScorer, completions: list[str], **columns) -> list[tuple[float, list[RewardDetail]]]:
@@ -118,11 +120,17 @@ def test_hanging_plugin_times_out_and_its_worker_is_replaced():
         s.close()
 
 
-def test_builtins_run_under_the_timeout_too(monkeypatch):
-    # The registry entry of `math` now names a function that outlives the timeout. Run in the
-    # server's own process, as built-ins once were, it would score 1 after 30 s instead.
-    monkeypatch.setitem(BUILTINS, "math", "grpo_test_plugins:naps")
-    out = run(scorer(("math", 1.0), ("exact_match", 1.0), timeout=1.0), ["7"], answer=["7"])
+class NappingMathWorker(PluginWorker):
+    """A worker whose `math` is a function that outlives the timeout (the scorer sends built-ins by name)."""
+
+    def call(self, path: str, *args, **kwargs):
+        return super().call("grpo_test_plugins:naps" if path == "math" else path, *args, **kwargs)
+
+
+def test_builtins_run_under_the_timeout_too():
+    # Run in the server's own process, as built-ins once were, `math` would score 1 after 30 s instead.
+    s = scorer(("math", 1.0), ("exact_match", 1.0), timeout=1.0, worker=NappingMathWorker())
+    out = run(s, ["7"], answer=["7"])
     ((reward, (math, exact)),) = out
     assert reward == 1.0
     assert math.score == 0.0 and "timed out after 1s" in math.error

@@ -85,6 +85,7 @@ def test_engine_args_carry_the_spec_knobs_and_capture_routing_only_when_asked():
                     "expertParallelSize": 8,
                     "enforceEager": True,
                     "sleepForUpdates": True,
+                    "all2allBackend": "deepep_low_latency",
                 },
             },
         }
@@ -96,8 +97,10 @@ def test_engine_args_carry_the_spec_knobs_and_capture_routing_only_when_asked():
     assert args["enable_expert_parallel"] and args["enforce_eager"] and args["enable_sleep_mode"]
     assert args["enable_return_routed_experts"] and args["enable_prefix_caching"]
     assert args["logprobs_mode"] == "processed_logprobs" and args["worker_extension_cls"] == WORKER_EXTENSION
+    assert args["all2all_backend"] == "deepep_low_latency"  # resolve_all2all: what status and the pod say
     plain = engine_args(EngineConfig(model_path="/m"))
     assert "enable_return_routed_experts" not in plain and "max_model_len" not in plain
+    assert "all2all_backend" not in plain  # no expert and data parallelism: vLLM runs none
     assert not plain["enable_expert_parallel"] and not plain["enable_sleep_mode"]
 
 

@@ -1,9 +1,9 @@
-"""The `calculator` built-in (grpo_rollout.tools.calculator): arithmetic only, sizes checked first."""
+"""The `calculator` built-in (grpo_rollout.tools.builtin.calculator): arithmetic only, sizes checked first."""
 
 import time
 
 import pytest
-from grpo_rollout.tools.calculator import MAX_INT_BITS, calculator
+from grpo_rollout.tools.builtin.calculator import MAX_INT_BITS, calculator
 
 
 @pytest.mark.parametrize(

@@ -140,3 +140,7 @@ def test_parsers_are_a_named_choice():
         parsers.get_parser("mistral")
     # Hermes turns end at the model's EOS; stopping at </tool_call> would cut parallel calls.
     assert parsers.get_parser().stop_strings() == []
+
+
+def test_the_default_parser_is_registered():  # the set: test_mirrors.py
+    assert parsers.DEFAULT_PARSER in parsers.PARSERS

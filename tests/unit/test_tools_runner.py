@@ -304,7 +304,10 @@ def test_workers_serve_concurrent_turns_side_by_side():
             ["search"],
             "tool 'search' is neither a built-in \\['calculator', 'python'\\] nor 'module:function'",
         ),
-        (["python", "grpo_rollout.tools.python_exec:python"], "tools\\[1\\] .*a second tool named 'python'"),
+        (
+            ["python", "grpo_rollout.tools.builtin.python_exec:python"],
+            "tools\\[1\\] .*a second tool named 'python'",
+        ),
     ],
 )
 def test_a_bad_tool_fails_the_runner_at_start_naming_it(tools, error):

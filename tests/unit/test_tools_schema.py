@@ -11,10 +11,10 @@ import subprocess
 import sys
 
 import pytest
-from grpo_rollout.tools import schema
-from grpo_rollout.tools.calculator import calculator
+from grpo_rollout.tools import registry, schema
+from grpo_rollout.tools.builtin.calculator import calculator
+from grpo_rollout.tools.builtin.python_exec import python
 from grpo_rollout.tools.parsers import HermesParser, ToolCall
-from grpo_rollout.tools.python_exec import python
 from grpo_rollout.tools.runner import ToolResult
 from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -114,6 +114,10 @@ def test_schemas_and_a_whole_tool_turn_render_through_a_chat_template():
     assert parsed.calls == [call] and parsed.errors == [] and parsed.content == "Checking."
 
 
+def test_the_built_in_tools_are_registered_under_their_names():  # the set: test_mirrors.py
+    assert registry.BUILTINS.get("calculator") is calculator and registry.BUILTINS.get("python") is python
+
+
 def test_the_built_in_tools_describe_themselves():
     for fn, arg in ((calculator, "expression"), (python, "code")):
         described = schema.function_schema(fn)["function"]
@@ -177,8 +181,8 @@ def test_a_tool_the_template_cannot_describe_names_its_path_and_what_is_missing(
 
 def test_a_schema_never_costs_a_torch_import():
     code = (
-        "import sys; from grpo_rollout.tools import schema, calculator; "
-        "schema.function_schema(calculator.calculator); print('torch' in sys.modules)"
+        "import sys; from grpo_rollout.tools import schema; from grpo_rollout.tools.builtin import calculator"
+        "; schema.function_schema(calculator.calculator); print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "False"

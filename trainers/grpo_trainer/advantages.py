@@ -4,18 +4,21 @@ Called by the training loop (`grpo_trainer.loop`) once per step on the rewards t
 back from the rollout servers, in this order: `overlong_penalty` (shapes rewards),
 `zero_variance_mask` (which groups carry signal), an estimator from `ADVANTAGES`
 (rewards → advantages). Every function takes rewards shaped [prompts, group_size].
-Adding an estimator is one function plus one line in `ADVANTAGES` plus its test.
+Adding an estimator is one function registered in `ADVANTAGES`, its value in the API enum and its test.
 """
 
 from collections.abc import Callable
 
 import torch
+from grpo_wire.registry import Registry
 
 AdvantageFn = Callable[[torch.Tensor], torch.Tensor]
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage normalization", home=__name__)
 
 STD_EPS = 1e-4
 
 
+@ADVANTAGES.register("group-std")
 def group_std_advantages(rewards: torch.Tensor, eps: float = STD_EPS) -> torch.Tensor:
     """GRPO (DeepSeekMath): A_i = (r_i - mean_g) / (std_g + eps), unbiased std as TRL uses.
 
@@ -27,15 +30,10 @@ def group_std_advantages(rewards: torch.Tensor, eps: float = STD_EPS) -> torch.T
     return (rewards - mean) / (std + eps)
 
 
+@ADVANTAGES.register("group-mean")
 def group_mean_advantages(rewards: torch.Tensor) -> torch.Tensor:
     """Dr. GRPO: A_i = r_i - mean_g. No std, so low-variance (too easy/hard) groups are not inflated."""
     return rewards - rewards.mean(dim=-1, keepdim=True)
-
-
-ADVANTAGES: dict[str, AdvantageFn] = {
-    "group-std": group_std_advantages,
-    "group-mean": group_mean_advantages,
-}
 
 
 def zero_variance_mask(rewards: torch.Tensor) -> torch.Tensor:

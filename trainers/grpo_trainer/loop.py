@@ -113,8 +113,10 @@ def setup(contract: RunContract, info: RankInfo) -> Run:
     offload = str(spec.trainer.optimizer_offload)  # cpu: AdamW state in host memory (DeepSpeed CPU Adam)
     optimizer = GangAdamW(model, groups, lr=algo.learning_rate, sharding=sharding, offload=offload)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    learner = Learner(algo, info, groups, device, str(spec.model.dtype), model, ref, optimizer,
-                      LossConfig.from_spec(algo), pad_id)  # fmt: skip
+    learner = Learner(
+        algo=algo, info=info, groups=groups, device=device, dtype=str(spec.model.dtype), model=model,
+        ref=ref, optimizer=optimizer, loss_cfg=LossConfig.from_spec(algo), pad_id=pad_id,
+    )  # fmt: skip
     run = Run(contract=contract, info=info, learner=learner, order=order, state=checkpoint.TrainState())
     checkpoint.check_root(contract.checkpoint_dir, info)  # fail at once when this rank cannot save
     run.saver = checkpoint.Saver(

@@ -1,9 +1,10 @@
 """GRPO loss maths: policy losses, KL estimators, aggregations, and the one function composing them.
 
 Called by the training loop (`grpo_trainer.loop`) once per micro-batch. Every variant is a
-small function registered in exactly one dict (`POLICY_LOSSES`, `KL_ESTIMATORS`,
-`AGGREGATIONS`); `grpo_loss` looks them up by the names the GRPOJob spec uses, so adding a
-variant is one function, one dict entry and its test — never an if/elif chain.
+small function registered by name in its registry (`@POLICY_LOSSES.register`, `KL_ESTIMATORS`,
+`AGGREGATIONS`; `grpo_wire.registry`); `grpo_loss` looks them up by the names the GRPOJob spec uses,
+so adding a variant is one decorated function, its value in the API enum and its test — never an
+if/elif chain.
 
 Shapes: B sequences (completions) per micro-batch, T completion tokens (right-padded);
 `mask` is 1.0 on real completion tokens. Log-probs are of the sampled tokens, [B, T].
@@ -14,12 +15,20 @@ from dataclasses import dataclass
 
 import torch
 from grpo_operator.api.algorithm import AlgorithmSpec
+from grpo_wire.registry import Registry
 from torch.utils.checkpoint import checkpoint
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+AggregationFn = Callable[..., torch.Tensor]
+"""(per-token loss, mask, Totals) -> the micro-batch's scalar loss."""
+
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", home=__name__)
+KL_ESTIMATORS: Registry[KLFn] = Registry("KL estimator", home=__name__)
+AGGREGATIONS: Registry[AggregationFn] = Registry("loss aggregation", home=__name__)
 
 
+@POLICY_LOSSES.register("grpo")
 def clipped_token_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -43,6 +52,7 @@ def clipped_token_loss(
     return -torch.minimum(unclipped, clipped), (clipped < unclipped).float()
 
 
+@POLICY_LOSSES.register("gspo")
 def gspo_token_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -68,26 +78,23 @@ def gspo_token_loss(
     return -torch.minimum(unclipped, clipped), (clipped < unclipped).float()
 
 
-POLICY_LOSSES: dict[str, PolicyLossFn] = {"grpo": clipped_token_loss, "gspo": gspo_token_loss}
-
-
+@KL_ESTIMATORS.register("k1")
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k1 = log π - log π_ref: unbiased, high variance, can be negative per token."""
     return logp - ref_logp
 
 
+@KL_ESTIMATORS.register("k2")
 def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k2 = ½ (log π_ref - log π)²: biased, low variance, never negative."""
     return 0.5 * (ref_logp - logp) ** 2
 
 
+@KL_ESTIMATORS.register("k3")
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k3 = π_ref/π - 1 - log(π_ref/π): unbiased and non-negative (DeepSeekMath's choice)."""
     d = ref_logp - logp
     return torch.exp(d) - 1 - d
-
-
-KL_ESTIMATORS: dict[str, KLFn] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
 @dataclass(frozen=True)
@@ -103,27 +110,23 @@ class Totals:
     norm_len: float  # token-sum-norm's constant (maxNewTokens)
 
 
+@AGGREGATIONS.register("token-mean")
 def agg_token_mean(loss: torch.Tensor, mask: torch.Tensor, totals: Totals) -> torch.Tensor:
     """Every token weighs the same (DAPO): long completions count more."""
     return (loss * mask).sum() / totals.tokens
 
 
+@AGGREGATIONS.register("sequence-mean")
 def agg_sequence_mean(loss: torch.Tensor, mask: torch.Tensor, totals: Totals) -> torch.Tensor:
     """Every completion weighs the same (original GRPO): mean over tokens, then over sequences."""
     per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     return per_seq.sum() / totals.sequences
 
 
+@AGGREGATIONS.register("token-sum-norm")
 def agg_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor, totals: Totals) -> torch.Tensor:
     """Dr. GRPO: token sum over a constant (sequences x maxNewTokens), so no length bias."""
     return (loss * mask).sum() / (totals.sequences * totals.norm_len)
-
-
-AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, Totals], torch.Tensor]] = {
-    "token-mean": agg_token_mean,
-    "sequence-mean": agg_sequence_mean,
-    "token-sum-norm": agg_token_sum_norm,
-}
 
 
 @dataclass(frozen=True)
@@ -145,8 +148,7 @@ class LossConfig:
             (self.aggregation, AGGREGATIONS),
             (self.kl_estimator, KL_ESTIMATORS),
         ):
-            if name not in table:
-                raise ValueError(f"unknown loss option {name!r}; known: {sorted(table)}")
+            table.get(name)  # a ValueError naming the kind and its choices
 
     @classmethod
     def from_spec(cls, algo: AlgorithmSpec) -> "LossConfig":

@@ -31,8 +31,6 @@ from grpo_trainer.config import ConfigError, RankInfo
 
 log = logging.getLogger(__name__)
 PG_TIMEOUT = datetime.timedelta(minutes=30)  # a dead peer fails collectives instead of hanging forever
-# GRPOJob `epBackend` → `grpo_trainer.moe` dispatch backend (gloo and NCCL share all_to_all_single).
-EP_BACKENDS = {"auto": "auto", "deepep": "deepep", "nccl": "alltoall", "gloo": "alltoall"}
 
 
 @dataclass(frozen=True)
@@ -135,9 +133,7 @@ def load_policy(
     model = loading.skeleton(local)
     if groups.ep is not None:
         try:
-            moe.expert_parallel(
-                model, group=groups.ep, backend=EP_BACKENDS[backend], tokens_per_batch=ep_tokens
-            )
+            moe.expert_parallel(model, group=groups.ep, backend=backend, tokens_per_batch=ep_tokens)
         except moe.BackendUnavailable as e:  # permanent: the job fails with it, no gang restarts
             raise ConfigError(str(e), reason=Reason.EP_BACKEND_UNAVAILABLE) from e
     else:  # MoELayers at EP = 1 too: replay needs them, and the loader fills their fused experts

@@ -23,7 +23,7 @@ from grpo_trainer.optim import GangAdamW
 from grpo_trainer.parallel import Groups, clip_gradients, sync_gradients
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Learner:
     """The policy (and KL reference) on this rank, its optimizer and loss: what a step updates."""
 

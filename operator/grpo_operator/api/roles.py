@@ -198,7 +198,10 @@ class TrainerSpec(RoleCommon):
         json_schema_extra=immutable("trainer.expertParallelSize"),
     )
     ep_backend: EPBackend = Field(
-        default=EPBackend.AUTO, description="epBackend: optional, default auto. auto, deepep, nccl or gloo."
+        default=EPBackend.AUTO,
+        description="epBackend: optional, default auto. How MoE tokens travel between expert-parallel "
+        "ranks: auto (the fastest that works, measured at start-up), deepep (DeepEP v1 inside a node, v2 "
+        "across EFA nodes), nccl (all-to-all on GPU nodes) or gloo (all-to-all on CPU nodes).",
     )
     sharding: TrainerSharding = Field(
         default=TrainerSharding.OPTIMIZER,
@@ -277,8 +280,44 @@ class RolloutAutoscaling(ApiModel):
     )
 
 
+class VllmAll2AllBackend(StrEnum):
+    """How a vLLM server moves MoE tokens between its expert-parallel GPUs: `auto`, or a name the pinned
+    vLLM accepts (`All2AllBackend`, vllm/config/parallel.py:44-58 of 0.32.0; a mirror test in the vLLM
+    venv holds the list). Left out of vLLM's list: `naive` and `pplx` (removed upstream: vLLM falls
+    back to allgather_reducescatter with only a log line, parallel.py:533-539), `passthrough` (bound
+    by vLLM from --moe-backend, not a CLI choice, arg_utils.py:1127) and `flashinfer_all2allv` (a
+    temporary alias of flashinfer_nvlink_two_sided)."""
+
+    AUTO = "auto"
+    ALLGATHER_REDUCESCATTER = "allgather_reducescatter"
+    DEEPEP_V2 = "deepep_v2"
+    DEEPEP_HIGH_THROUGHPUT = "deepep_high_throughput"
+    DEEPEP_LOW_LATENCY = "deepep_low_latency"
+    MORI_HIGH_THROUGHPUT = "mori_high_throughput"
+    MORI_LOW_LATENCY = "mori_low_latency"
+    MOONEP = "moonep"
+    NIXL_EP = "nixl_ep"
+    FLASHINFER_NVLINK_TWO_SIDED = "flashinfer_nvlink_two_sided"
+    FLASHINFER_NVLINK_ONE_SIDED = "flashinfer_nvlink_one_sided"
+
+
+VLLM_DEFAULT_ALL2ALL = VllmAll2AllBackend.ALLGATHER_REDUCESCATTER
+"""vLLM 0.32.0's own default (`ParallelConfig.all2all_backend`, vllm/config/parallel.py:219)."""
+
+
 class VllmSpec(ApiModel):
     """The vLLM engine's knobs (rollout.engine vllm): memory, context, parallel layout, graphs."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "self.all2allBackend == 'auto' || (self.expertParallelSize > 1 && self.dataParallelSize > 1)",
+                "all2allBackend is used only where a server's experts are spread over data-parallel ranks: "
+                "set vllm.expertParallelSize and vllm.dataParallelSize above 1, or leave all2allBackend auto",
+                ".all2allBackend",
+            ),
+        )
+    )
 
     gpu_memory_utilization: float = Field(
         default=0.9,
@@ -308,6 +347,17 @@ class VllmSpec(ApiModel):
         description="expertParallelSize: optional, default 1, [1, 4096]. 1 slices every expert across the "
         "tensor-parallel GPUs; tensorParallelSize x dataParallelSize places whole experts on each GPU "
         "instead (vLLM's expert parallelism spans all of a server's GPUs).",
+    )
+    all2all_backend: VllmAll2AllBackend = Field(
+        default=VllmAll2AllBackend.AUTO,
+        alias="all2allBackend",  # vLLM's spelling (--all2all-backend), not the generator's all2AllBackend
+        description="all2allBackend: optional, default auto. How MoE tokens travel between a server's "
+        "expert-parallel GPUs, passed to vLLM as --all2all-backend: auto resolves from the layout "
+        "(deepep_v2 where expert parallelism crosses EFA nodes, vLLM's own allgather_reducescatter inside "
+        "one node), or a name vLLM accepts. deepep_v2 (DeepEP v2 over NCCL GIN) is the DeepEP path that "
+        "works over EFA; deepep_high_throughput and deepep_low_latency are v1 kernels that need "
+        "InfiniBand between nodes. Used only with expertParallelSize and dataParallelSize above 1. The "
+        "resolved choice is in status.rolloutAll2allBackend and on the rollout pods.",
     )
     enforce_eager: bool = Field(
         default=False,
@@ -527,3 +577,19 @@ def stream_receive_reserve(senders: int, bucket_bytes: int) -> int:
     formula for the memory plan, which shows it, and the vLLM engine, which lowers
     gpu_memory_utilization by it."""
     return 2 * stream_bucket_bytes(senders, bucket_bytes) + NCCL_COMM_BYTES
+
+
+def resolve_all2all(rollout: "RolloutSpec", nodes_per_server: int = 1) -> str | None:
+    """The all2all backend a rollout server's vLLM runs (pure; `nodes_per_server` until servers span
+    nodes): the one asked for, or for `auto` deepep_v2 where expert parallelism crosses nodes and
+    vLLM's own default inside one node. None for the torch engine, and where vLLM moves no tokens
+    between GPUs: its all2all kernels need expert parallelism over data-parallel ranks
+    (`FusedMoEParallelConfig.use_all2all_kernels`, fused_moe/config.py:1026-1029 of 0.32.0)."""
+    vllm = rollout.vllm
+    if rollout.engine != RolloutEngine.VLLM or vllm.expert_parallel_size <= 1 or vllm.data_parallel_size <= 1:
+        return None
+    if vllm.all2all_backend != VllmAll2AllBackend.AUTO:
+        return str(vllm.all2all_backend)
+    if nodes_per_server > 1:
+        return str(VllmAll2AllBackend.DEEPEP_V2)
+    return str(VLLM_DEFAULT_ALL2ALL)

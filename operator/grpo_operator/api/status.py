@@ -167,7 +167,7 @@ class Progress(ApiModel):
         default=None,
         max_length=64,
         description="epBackend: the expert-parallel backend the whole gang runs when epBackend is auto "
-        "(measured at start-up: alltoall, deepep_v1 or deepep_v2; set before the first step and announced "
+        "(measured at start-up: nccl, gloo, deepep_v1 or deepep_v2; set before the first step and announced "
         "by an EPBackendChosen Event); unset otherwise.",
     )
     ep_backend_failures: dict[str, str] = Field(
@@ -240,6 +240,14 @@ class GRPOJobStatus(ApiModel):
     rollout_scaling: RolloutScalingStatus | None = Field(
         default=None,
         description="rolloutScaling: the rollout autoscaler's last move, with rollout.autoscaling.",
+    )
+    rollout_all2all_backend: str | None = Field(
+        default=None,
+        alias="rolloutAll2allBackend",  # as spec.rollout.vllm.all2allBackend
+        max_length=64,
+        description="rolloutAll2allBackend: the all2all backend the rollout servers' vLLM runs, "
+        "rollout.vllm.all2allBackend resolved from the layout; unset where no tokens move between a "
+        "server's GPUs (the torch engine, or vLLM without expert and data parallelism).",
     )
     progress: Progress | None = Field(default=None, description="progress: reported by trainer rank 0.")
     start_time: str | None = Field(default=None, description="startTime: when pods were first created.")

@@ -9,6 +9,7 @@ whole lifecycle is unit-tested without a cluster.
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from grpo_operator.api.roles import resolve_all2all
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.api.status import (
     TERMINAL_PHASES,
@@ -169,6 +170,7 @@ def _decide_running(
 ) -> Decision:
     """Suspended, queued, past its deadline, finished, failed, restarting or progressing."""
     status.trainer, status.rollout = _replicas(spec, obs)
+    status.rollout_all2all_backend = resolve_all2all(spec.rollout)
     if spec.run_policy.suspend:
         return _suspended(old, status, now)
     if queue is not None and not queue.runs:

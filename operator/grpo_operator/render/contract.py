@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from grpo_operator.api.contract import RolloutTopology, RunContract, TrainerTopology
 from grpo_operator.api.job import API_VERSION, PLURAL, GRPOJob
+from grpo_operator.api.roles import resolve_all2all
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.instance_types import InstanceTable, UnknownInstanceType
 from grpo_operator.instance_types import load as load_instance_types
@@ -51,6 +52,25 @@ def trainer_gpus(job: GRPOJob, table: InstanceTable) -> int:
         raise RenderError(f"trainer.instanceType: {e}") from None
 
 
+def check_all2all(job: GRPOJob, table: InstanceTable) -> None:
+    """deepep_v2 on rollout nodes that have no EFA: refused naming the field (a layout rule needing the
+    instance table, so here rather than in CEL)."""
+    rollout = job.spec.rollout
+    if resolve_all2all(rollout) != "deepep_v2":
+        return
+    itype = rollout.instance_type
+    try:
+        efa = table.get(itype).efa if itype else 0
+    except UnknownInstanceType as e:
+        raise RenderError(f"rollout.instanceType: {e}") from None
+    if not efa:
+        raise RenderError(
+            f"rollout.vllm.all2allBackend deepep_v2 runs DeepEP v2 over NCCL GIN through EFA, but "
+            f"{f'rollout.instanceType {itype}' if itype else 'no rollout.instanceType'} has no EFA devices: "
+            "set allgather_reducescatter or auto"
+        )
+
+
 def contract(
     job: GRPOJob,
     *,
@@ -72,6 +92,13 @@ def contract(
     trainer, rollout = spec.trainer, spec.rollout
     world = trainer.replicas * trainer.processes_per_pod
     backend = "nccl" if trainer_gpus(job, table) > 0 else "gloo"
+    if str(trainer.ep_backend) in ("nccl", "gloo") and str(trainer.ep_backend) != backend:
+        nodes = f"instanceType {trainer.instance_type}" if trainer.instance_type else "no instanceType"
+        raise RenderError(
+            f"trainer.epBackend {trainer.ep_backend} runs the all-to-all on the gang's {trainer.ep_backend} "
+            f"group, but this gang runs {backend} ({nodes}): set epBackend {backend} or auto"
+        )
+    check_all2all(job, table)
     if local_ports is not None:
         if len(local_ports.rollout_ports) != rollout.replicas:
             raise RenderError(

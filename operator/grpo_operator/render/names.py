@@ -12,6 +12,8 @@ LABEL_ATTEMPT = "grpo.dev/attempt"
 # The job's uid on every pod the operator renders; NetworkPolicies select on it together with
 # the job and role labels, and a user's template may not set it (render.overrides).
 LABEL_JOB_UID = "grpo.dev/job-uid"
+# the all2all backend a rollout pod's vLLM runs (rollout.vllm.all2allBackend resolved), for kubectl describe
+ANNOTATION_ALL2ALL = "grpo.dev/vllm-all2all-backend"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_POD_INDEX = "apps.kubernetes.io/pod-index"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from grpo_operator.api.contract import CONTRACT_FILE, CONTRACT_MOUNT, ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN
 from grpo_operator.api.job import GRPOJob
-from grpo_operator.api.roles import RoleCommon
+from grpo_operator.api.roles import RoleCommon, resolve_all2all
 from grpo_operator.api.spec import EFAMode
 from grpo_operator.api.storage import SECRET_KEYS
 from grpo_operator.api.tracking import OPTIONAL_SECRET_KEYS
@@ -118,6 +118,8 @@ def pod_template(
         container["readinessProbe"] = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5}
     labels = {**names.job_labels(name), **names.isolation_selector(name, uid, role)}
     annotations: dict[str, str] = {}
+    if role == names.ROLE_ROLLOUT and (all2all := resolve_all2all(job.spec.rollout)):
+        annotations[names.ANNOTATION_ALL2ALL] = all2all  # what the pod's vLLM is told, from the same function
     pod_spec: dict = {
         "serviceAccountName": names.service_account(name, role),
         "automountServiceAccountToken": role == names.ROLE_TRAINER,

@@ -11,16 +11,18 @@ weight groups themselves (vLLM), or else the server's own process.
 The server calls it from one worker thread, so an engine never sees a generate and a weight
 load at the same time. An engine that can no longer serve at all (vLLM's engine core process died)
 raises `EngineDead` from any call, and may say so unasked through `failure()` (`EngineHealth`): the
-server then reports `failed` and exits, since only a new process can serve again. Engines register
-by name with a "module:factory" path, so a heavy backend (vLLM) is imported only when a job chooses it.
+server then reports `failed` and exits, since only a new process can serve again. Each engine's class
+registers in `ENGINES` where it is defined (`@ENGINES.register(name)`); the registry imports this package's
+modules at the first lookup, and none of them imports its backend (vLLM, transformers) before an engine
+is built, so a server without vLLM installed can still look engines up.
 """
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from grpo_wire.protocol import FinishReason, Routing, Sampling
+from grpo_wire.registry import Registry
 
 if TYPE_CHECKING:
     import torch
@@ -217,28 +219,23 @@ def streamed_update(engine: "Engine") -> StreamedUpdate:
     return StagedUpdate(engine)
 
 
-ENGINES: dict[str, str] = {
-    "torch": "grpo_rollout.engines.torch_engine:TorchEngine",
-    "vllm": "grpo_rollout.engines.vllm_engine:VllmEngine",
-}
+# The engine classes by name: constructed from an EngineConfig, with a `config_for` classmethod.
+ENGINES: Registry[Any] = Registry("rollout engine", home="grpo_rollout.engines")
 
 
 def engine_class(name: str) -> Any:
-    """The chosen engine's class, its module imported only now."""
-    if name not in ENGINES:
-        raise ValueError(f"unknown rollout engine {name!r}; choose one of {sorted(ENGINES)}")
-    module, _, attr = ENGINES[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
+    """The chosen engine's class; a ValueError naming the choices for an unknown name."""
+    return ENGINES.get(name)
 
 
 def engine_config(name: str, spec: "GRPOJobSpec", **common: Any) -> EngineConfig:
     """The engine's config for a job: `common` (model, dtype, device, batch, TP, seed) and what the
     engine itself reads of the spec (`config_for`, a classmethod every engine has), so adding an
-    engine is its module and its line in ENGINES."""
+    engine is its module and nothing else of the server's."""
     return engine_class(name).config_for(spec, **common)
 
 
 def create_engine(name: str, config: EngineConfig) -> Engine:
-    """Import the chosen engine's module only now, and build it."""
+    """Build the chosen engine (its backend is imported only now, by its constructor)."""
     factory: Callable[[EngineConfig], Engine] = engine_class(name)
     return factory(config)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from grpo_wire.protocol import Sampling
 
-from grpo_rollout.engines.base import BucketPiece, EngineConfig, PromptSamples, Sample, Stopped
+from grpo_rollout.engines.base import ENGINES, BucketPiece, EngineConfig, PromptSamples, Sample, Stopped
 from grpo_rollout.engines.hf_names import check_shapes
 from grpo_rollout.engines.routing import RoutingRecorder, encode_routing
 from grpo_rollout.engines.sampling import sample_step
@@ -37,6 +37,7 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+@ENGINES.register("torch")
 class TorchEngine:
     name = "torch"
 

@@ -44,11 +44,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from grpo_operator.api.roles import stream_receive_reserve
+from grpo_operator.api.roles import resolve_all2all, stream_receive_reserve
 from grpo_wire.protocol import Routing, Sampling, WeightStreamRequest
 
 from grpo_rollout.engines import vllm_cpu, vllm_errors
-from grpo_rollout.engines.base import BucketPiece, EngineConfig, EngineDead, PromptSamples, Sample
+from grpo_rollout.engines.base import ENGINES, BucketPiece, EngineConfig, EngineDead, PromptSamples, Sample
 from grpo_rollout.engines.hf_names import CheckpointNames
 from grpo_rollout.engines.serving_weights import ServingWeights
 
@@ -81,6 +81,7 @@ class VllmOptions:
     sleep_for_updates: bool = False
     routed_experts: bool = False  # algorithm.routingReplay: capture the experts every token used
     stream_reserve_bytes: int = 0  # per worker GPU, for streamed weights (memory_plan.stream_receive_reserve)
+    all2all_backend: str | None = None  # rollout.vllm.all2allBackend resolved (None: vLLM's own, unused)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ def vllm_options(spec: "GRPOJobSpec") -> VllmOptions:
         expert_parallel=v.expert_parallel_size > 1,
         enforce_eager=v.enforce_eager,
         sleep_for_updates=v.sleep_for_updates,
+        all2all_backend=resolve_all2all(spec.rollout),  # as the pod's annotation and status say
         routed_experts=spec.algorithm.routing_replay,
         stream_reserve_bytes=reserve,
     )
@@ -144,6 +146,8 @@ def engine_args(config: EngineConfig, device_bytes: int | None = None) -> dict[s
     }
     if opts.max_model_len is not None:
         args["max_model_len"] = opts.max_model_len
+    if opts.all2all_backend is not None:
+        args["all2all_backend"] = opts.all2all_backend
     if opts.routed_experts:  # vLLM's capture needs prefix caching (its default) and no pipeline stages
         args |= {"enable_return_routed_experts": True, "enable_prefix_caching": True}
     return args
@@ -351,6 +355,7 @@ class LoopThread:
         return self.submit(coro).result()
 
 
+@ENGINES.register("vllm")
 class VllmEngine:
     name = "vllm"
     concurrent_generates = 64  # generate calls the server may run at once: vLLM batches them together

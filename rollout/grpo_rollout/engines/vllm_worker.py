@@ -9,7 +9,8 @@ meta device and wraps its weight loaders; the model's `load_weights` shards what
 this rank (experts this rank does not own are skipped), and a layer is post-processed
 (`process_weights_after_loading`: repacked or quantized MoE kernels, MLA) as soon as all of its
 tensors arrived, then copied into its original storage so CUDA graphs stay valid;
-`finalize_layerwise_reload` processes what is left. Imported by vLLM by name, never by our modules.
+`finalize_layerwise_reload` processes what is left. Called by vLLM by name, never by our modules (the
+engine registry imports every module of this package, so vLLM is imported here only inside functions).
 
 Two gaps of vLLM 0.32 are closed here:
 - Fused-MoE experts are not repacked on a reload: `UnquantizedFusedMoEMethod._setup_kernel` calls

@@ -2,26 +2,24 @@
 
 A reward function has TRL's batch signature: fn(prompts, completions, **columns) -> list[float],
 one score per completion, where each column is a list aligned with the completions. A score of
-None means "not applicable" and counts as 0. Built-ins are named here; anything else is a
-"module:function" path imported on the worker that runs plugins.
+None means "not applicable" and counts as 0. Built-ins register in `BUILTINS` from their modules in
+`grpo_rollout.rewards.builtin`; anything else is a "module:function" path. Both are loaded only in
+the sandbox worker that runs them, so the server imports no reward code.
 """
 
 from collections.abc import Callable
 from typing import Any
 
-from grpo_rollout import plugins
+from grpo_wire.registry import Registry
 
-BUILTINS: dict[str, str] = {
-    "exact_match": "grpo_rollout.rewards.exact_match:exact_match",
-    "math": "grpo_rollout.rewards.math_answer:math_answer",
-    "countdown": "grpo_rollout.rewards.countdown:countdown",
-    "format": "grpo_rollout.rewards.format:think_answer_format",
-}
+RewardFn = Callable[..., Any]
+
+BUILTINS: Registry[RewardFn] = Registry("reward function", home="grpo_rollout.rewards.builtin")
 
 
-def load_function(path: str) -> Callable[..., Any]:
-    """Import 'module:function' (or a built-in's name) and return the callable, with a clear error."""
-    return plugins.load_callable(path, BUILTINS, "reward function")
+def load_function(path: str) -> RewardFn:
+    """A built-in's name or 'module:function', imported now; a ValueError naming the path otherwise."""
+    return BUILTINS.load(path)
 
 
 def require_column(columns: dict[str, list[Any]], name: str, reward: str) -> list[Any]:

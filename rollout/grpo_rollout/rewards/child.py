@@ -12,8 +12,9 @@ unpickle what code it does not trust sends. A request's "op" says what to do: "s
 a reward's batch call), "tool" (one tool call), "describe" (a tool's schema for the chat template), or
 "env_check", "env_reset", "env_step", "env_close" for `grpo_rollout.environments`: environment instances
 live in this process between requests, in `grpo_rollout.environment_host.EpisodeHost`.
-It imports only the standard library, the loaders and what a request names, so a fresh worker starts
-fast (transformers, for a schema, only when asked for one).
+It imports only the standard library, the loaders and what a request names (a registry imports every
+built-in of the kind named: they are kept cheap to import), so a fresh worker starts fast (transformers,
+for a schema, only when asked for one).
 """
 
 import ctypes

@@ -17,7 +17,6 @@ from typing import Any
 from grpo_operator.api.spec import RewardSpec
 from grpo_wire.protocol import RewardDetail
 
-from grpo_rollout.rewards.base import BUILTINS
 from grpo_rollout.rewards.worker import PluginError, PluginTimeout, PluginWorker
 
 log = logging.getLogger(__name__)
@@ -31,17 +30,17 @@ class RewardScorer:
     def __init__(self, spec: RewardSpec, worker: PluginWorker | None = None):
         self.timeout = spec.timeout_seconds
         self._worker = worker or PluginWorker()
-        self.functions: list[tuple[str, float, str]] = []  # (name in the spec, weight, module:function)
+        # (name in the spec, weight): a built-in's name or 'module:function', both loaded by the worker
+        self.functions: list[tuple[str, float]] = []
         for i, entry in enumerate(spec.functions):
             name = entry.builtin or entry.function
             assert name is not None  # the spec's CEL rule: exactly one of builtin/function
-            target = BUILTINS.get(name, name)
             try:  # a missing module or function fails the server at start-up, by field and name
-                self._worker.check(target)
+                self._worker.check(name)
             except (PluginError, PluginTimeout) as e:
                 field = f"spec.reward.functions[{i}].{'builtin' if entry.builtin else 'function'}"
                 raise type(e)(f"{field}: {e}") from None
-            self.functions.append((name, entry.weight, target))
+            self.functions.append((name, entry.weight))
 
     def close(self) -> None:
         self._worker.kill()
@@ -53,8 +52,8 @@ class RewardScorer:
         total = len(completions)
         rewards = [0.0] * total
         details: list[list[RewardDetail]] = [[] for _ in range(total)]
-        for name, weight, target in self.functions:
-            values, errors = self._run(name, target, prompts, completions, columns)
+        for name, weight in self.functions:
+            values, errors = self._run(name, prompts, completions, columns)
             for i in range(total):
                 rewards[i] += weight * values[i]
                 details[i].append(RewardDetail(name=name, weight=weight, score=values[i], error=errors[i]))
@@ -63,7 +62,6 @@ class RewardScorer:
     def _run(
         self,
         name: str,
-        target: str,
         prompts: list[str],
         completions: list[str],
         columns: dict[str, list[Any]],
@@ -72,7 +70,7 @@ class RewardScorer:
         deadline = time.monotonic() + self.timeout
         call = self._worker.call
         try:
-            return self._check(call(target, prompts, completions, columns, self.timeout), total)
+            return self._check(call(name, prompts, completions, columns, self.timeout), total)
         except (PluginTimeout, BadScores) as e:  # a retry would not help: zero the batch
             return self._failed(name, total, str(e))
         except Exception as e:  # PluginError, or columns that are not JSON
@@ -89,7 +87,7 @@ class RewardScorer:
             one_cols = {k: [v[i]] for k, v in columns.items()}
             try:
                 (values[i],), (errors[i],) = self._check(
-                    call(target, [prompts[i]], [completions[i]], one_cols, left), 1
+                    call(name, [prompts[i]], [completions[i]], one_cols, left), 1
                 )
             except PluginTimeout as e:
                 errors[i] = str(e)

@@ -1,1 +1,2 @@
-"""Multi-turn tool use: parsing calls (`parsers`), schemas (`schema`), tools (`registry`), runs (`runner`)."""
+"""Multi-turn tool use: parsing calls (`parsers`), schemas (`schema`), tools (`registry`, built-ins in
+`builtin`), runs (`runner`)."""

@@ -1,6 +1,6 @@
 """Tool-call parsers: the model's text of one assistant turn -> the calls it makes, as a named choice.
 
-The rollout loop picks a parser by name (`get_parser`, names in `PARSERS`, the API's names) and calls
+The rollout loop picks a parser by name (`get_parser`; the names in `PARSERS` are the API's) and calls
 `parse(text)` on each finished turn. A malformed call is the model's mistake, part of what it learns
 from: it comes back in `ParsedTurn.errors`, never as an exception.
 """
@@ -9,11 +9,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from grpo_rollout import plugins
+from grpo_wire.registry import Registry
 
-PARSERS: dict[str, str] = {
-    "hermes": "grpo_rollout.tools.parsers:HermesParser",
-}
+PARSERS: Registry[type["ToolCallParser"]] = Registry("tool-call parser", home="grpo_rollout.tools.parsers")
 DEFAULT_PARSER = "hermes"
 EXCERPT_CHARS = 120  # of a malformed call's text, quoted in its error so the model can see what it wrote
 
@@ -57,6 +55,7 @@ class ToolCallParser(Protocol):
         ...
 
 
+@PARSERS.register("hermes")
 class HermesParser:
     """Hermes / Qwen2.5 / Qwen3 calls: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`.
 
@@ -137,7 +136,7 @@ class HermesParser:
 
 def get_parser(name: str = DEFAULT_PARSER) -> ToolCallParser:
     """The parser registered under `name` (a built-in's name or 'module:Class'), constructed."""
-    return plugins.load_callable(name, PARSERS, "tool-call parser")()
+    return PARSERS.load(name)()
 
 
 def _skip_space(text: str, i: int) -> int:

@@ -1,8 +1,9 @@
 """Which tools a job can name: built-ins by name, anything else as 'module:function', loaded in the sandbox.
 
+Built-ins register in `BUILTINS` from their modules in `grpo_rollout.tools.builtin`.
 `grpo_rollout.tools.runner.ToolRunner` names the tools; the sandbox worker (`grpo_rollout.rewards.child`)
-loads them through `load_tool`, the loader rewards use, and calls them inside `deadline`, so a tool that
-starts work of its own (the `python` built-in) can stop before the worker is killed.
+loads them through `load_tool` and calls them inside `deadline`, so a tool that starts work of its own
+(the `python` built-in) can stop before the worker is killed.
 """
 
 import time
@@ -11,24 +12,25 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from grpo_rollout import plugins
+from grpo_wire.registry import Registry
 
-BUILTINS: dict[str, str] = {
-    "calculator": "grpo_rollout.tools.calculator:calculator",
-    "python": "grpo_rollout.tools.python_exec:python",
-}
+ToolFn = Callable[..., Any]
+
+BUILTINS: Registry[ToolFn] = Registry("tool", home="grpo_rollout.tools.builtin")
 
 _deadline: ContextVar[float | None] = ContextVar("tool_deadline", default=None)
 
 
-def load_tool(path: str) -> Callable[..., Any]:
-    """Import 'module:function' (or a built-in's name) and return the tool, with a clear error."""
-    return plugins.load_callable(path, BUILTINS, "tool")
+def load_tool(path: str) -> ToolFn:
+    """A built-in's name or 'module:function', imported now; a ValueError naming the path otherwise."""
+    return BUILTINS.load(path)
 
 
 def tool_name(path: str) -> str:
-    """The name the model calls a tool by: a built-in's name, or the function's in 'module:function'."""
-    return path if path in BUILTINS else path.rpartition(":")[2]
+    """The name the model calls a tool by: a built-in's name, or the function's in 'module:function'.
+
+    Read off the path, not looked up: the server names tools without importing any."""
+    return path.rpartition(":")[2]
 
 
 @contextmanager

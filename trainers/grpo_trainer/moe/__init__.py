@@ -8,8 +8,9 @@ Public API (stable; the trainer, checkpoints and weight sync use it):
         Replace the MoE blocks of an HF Qwen3-MoE / Qwen2-MoE / Mixtral / DeepSeek-V3 model in
         place by `MoELayer`s sharded over `group` (default: the world; EP = 1 without
         torch.distributed). Each rank keeps experts [r*E/ep, (r+1)*E/ep). Numerics unchanged.
-        Backends: "local" (EP = 1), "alltoall" (gloo/NCCL all_to_all_single), "deepep"
-        (when deep_ep is installed), "auto" (measured choice). Build the optimizer afterwards.
+        Backends: "local" (EP = 1), "nccl" / "gloo" (all_to_all_single on that group), "deepep"
+        (when deep_ep is installed), "auto" (measured choice); one file each in `moe/backends/`.
+        Build the optimizer afterwards.
     moe.load_checkpoint(model, path)
         Fill an expert-parallel model from HF safetensors, reading only the local experts.
     moe.full_state_dict(model) / moe.iter_full_state_dict(model)

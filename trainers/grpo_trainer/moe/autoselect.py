@@ -1,22 +1,23 @@
 """The `auto` EP backend: one measured choice for the whole gang that never crashes the start-up.
 
-Registered in `grpo_trainer.moe.dispatch`; `expert_parallel(..., backend="auto")` ends up here
-when the EP group has more than one rank. Steps, run by every rank of the world in the same
+The backend `auto` (`grpo_trainer.moe.backends.auto`); `expert_parallel(..., backend="auto")` ends
+up here when the EP group has more than one rank. Steps, run by every rank of the world in the same
 order (the collectives below are over the WORLD, so all EP groups end up on one backend):
 
-1. Candidates: every registered candidate (`register_candidate`) in a fixed order, `alltoall`
-   first. Each one's `requires(layout)` says why it cannot work on this rank's layout (device,
-   EP group inside one node or across nodes, installed library and why it does not import); a
-   candidate refused on any rank is skipped everywhere (one all-reduce of a 0/1 vector).
+1. Candidates: every registered backend with a `requires` (`register_backend(name, requires)`) in
+   a fixed order, the all-to-all backends (`nccl`, `gloo`) first. Each one's `requires(layout)`
+   says why it cannot work on this rank's layout (device, EP group inside one node or across
+   nodes, installed library and why it does not import); a candidate refused on any rank is
+   skipped everywhere (one all-reduce of a 0/1 vector).
 2. For each remaining candidate: build it for the tokens one dispatch carries (guarded),
    all-reduce "built everywhere"; time a few dispatch+combine round trips with the model's real
    shapes, as many tokens as a micro-batch (guarded), all-reduce the slowest rank's time (MAX; a
    rank that failed reports +inf). A candidate that failed on any rank is excluded everywhere and
    its buffers freed; the reasons of all ranks are gathered, logged and kept.
-3. The fastest remaining candidate wins, the others' buffers are freed; `alltoall` is always a
-   candidate, so the fallback exists. `Selection` says what was chosen and why (each candidate's
-   time, or why it was skipped or failed): the start-up log line and the step report's
-   `ep_backend`/`ep_candidates`, which become the job's `status.progress`.
+3. The fastest remaining candidate wins, the others' buffers are freed; the all-to-all of the
+   group's own device is always a candidate, so the fallback exists. `Selection` says what was
+   chosen and why (each candidate's time, or why it was skipped or failed): the start-up log
+   line and the step report's `ep_backend`/`ep_candidates`, which become the job's `status.progress`.
 
 A backend that fails on some ranks *inside* a collective constructor (DeepEP's buffers) cannot be
 dropped like this: its peers are blocked there. `collective_build` bounds that case: every rank
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -39,7 +39,8 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from grpo_trainer.moe.dispatch import Dispatcher, available_backends, make_dispatcher, register_backend
+from grpo_trainer.moe.dispatch import BACKENDS, Dispatcher, make_dispatcher
+from grpo_trainer.moe.layout import Layout, layout_of
 
 log = logging.getLogger(__name__)
 FAILURES: Counter[str] = Counter()
@@ -63,65 +64,22 @@ class EPShape:
             raise ValueError(f"EPShape needs positive sizes, got {self}")
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Where this rank's EP group sits: its world ranks and how many ranks share a node."""
-
-    ranks: tuple[int, ...]
-    """World ranks of the EP group, in EP-rank order."""
-    ranks_per_node: int
-    """Ranks per pod/node (the contract's processesPerPod; ranks of a pod are consecutive)."""
-    device: str
-    """"cuda" (NCCL) or "cpu" (gloo)."""
-
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
-    @property
-    def nodes(self) -> int:
-        """Nodes the EP group spans."""
-        return len({r // self.ranks_per_node for r in self.ranks})
-
-    @property
-    def spans_nodes(self) -> bool:
-        return self.nodes > 1
+FIRST = ("nccl", "gloo")
+"""Measured first: the all-to-all that works wherever the experts divide over the ranks."""
 
 
-def layout_of(group: dist.ProcessGroup | None, ranks_per_node: int | None = None) -> Layout:
-    """This rank's layout; ranks per node from the launcher's LOCAL_WORLD_SIZE by default."""
-    if ranks_per_node is None:
-        ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
-    world = range(dist.get_world_size())
-    ranks = tuple(dist.get_process_group_ranks(group)) if group is not None else tuple(world)
-    device = "cuda" if dist.get_backend(group) == "nccl" and torch.cuda.is_available() else "cpu"
-    return Layout(ranks, max(1, ranks_per_node), device)
-
-
-Requires = Callable[[Layout, int], str | None]
-"""(layout, num_experts) → why the candidate cannot work here, or None when it can."""
-_CANDIDATES: dict[str, Requires] = {}
-
-
-def register_candidate(name: str, requires: Requires) -> None:
-    """Offer the registered backend `name` to `auto` where `requires` returns None."""
-    _CANDIDATES[name] = requires
+def candidate_names() -> list[str]:
+    """Every backend `auto` may measure, in measuring order (the same list on every rank)."""
+    names = [name for name, backend in BACKENDS.items() if backend.requires is not None]
+    return sorted(names, key=lambda n: (n not in FIRST, n))
 
 
 def candidates(layout: Layout, num_experts: int) -> tuple[list[str], dict[str, str]]:
     """Pure: (candidate names in measuring order, {name: why it was refused}) for one layout."""
-    names = sorted(_CANDIDATES, key=lambda n: (n != "alltoall", n))
-    refused = {n: reason for n in names if (reason := _CANDIDATES[n](layout, num_experts))}
+    names = candidate_names()
+    requires = {n: BACKENDS.get(n).requires for n in names}
+    refused = {n: reason for n in names if (reason := requires[n](layout, num_experts))}  # type: ignore[misc]
     return [n for n in names if n not in refused], refused
-
-
-def _always(layout: Layout, num_experts: int) -> str | None:
-    if num_experts % layout.size:
-        return f"{num_experts} experts do not divide over {layout.size} ranks"
-    return None
-
-
-register_candidate("alltoall", _always)
 
 
 @dataclass
@@ -205,8 +163,7 @@ def choose_backend(
     """Collective over the WORLD: the dispatcher every EP group uses, and the selection record."""
     shape = shape or EPShape()
     layout = layout_of(group, ranks_per_node)
-    available_backends()  # imports the backend modules, which register their candidates
-    names = sorted(_CANDIDATES, key=lambda n: (n != "alltoall", n))  # the same list on every rank
+    names = candidate_names()
     mine, refused = candidates(layout, num_experts)
     agreed = _world_reduce([float(n in mine) for n in names], dist.ReduceOp.MIN, layout.device)
     selection = Selection(backend="")
@@ -274,9 +231,6 @@ def auto_dispatcher(
         dispatcher, _CHOSEN[key] = choose_backend(group, num_experts, shape, ranks_per_node)
     dispatcher.selection = _CHOSEN[key]  # type: ignore[attr-defined]
     return dispatcher
-
-
-register_backend("auto")(auto_dispatcher)
 
 
 def last_selection() -> Selection | None:

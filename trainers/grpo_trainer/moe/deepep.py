@@ -1,13 +1,12 @@
 """DeepEP behind the Dispatcher interface: the part DeepEP v1 (`Buffer`) and v2 (`ElasticBuffer`) share.
 
-The versions live in `grpo_trainer.moe.deepep_v1` (inside one NVLink node) and
-`grpo_trainer.moe.deepep_v2` (EP groups across EFA nodes, over NCCL GIN). Each registers itself
-as a backend only when its `deep_ep` class imports (`grpo_trainer.moe.deepep_import`: a DeepEP that
-fails its own import checks raises AssertionError, not ImportError, and must not crash registration), and as
-an `auto` candidate always, refused with the import's reason when it is missing. `deepep` (the
-GRPOJob's `epBackend: deepep`) is always registered: it picks v1 for a group inside one node and
-v2 for one that spans nodes, and fails naming the component and what to change when that one
-cannot serve the group.
+The versions are backends of their own, `grpo_trainer.moe.backends.deepep_v1` (inside one NVLink
+node) and `...deepep_v2` (EP groups across EFA nodes, over NCCL GIN), always registered and offered
+to `auto`, which their `requires` refuses with the import's reason where their `deep_ep` class does
+not import (`grpo_trainer.moe.deepep_import`: a DeepEP that fails its own import checks raises
+AssertionError, not ImportError, and must not crash registration). `deepep` (the GRPOJob's
+`epBackend: deepep`, `backends/deepep.py`) picks v1 for a group inside one node and v2 for one that
+spans nodes, and fails naming the component and what to change when that one cannot serve the group.
 
 Both versions send a token once per destination rank (not once per chosen expert), with its
 top-k ids translated to local expert ids (-1 elsewhere) and its weights, and report the rows
@@ -35,13 +34,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from grpo_trainer.moe.dispatch import (
-    BackendUnavailable,
-    Dispatched,
-    ExchangeClock,
-    register_backend,
-    sum_per_token,
-)
+from grpo_trainer.moe.dispatch import Dispatched, ExchangeClock, sum_per_token
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +165,7 @@ def release_exchanges(cache: dict, group: object) -> None:
 
 class DeepEPDispatcher:
     """Expert parallelism through one DeepEP version (`exchange`); experts sharded in contiguous
-    blocks like `alltoall`. Subclasses build the exchange lazily (DeepEP's constructors are
+    blocks like the all-to-all backends. Subclasses build the exchange lazily (DeepEP's constructors are
     collective and size their buffers by the row width of the first dispatch)."""
 
     name = "deepep"
@@ -252,32 +245,3 @@ class DeepEPDispatcher:
             out.append(_Combine.apply(partial, exchange, deepep_handle, self.clock))
         combined = out[0] if len(out) == 1 else torch.cat(out)
         return combined.to(rows.dtype)  # the layer casts to its input's dtype
-
-
-def spans_nodes(group: dist.ProcessGroup, ranks_per_node: int | None = None) -> bool:
-    """Whether the EP group's ranks sit on more than one node (see `autoselect.Layout`)."""
-    from grpo_trainer.moe import autoselect
-
-    return autoselect.layout_of(group, ranks_per_node).spans_nodes
-
-
-@register_backend("deepep")
-def deepep_dispatcher(
-    group: dist.ProcessGroup | None, num_experts: int, tokens: int | None = None
-) -> DeepEPDispatcher:
-    """`epBackend: deepep`: v1 inside one node, v2 across nodes; a clear error when that one cannot
-    serve the group (not installed, its import failed, no CUDA, a size it has no config for)."""
-    from grpo_trainer.moe import autoselect, deepep_v1, deepep_v2
-
-    group = group if group is not None else dist.group.WORLD
-    layout = autoselect.layout_of(group)
-    version = deepep_v2 if layout.spans_nodes else deepep_v1
-    why = version.requires(layout, num_experts)
-    if why:
-        where = f"across {layout.nodes} nodes" if layout.spans_nodes else "inside one node"
-        raise BackendUnavailable(
-            f"epBackend deepep: an EP group {where} needs {version.NAME} ({version.API}), which cannot "
-            f"serve it here: {why}. Install DeepEP in the trainer image (docs/deepep-efa.md) or set "
-            "spec.trainer.epBackend to auto or nccl"
-        )
-    return version.Dispatcher(group, num_experts, tokens)

@@ -1,11 +1,15 @@
-"""The dispatch/combine interface of the expert-parallel layer, its registry and the local backend.
+"""The dispatch/combine interface of the expert-parallel layer and the registry of its backends.
 
 Called by `grpo_trainer.moe.layer.MoELayer`: `dispatch` moves each token's hidden state to the
 ranks that own its top-k experts and returns rows grouped by local expert, each with its
 routing weight; the layer's experts apply the weights; `combine` brings the weighted expert
 outputs home and sums them per token. Both are differentiable, weights included. A backend
-is one small class registered here with `register_backend`; `local` (EP = 1, no
-communication) is the numerical reference the others are tested against.
+is one file in `grpo_trainer.moe.backends` whose class (or factory) is decorated with
+`@register_backend(name, requires=...)`; the registry imports that package at the first lookup.
+`requires(layout, num_experts)` says why the backend cannot work on a layout (None: it can) and
+makes it a candidate of `auto`. `local` (EP = 1, no communication) is the numerical reference the
+others are tested against. The GRPOJob's `epBackend` values are registry names
+(`tests/unit/test_mirrors.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+from grpo_wire.registry import Registry
+
+from grpo_trainer.moe.layout import Requires
 
 
 @dataclass
@@ -89,7 +96,18 @@ class Dispatcher(Protocol):
 BackendFactory = Callable[..., Dispatcher]
 """(group, num_experts, tokens=None) → a dispatcher; `tokens` is what one dispatch carries per rank
 (a micro-batch's tokens), for backends that size buffers by it; None when unknown."""
-_BACKENDS: dict[str, BackendFactory] = {}
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A registered EP backend: how to build it and, for `auto`, where it can work."""
+
+    build: BackendFactory
+    requires: Requires | None = None
+    """Why it cannot work on a layout, or None; a backend without one is never an `auto` candidate."""
+
+
+BACKENDS: Registry[Backend] = Registry("EP backend", home="grpo_trainer.moe.backends")
 
 
 class BackendUnavailable(RuntimeError):
@@ -97,28 +115,20 @@ class BackendUnavailable(RuntimeError):
     refused, no CUDA, a layout it does not take): a restart cannot fix it."""
 
 
-def register_backend(name: str) -> Callable[[BackendFactory], BackendFactory]:
-    """Class decorator: make `name` available to `make_dispatcher` and `expert_parallel`."""
+def register_backend(
+    name: str, requires: Requires | None = None
+) -> Callable[[BackendFactory], BackendFactory]:
+    """Decorator: make the factory the EP backend `name` (an `auto` candidate where `requires` allows)."""
 
     def deco(factory: BackendFactory) -> BackendFactory:
-        _BACKENDS[name] = factory
+        BACKENDS.register(name)(Backend(factory, requires))
         return factory
 
     return deco
 
 
-def _register_builtin() -> None:
-    """Import the backend modules, which register themselves (DeepEP's versions only when deep_ep
-    imports; `deepep` always, to say why it cannot serve)."""
-    import grpo_trainer.moe.alltoall
-    import grpo_trainer.moe.autoselect
-    import grpo_trainer.moe.deepep_v1
-    import grpo_trainer.moe.deepep_v2  # noqa: F401
-
-
 def available_backends() -> list[str]:
-    _register_builtin()
-    return sorted(_BACKENDS)
+    return BACKENDS.names()
 
 
 def make_dispatcher(
@@ -126,10 +136,7 @@ def make_dispatcher(
 ) -> Dispatcher:
     """Build the backend `name` for `num_experts` routed experts sharded evenly over `group`;
     `tokens`: tokens per rank one dispatch carries (buffers are sized by it), None when unknown."""
-    _register_builtin()
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown EP backend {name!r}; available: {available_backends()}")
-    return _BACKENDS[name](group, num_experts, tokens=tokens)
+    return BACKENDS.get(name).build(group, num_experts, tokens=tokens)
 
 
 def sort_by_expert(topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,27 +159,3 @@ def expand_by_local_expert(recv_idx: torch.Tensor, num_local: int) -> tuple[torc
 def sum_per_token(rows: torch.Tensor, token: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """(N, H) rows, row i belonging to token[i] → (T, H) sums."""
     return rows.new_zeros(num_tokens, rows.shape[1]).index_add(0, token, rows)
-
-
-@register_backend("local")
-class LocalDispatcher:
-    """EP = 1: all experts are here; dispatch is one sort and gather, combine one scatter-add.
-    No buffers: `tokens` is taken for the factory interface and not needed."""
-
-    name = "local"
-
-    def __init__(self, group: dist.ProcessGroup | None, num_experts: int, tokens: int | None = None) -> None:
-        if group is not None and dist.get_world_size(group) != 1:
-            raise ValueError("the local backend needs a group of one rank")
-        self.num_experts = num_experts
-        self.bytes_sent = 0
-        self.clock = ExchangeClock()  # never ticks: nothing leaves the rank
-
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
-        order, counts = sort_by_expert(topk_idx, self.num_experts)
-        token = order // topk_idx.shape[1]
-        weights = topk_weights.reshape(-1).index_select(0, order)
-        return Dispatched(x.index_select(0, token), counts.tolist(), weights, (token, x.shape[0]))
-
-    def combine(self, rows: torch.Tensor, handle: Any) -> torch.Tensor:
-        return sum_per_token(rows, *handle)

@@ -134,7 +134,7 @@ def expert_parallel(
     """Replace every supported HF MoE block of `model` in place; returns `model`.
 
     group: the expert-parallel group (default: the world, or EP = 1 without torch.distributed).
-    backend: a registered dispatch backend (`local`, `alltoall`, `deepep`, `auto`).
+    backend: a registered dispatch backend (`local`, `nccl`, `gloo`, `deepep`, `auto`, ...).
     aux_loss_coef: > 0 makes each router keep a balancing loss (see `moe_aux_loss`); HF's own
         `output_router_logits` path is rejected because its hooks target the replaced routers.
     tokens_per_batch: tokens of one micro-batch on one rank (what one layer dispatches at once),

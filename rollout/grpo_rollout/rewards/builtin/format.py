@@ -8,6 +8,8 @@ backtracks over every `</think><answer>` of an unterminated completion, quadrati
 import re
 from typing import Any
 
+from grpo_rollout.rewards.base import BUILTINS
+
 OPEN, CLOSE = "<think>", "</answer>"
 SEAM = re.compile(r"</think>\s*<answer>")
 
@@ -21,5 +23,6 @@ def well_formed(completion: str) -> bool:
     return seam is not None and seam.end() <= len(s) - len(CLOSE)
 
 
+@BUILTINS.register("format")
 def think_answer_format(prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
     return [float(well_formed(c)) for c in completions]

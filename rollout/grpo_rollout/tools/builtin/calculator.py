@@ -11,6 +11,8 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+from grpo_rollout.tools.registry import BUILTINS
+
 MAX_EXPRESSION_CHARS = 1000
 MAX_INT_BITS = 4096  # about 1,233 decimal digits: far past any answer, cheap to compute with
 # Operators nested inside one another: a bound of its own, not the interpreter's recursion limit
@@ -30,6 +32,7 @@ UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, 
 ALLOWED = "numbers, + - * / // % ** and parentheses"
 
 
+@BUILTINS.register("calculator")
 def calculator(expression: str) -> int | float:
     """Evaluate an arithmetic expression and return its value.
 

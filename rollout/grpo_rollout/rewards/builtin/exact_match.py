@@ -5,9 +5,10 @@ For tasks whose answer is a short string (arithmetic results, labels); the score
 
 from typing import Any
 
-from grpo_rollout.rewards.base import require_column
+from grpo_rollout.rewards.base import BUILTINS, require_column
 
 
+@BUILTINS.register("exact_match")
 def exact_match(prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
     answers = require_column(columns, "answer", "exact_match")
     return [

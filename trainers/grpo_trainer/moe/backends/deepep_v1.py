@@ -1,9 +1,10 @@
 """DeepEP v1 (`deep_ep.Buffer`, normal mode) for EP groups inside one NVLink node.
 
-Registered as the backend `deepep_v1` by `grpo_trainer.moe.dispatch` only when `deep_ep.Buffer`
-imports; always an `auto` candidate, refused with the import's reason when it does not. Never for
-a group that spans nodes: v1's internode kernels need InfiniBand IBGDA (with more than one RDMA
-rank `Buffer.__init__` forces `NVSHMEM_IB_ENABLE_IBGDA=1`), which EFA lacks; `requires` refuses
+The backend `deepep_v1`, always registered and an `auto` candidate; where `deep_ep.Buffer` does not
+import, `requires` refuses it with the import's reason and building it by name raises
+BackendUnavailable. Never for a group that spans nodes: v1's internode kernels need InfiniBand
+IBGDA (with more than one RDMA rank `Buffer.__init__` forces `NVSHMEM_IB_ENABLE_IBGDA=1`), which
+EFA lacks; `requires` refuses
 such a group with that reason. The sizes it supports are probed from the installed library (its
 config getters raise for a size they have no config for), not copied into a table. v1's normal
 mode pipelines any token count through its buffer, so it needs no token cap.
@@ -17,10 +18,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grpo_trainer.moe import autoselect, collective_build
+from grpo_trainer.moe import collective_build
 from grpo_trainer.moe.deepep import DeepEPDispatcher, release_exchanges
 from grpo_trainer.moe.deepep_import import import_deep_ep
-from grpo_trainer.moe.dispatch import register_backend
+from grpo_trainer.moe.dispatch import BackendUnavailable, register_backend
+from grpo_trainer.moe.layout import Layout
 
 NAME = "deepep_v1"
 API = "deep_ep.Buffer"
@@ -28,7 +30,7 @@ Buffer, WHY = import_deep_ep("Buffer")  # None and the reason on CPU images or a
 AVAILABLE = Buffer is not None
 
 
-def requires(layout: autoselect.Layout, num_experts: int, buffer_cls: Any = None) -> str | None:
+def requires(layout: Layout, num_experts: int, buffer_cls: Any = None) -> str | None:
     """Why v1 cannot serve this layout, or None (pure apart from the library's config getters)."""
     buffer_cls = buffer_cls or Buffer
     if buffer_cls is None:
@@ -38,7 +40,7 @@ def requires(layout: autoselect.Layout, num_experts: int, buffer_cls: Any = None
     if layout.spans_nodes:
         return (
             f"the EP group spans {layout.nodes} nodes: DeepEP v1's internode kernels need InfiniBand "
-            "IBGDA, which EFA lacks (DeepEP v2 or alltoall serve groups across nodes)"
+            "IBGDA, which EFA lacks (DeepEP v2 or nccl all-to-all serve groups across nodes)"
         )
     if num_experts % layout.size:
         return f"{num_experts} experts do not divide over {layout.size} ranks"
@@ -92,10 +94,16 @@ class V1Exchange:
 _EXCHANGES: dict[tuple[int, int], V1Exchange] = {}
 
 
+@register_backend(NAME, requires=requires)
 class Dispatcher(DeepEPDispatcher):
     """DeepEP v1 inside one node."""
 
     name = NAME
+
+    def __init__(self, group: dist.ProcessGroup | None, num_experts: int, tokens: int | None = None) -> None:
+        if not AVAILABLE:
+            raise BackendUnavailable(f"{NAME} cannot serve here: {API} does not import: {WHY}")
+        super().__init__(group, num_experts, tokens)
 
     def exchange(self, hidden: int, top_k: int) -> V1Exchange:
         key = (id(self.group), hidden * torch.bfloat16.itemsize)
@@ -108,8 +116,3 @@ class Dispatcher(DeepEPDispatcher):
 
     def release(self) -> None:
         release_exchanges(_EXCHANGES, self.group)
-
-
-if AVAILABLE:
-    register_backend(NAME)(Dispatcher)
-autoselect.register_candidate(NAME, requires)

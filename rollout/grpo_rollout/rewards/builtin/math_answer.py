@@ -16,8 +16,12 @@ it in C, where no timer reaches); and each SymPy comparison (parse and verify of
 ANSWER_SECONDS, after which it is wrong. That bound is a SIGALRM timer, so it holds where the
 reward normally runs, the main thread of the reward worker; elsewhere (a reward called from a
 thread) the worker's `reward.timeoutSeconds` is the only bound, as for any reward.
+
+math-verify (and SymPy) is imported at the first symbolic comparison, outside its timer: the registry
+imports every built-in when a worker loads any reward, and this import alone takes a third of a second.
 """
 
+import functools
 import re
 import signal
 import threading
@@ -27,9 +31,7 @@ from contextlib import contextmanager
 from fractions import Fraction
 from typing import Any
 
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-
-from grpo_rollout.rewards.base import require_column
+from grpo_rollout.rewards.base import BUILTINS, require_column
 
 MAX_TEXT = 100_000  # characters read from the end of a completion
 MAX_NUMBER = 1000  # characters of one number, fraction parts included
@@ -44,8 +46,6 @@ DECIMAL = re.compile(r"([+-]?)(\d*)(?:\.(\d*))?(?:e([+-]?\d+))?", re.IGNORECASE)
 RATIO = re.compile(r"([+-]?\d+)/(\d+)")
 FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
 EXPONENTS = re.compile(r"\d[eE][+-]?(\d+)")  # `1E+999999999`: SymPy's Float would build it in C, unstoppably
-LATEX = (LatexExtractionConfig(),)  # what a \boxed{...} answer or a dataset's gold answer is written in
-EXPRESSION = (ExprExtractionConfig(),)  # `sqrt(3)/2`, `1/2`: what follows a `####` or `answer is`
 
 
 def last_boxed(text: str) -> str | None:
@@ -127,10 +127,21 @@ def time_limit(seconds: float) -> Iterator[None]:
             signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
 
 
+@functools.cache
+def _math_verify() -> tuple[Any, Any, tuple[Any, ...], tuple[Any, ...]]:
+    """math-verify's parse and verify, and how answers are read: LaTeX, else a plain expression."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    # LaTeX: a \boxed{...} answer or a dataset's gold answer; an expression (`sqrt(3)/2`, `1/2`):
+    # what follows a `####` or `answer is`
+    return parse, verify, (LatexExtractionConfig(),), (ExprExtractionConfig(),)
+
+
 def _sympy(answer: str) -> list[Any]:
     """math-verify's reading of one answer: as LaTeX, else as a plain expression ([] if neither)."""
-    as_latex = parse(f"${answer}$", LATEX, parsing_timeout=None)  # type: ignore[arg-type]
-    return as_latex or parse(answer, EXPRESSION, parsing_timeout=None)  # type: ignore[arg-type]
+    parse, _, latex, expression = _math_verify()
+    as_latex = parse(f"${answer}$", latex, parsing_timeout=None)
+    return as_latex or parse(answer, expression, parsing_timeout=None)
 
 
 def same_symbolically(predicted: str, expected: str, seconds: float = ANSWER_SECONDS) -> bool:
@@ -139,6 +150,7 @@ def same_symbolically(predicted: str, expected: str, seconds: float = ANSWER_SEC
         return False
     if any(len(e) > 4 or int(e) > MAX_EXPONENT for e in EXPONENTS.findall(predicted + " " + expected)):
         return False
+    verify = _math_verify()[1]  # imported now, not on the answer's time
     try:
         with time_limit(seconds):
             gold, guess = _sympy(expected), _sympy(predicted)
@@ -156,6 +168,7 @@ def same_answer(predicted: str, expected: str, seconds: float = ANSWER_SECONDS) 
     return norm(predicted) == norm(expected) or same_symbolically(predicted, expected, seconds)
 
 
+@BUILTINS.register("math")
 def math_answer(prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
     answers = require_column(columns, "answer", "math")
     scores = []

@@ -1,8 +1,8 @@
 """DeepEP v2 (`deep_ep.ElasticBuffer`, "EPv2") for EP groups across EFA nodes, over NCCL GIN.
 
-Registered as the backend `deepep_v2` by `grpo_trainer.moe.dispatch` only when
-`deep_ep.ElasticBuffer` imports; always an `auto` candidate, refused with the import's reason when
-it does not. Offered for groups that span nodes (inside one node v1 and `alltoall` serve).
+The backend `deepep_v2`, always registered and an `auto` candidate; where `deep_ep.ElasticBuffer`
+does not import, `requires` refuses it with the import's reason and building it by name raises
+BackendUnavailable. Offered for groups that span nodes (inside one node v1 and `nccl` serve).
 Run-time needs (see docs/deepep-efa.md): NCCL >= 2.31 with GIN, aws-ofi-nccl >= 1.21 as the NCCL
 net and GIN plugin, GDRCopy's `gdrdrv`, and the pod env the renderer sets (`NCCL_GIN_TYPE`, never
 IBGDA/GDAKI). Written against the upstream v2 API at the Dockerfile's DEEPEP_COMMIT, not yet run
@@ -35,10 +35,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grpo_trainer.moe import autoselect, collective_build
+from grpo_trainer.moe import collective_build
 from grpo_trainer.moe.deepep import DeepEPDispatcher, check_communicator, release_exchanges
 from grpo_trainer.moe.deepep_import import import_deep_ep
-from grpo_trainer.moe.dispatch import register_backend
+from grpo_trainer.moe.dispatch import BackendUnavailable, register_backend
+from grpo_trainer.moe.layout import Layout
 
 NAME = "deepep_v2"
 API = "deep_ep.ElasticBuffer"
@@ -53,14 +54,14 @@ ElasticBuffer, WHY = import_deep_ep("ElasticBuffer")  # None and the reason on C
 AVAILABLE = ElasticBuffer is not None
 
 
-def requires(layout: autoselect.Layout, num_experts: int, buffer_cls: Any = None) -> str | None:
+def requires(layout: Layout, num_experts: int, buffer_cls: Any = None) -> str | None:
     """Why v2 should not serve this layout, or None."""
     if (buffer_cls or ElasticBuffer) is None:
         return WHY or "deep_ep.ElasticBuffer is not installed"
     if layout.device != "cuda":
         return "DeepEP needs CUDA GPUs"
     if not layout.spans_nodes:
-        return "the EP group is inside one node: DeepEP v1 or alltoall serve it"
+        return "the EP group is inside one node: DeepEP v1 or nccl all-to-all serve it"
     if num_experts % layout.size:
         return f"{num_experts} experts do not divide over {layout.size} ranks"
     if num_experts // layout.size > MAX_LOCAL_EXPERTS:
@@ -174,10 +175,16 @@ class V2Exchange:
 _EXCHANGES: dict[tuple[int, int, int, int, int | None], V2Exchange] = {}
 
 
+@register_backend(NAME, requires=requires)
 class Dispatcher(DeepEPDispatcher):
     """DeepEP v2 across nodes."""
 
     name = NAME
+
+    def __init__(self, group: dist.ProcessGroup | None, num_experts: int, tokens: int | None = None) -> None:
+        if not AVAILABLE:
+            raise BackendUnavailable(f"{NAME} cannot serve here: {API} does not import: {WHY}")
+        super().__init__(group, num_experts, tokens)
 
     def exchange(self, hidden: int, top_k: int) -> V2Exchange:
         key = (id(self.group), hidden, top_k, self.num_experts, self.tokens)
@@ -190,8 +197,3 @@ class Dispatcher(DeepEPDispatcher):
 
     def release(self) -> None:
         release_exchanges(_EXCHANGES, self.group)
-
-
-if AVAILABLE:
-    register_backend(NAME)(Dispatcher)
-autoselect.register_candidate(NAME, requires)

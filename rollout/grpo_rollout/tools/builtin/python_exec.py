@@ -15,20 +15,21 @@ import tempfile
 import time
 
 from grpo_rollout.rewards import sandbox
-from grpo_rollout.tools import registry
+from grpo_rollout.tools.registry import BUILTINS, time_left
 
 MAX_OUTPUT_BYTES = 64 << 10  # kept from stdout+stderr; the runner cuts the tool's result further
 DEFAULT_TIMEOUT_S = 10.0  # outside a timed call (a direct call in a test or a notebook)
 MARGIN_S = 0.5  # the program is stopped this long before the worker's deadline, so its output gets back
 
 
+@BUILTINS.register("python")
 def python(code: str) -> str:
     """Run a Python 3 program in a fresh interpreter and return what it printed (stdout and stderr).
 
     Args:
         code: The program's source code. Use print() for every value you want to see.
     """
-    left = registry.time_left()
+    left = time_left()
     timeout = DEFAULT_TIMEOUT_S if left is None else max(left - MARGIN_S, 0.1)
     before = set(sandbox.live_descendants(os.getpid()))
     with tempfile.TemporaryDirectory(prefix="grpo-python-tool-") as cwd:

@@ -1,6 +1,7 @@
-"""The `alltoall` EP backend: dropless `all_to_all_single` with exchanged split sizes.
+"""The `nccl` and `gloo` EP backends: dropless `all_to_all_single` with exchanged split sizes.
 
-Registered in `grpo_trainer.moe.dispatch`; runs on gloo (CPU) and NCCL (GPU). Experts are
+One dispatcher, registered under the name of the process-group backend it runs on: `nccl` for an
+EP group on GPUs, `gloo` for one on CPUs (what `epBackend: nccl | gloo` asks for). Experts are
 sharded in contiguous blocks (rank r owns experts [r*E_l, (r+1)*E_l)). Like DeepEP, a token
 travels once to each rank that owns at least one of its top-k experts, with its slots' local
 expert ids (-1 for slots owned elsewhere) and routing weights: with fine-grained routing
@@ -19,12 +20,14 @@ import torch
 import torch.distributed as dist
 
 from grpo_trainer.moe.dispatch import (
+    BackendUnavailable,
     Dispatched,
     ExchangeClock,
     expand_by_local_expert,
     register_backend,
     sum_per_token,
 )
+from grpo_trainer.moe.layout import Layout, Requires
 
 
 class _AllToAll(torch.autograd.Function):
@@ -95,14 +98,30 @@ def pack_dtype(dtype: torch.dtype, num_local: int) -> torch.dtype:
     return dtype if num_local <= exact.get(dtype, 0) else torch.float32
 
 
-@register_backend("alltoall")
+def _on(device: str, backend: str) -> Requires:
+    def requires(layout: Layout, num_experts: int) -> str | None:
+        if layout.device != device:
+            return f"the EP group is on {layout.device}, {backend} all-to-all runs on {device}"
+        if num_experts % layout.size:
+            return f"{num_experts} experts do not divide over {layout.size} ranks"
+        return None
+
+    return requires
+
+
 class AllToAllDispatcher:
     """Dropless expert parallelism over `group`, each token sent once per destination rank.
     No buffers: `tokens` is taken for the factory interface and not needed."""
 
-    name = "alltoall"
+    name = ""
+    """The process-group backend it must run on (the registered name)."""
 
     def __init__(self, group: dist.ProcessGroup | None, num_experts: int, tokens: int | None = None) -> None:
+        if (runs_on := dist.get_backend(group)) != self.name:
+            raise BackendUnavailable(
+                f"epBackend {self.name}: the EP group runs on {runs_on}; set spec.trainer.epBackend to "
+                f"{runs_on if runs_on in ('nccl', 'gloo') else 'auto'} or auto"
+            )
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -142,3 +161,13 @@ class AllToAllDispatcher:
         partial = sum_per_token(rows, token, num_recv)  # one row per received token
         back = _AllToAll.apply(partial, send_splits, recv_splits, self.group, self)
         return sum_per_token(back, send_tokens, num_tokens)
+
+
+@register_backend("nccl", requires=_on("cuda", "nccl"))
+class NcclAllToAll(AllToAllDispatcher):
+    name = "nccl"
+
+
+@register_backend("gloo", requires=_on("cpu", "gloo"))
+class GlooAllToAll(AllToAllDispatcher):
+    name = "gloo"

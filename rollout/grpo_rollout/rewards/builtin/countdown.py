@@ -12,7 +12,7 @@ import operator
 import re
 from typing import Any
 
-from grpo_rollout.rewards.base import require_column
+from grpo_rollout.rewards.base import BUILTINS, require_column
 
 FORMAT_SCORE = 0.1
 MAX_EXPRESSION = 1000  # characters; a countdown answer combines a handful of small numbers
@@ -69,6 +69,7 @@ def score_one(completion: str, numbers: list[int], target: float) -> float:
     return 1.0 if abs(value - float(target)) < 1e-6 else FORMAT_SCORE
 
 
+@BUILTINS.register("countdown")
 def countdown(prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
     numbers = require_column(columns, "numbers", "countdown")
     targets = require_column(columns, "target", "countdown")
