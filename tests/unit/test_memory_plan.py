@@ -258,3 +258,19 @@ def test_a_token_budget_job_is_told_a_budget_and_a_hopeless_one_what_to_change()
     plan_ = _trainer(hopeless)
     assert plan_.fits is False and plan_.extra["largest_fitting"] is None
     assert "not even one sequence fits" in plan_.refusal()
+
+
+def test_vllm_splits_the_experts_over_every_gpu_of_a_server_and_the_dense_weights_over_tp():
+    """vLLM 0.32.0 splits a MoE layer's experts over TP x DP GPUs (whole experts under expert
+    parallelism, slices without) and each data-parallel replica keeps the dense weights over its TP."""
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    shape = memory_plan.shapes.from_config(config("deepseek-v3"))
+    raw["spec"]["rollout"] |= {"tensorParallelSize": 2}
+    raw["spec"]["rollout"]["vllm"] = {"dataParallelSize": 4, "expertParallelSize": 8}
+    wide = plan("deepseek-v3", GRPOJob.model_validate(raw)).rollout.parts["weights"].bytes
+    assert wide == shape.dense_total * 2 // 2 + shape.expert_total * 2 // 8
+    raw["spec"]["rollout"] |= {"tensorParallelSize": 8}
+    raw["spec"]["rollout"]["vllm"] = {}
+    narrow = plan("deepseek-v3", GRPOJob.model_validate(raw)).rollout.parts["weights"].bytes
+    assert narrow == shape.dense_total * 2 // 8 + shape.expert_total * 2 // 8
+    assert wide - narrow == shape.dense_total * 2 // 2 - shape.dense_total * 2 // 8  # dense per replica

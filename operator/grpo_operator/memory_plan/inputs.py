@@ -70,6 +70,7 @@ class RolloutInputs:
     max_model_len: int | None = None  # rollout.vllm.maxModelLen; None: the model's own limit
     stream_senders: int = 0  # trainer ranks streaming weights to every worker (0: weights over HTTP)
     stream_bucket_bytes: int = 0  # rollout.weightSync.bucketMb
+    data_parallel: int = 1  # rollout.vllm.dataParallelSize: vLLM splits the experts over TP x DP GPUs
 
 
 def resolve_sharding(trainer: Any, override: str | None = None) -> Sharding:
@@ -115,5 +116,6 @@ def inputs_from_spec(
             max_model_len=rollout.vllm.max_model_len,
             stream_senders=spec.weight_stream_senders(),
             stream_bucket_bytes=rollout.weight_sync.bucket_mb * MIB,
+            data_parallel=rollout.vllm.data_parallel_size,
         ),
     )

@@ -1,9 +1,11 @@
 """Per-GPU memory of one rollout server: its weights and the room left for the KV cache.
 
 Called through `memory_plan.plan_rollout`. vLLM takes `gpu_memory_utilization`
-(`rollout.vllm.gpuMemoryUtilization`, 0.9 by default) of each GPU, splits the weights over
-tensor-parallel ranks, and refuses to start unless the KV cache holds one sequence of
-`max_model_len` tokens (`rollout.vllm.maxModelLen`, by default the model's
+(`rollout.vllm.gpuMemoryUtilization`, 0.9 by default) of each GPU, splits the dense weights over
+tensor-parallel ranks (each data-parallel replica holds them) and the routed experts over all TP x DP
+GPUs of the server (whole experts under expert parallelism, slices without: `FusedMoEParallelConfig.make`
+flattens TP across DP, fused_moe/config.py:1189-1200 of vLLM 0.32.0), and refuses to start unless
+the KV cache holds one sequence of `max_model_len` tokens (`rollout.vllm.maxModelLen`, by default the model's
 `max_position_embeddings`); fewer full-length sequences than `maxBatchSize` only means vLLM
 preempts, which the plan reports as a note. The torch engine keeps the whole model on one device
 and a KV cache for every sequence of the batch at once. Streamed weights (the collective
@@ -39,7 +41,11 @@ def kv_bytes_per_token(shape: ModelShape, r: RolloutInputs) -> tuple[int, str]:
 def plan(shape: ModelShape, r: RolloutInputs, gpu_bytes: int | None) -> RolePlan:
     vllm = r.engine == "vllm"
     tp = r.tensor_parallel if vllm else 1
-    weights = Part(shape.total * r.weight_bytes // tp, f"{r.weight_bytes} B x P / TP ({tp})")
+    dp = r.data_parallel if vllm else 1
+    weights = Part(
+        shape.dense_total * r.weight_bytes // tp + shape.expert_total * r.weight_bytes // (tp * dp),
+        f"{r.weight_bytes} B x (dense / TP ({tp}) + routed experts / (TP x DP) ({tp * dp}))",
+    )
     sampler = r.max_batch * shape.vocab * 4 * SAMPLER_FP32_COPIES
     runtime = Part(RUNTIME_BYTES + sampler, f"3 GiB + maxBatchSize x V x {SAMPLER_FP32_COPIES} fp32 copies")
     per_token, kv_f = kv_bytes_per_token(shape, r)
