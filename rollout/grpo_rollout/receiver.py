@@ -62,6 +62,12 @@ class WeightReceiver:
             return 1
         return stream_member.stream_receiver(engine, self.link).stream_members
 
+    def holdings(self, engine: Engine | None) -> list[list[int] | None] | None:
+        """Per member, the routed experts it keeps (None: every member the whole model)."""
+        if engine is None:
+            return None
+        return getattr(stream_member.stream_receiver(engine, self.link), "stream_holdings", None)
+
     async def push(self, engine: Engine, meta: WeightBucket, data: bytes) -> WeightUpdateResponse:
         """One HTTP bucket; the version goes live when its last bucket is in."""
         async with self._lock:

@@ -186,6 +186,7 @@ class RolloutService:
             model=self.config.engine_config.model_path,
             in_flight=self.in_flight,
             stream_members=self.weights.members(self.engine),
+            stream_holdings=self.weights.holdings(self.engine),
             error=self.failure,
         )
 

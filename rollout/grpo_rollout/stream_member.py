@@ -82,7 +82,9 @@ def receive(
     if off():  # called off before this member started it: nobody is sending
         return Outcome("cancelled", f"weight stream {req.epoch} was called off by one of its members")
     refusal = None if updater is not None else "refused before the stream"
-    coverage = Coverage(req.tensors)
+    holding, experts = req.holding(member), frozenset(req.expert_tensors)
+    held = {name: holding.ranges(name, shape, experts) for name, shape in req.tensors.items()}
+    coverage = Coverage(req.tensors, held)  # live only with every element this member holds
     if updater is not None:
         try:
             updater.begin_update(req.tensors)
@@ -126,6 +128,7 @@ def receive(
             member=member,
             timeout_s=req.timeout_s,
             off=off,
+            classes=req.classes,
         )
         received = weight_stream.receive_all(groups, device, apply, off, link.buffers, place)
     except Exception as e:
@@ -163,6 +166,8 @@ class LocalMember:
 
     def __init__(self, engine: "Engine", link: weight_stream.ReceiverLink) -> None:
         self.engine, self.link = engine, link
+        held = getattr(engine, "held_experts", None)  # an engine keeping only some routed experts
+        self.stream_holdings: list[list[int] | None] | None = None if held is None else [list(held)]
 
     def receive_stream(self, request: WeightStreamRequest, refused: bool) -> Outcome:
         device = "cpu" if request.backend == "gloo" else getattr(self.engine, "device", "cuda")

@@ -64,10 +64,15 @@ class WeightStager:
 
 class Coverage:
     """Which elements of a streamed version arrived: the version may go live only when, for every
-    announced tensor, the pieces cover each element exactly once."""
+    announced tensor, the pieces cover each element this member holds exactly once (`held`: element
+    ranges per tensor, sorted and disjoint; default the whole tensor). A piece outside what the member
+    holds is refused: the trainer sent what this member does not keep."""
 
-    def __init__(self, shapes: Mapping[str, Sequence[int]]) -> None:
+    def __init__(
+        self, shapes: Mapping[str, Sequence[int]], held: Mapping[str, list[tuple[int, int]]] | None = None
+    ) -> None:
         self.numel = {name: math.prod(shape) for name, shape in shapes.items()}
+        self.held = {name: (held or {}).get(name, [(0, n)]) for name, n in self.numel.items()}
         self.ranges: dict[str, list[tuple[int, int]]] = {name: [] for name in shapes}
 
     def add(self, name: str, start: int, count: int) -> None:
@@ -75,17 +80,23 @@ class Coverage:
             raise BadBucket(f"piece of {name!r}, which the update did not announce")
         if start < 0 or count < 0 or start + count > self.numel[name]:
             raise BadBucket(f"piece [{start}, {start + count}) of {name!r} outside its {self.numel[name]}")
+        if not any(lo <= start and start + count <= hi for lo, hi in self.held[name]):
+            raise BadBucket(f"piece [{start}, {start + count}) of {name!r} is not in what this member holds")
         self.ranges[name].append((start, start + count))
 
     def missing(self) -> list[str]:
         """Tensors not covered exactly (a gap or an overlap), by name."""
         bad = []
         for name, ranges in self.ranges.items():
-            end = 0
-            for lo, hi in sorted(ranges):
-                if lo != end:
-                    break
-                end = hi
-            if end != self.numel[name] or sum(hi - lo for lo, hi in ranges) != self.numel[name]:
+            want = [(lo, hi) for lo, hi in self.held[name] if hi > lo]
+            got = sorted((lo, hi) for lo, hi in ranges if hi > lo)
+            merged: list[tuple[int, int]] = []
+            for lo, hi in got:
+                if merged and merged[-1][1] == lo:
+                    merged[-1] = (merged[-1][0], hi)
+                else:
+                    merged.append((lo, hi))
+            total = sum(hi - lo for lo, hi in want)
+            if merged != want or sum(hi - lo for lo, hi in got) != total:
                 bad.append(name)
         return bad

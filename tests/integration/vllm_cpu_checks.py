@@ -82,7 +82,29 @@ def signatures() -> None:
     }  # fmt: skip
     assert want <= engine_args, f"AsyncEngineArgs lacks {want - engine_args}"
     all2all_backends()
-    print(f"vllm {vllm.__version__}: {len(pins) + 5} pins hold")
+    expert_placements()
+    print(f"vllm {vllm.__version__}: {len(pins) + 6} pins hold")
+
+
+def expert_placements() -> None:
+    """The trainer sends an EP worker the experts `grpo_wire.holdings.expert_placement` says it holds:
+    exactly those vLLM's own `determine_expert_map` gives its EP rank, for both strategies."""
+    from typing import get_args
+
+    from grpo_wire.holdings import PLACEMENTS, expert_placement
+    from vllm.model_executor.layers.fused_moe.expert_map_manager import (
+        ExpertPlacementStrategy,
+        determine_expert_map,
+    )
+
+    assert set(PLACEMENTS) == set(get_args(ExpertPlacementStrategy)), get_args(ExpertPlacementStrategy)
+    for strategy in PLACEMENTS:
+        for experts, ep in ((8, 2), (8, 3), (128, 8), (256, 32), (60, 7)):
+            for rank in range(ep):
+                _, expert_map, _ = determine_expert_map(ep, rank, experts, strategy)
+                theirs = [e for e in range(experts) if int(expert_map[e]) >= 0]
+                ours = expert_placement(rank, ep, experts, strategy)
+                assert ours == theirs, (strategy, experts, ep, rank, ours, theirs)
 
 
 def all2all_backends() -> None:

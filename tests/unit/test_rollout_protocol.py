@@ -23,7 +23,7 @@ def request(prompts: int, n: int = 2, **kw) -> dict:
 
 def test_a_valid_request_fills_sampling_defaults():
     req = GenerateRequest.model_validate(request(3))
-    assert req.protocol_version == PROTOCOL_VERSION == 2
+    assert req.protocol_version == PROTOCOL_VERSION == 3
     assert (req.sampling.temperature, req.sampling.top_p) == (1.0, 1.0)
 
 

@@ -338,7 +338,7 @@ SENDER = """
 import json, sys, time
 from pathlib import Path
 import torch, torch.distributed as dist
-from grpo_wire import weight_stream
+from grpo_wire import holdings, weight_stream
 from grpo_trainer.weight_sync import StreamSender
 
 port, bucket = int(sys.argv[1]), int(sys.argv[2])
@@ -349,7 +349,7 @@ items = lambda: iter((f"w{i}", 0, t.view(-1)) for i, t in enumerate(state))
 send = dict(members=1, backend="gloo", dtype=torch.bfloat16, device=torch.device("cpu"))
 sender = StreamSender("127.0.0.1", port, 0, timeout_s=60)
 sender.send(items(), epoch=3, bucket_bytes=64 << 10, **send)  # one-time costs; its small buffers go
-sender.group(4, 1, 1, "gloo")  # formed before measuring: the receiver joins first
+sender.groups(4, holdings.lanes([0], 1), "gloo")  # formed before measuring: the receiver joins first
 Path("/proc/self/clear_refs").write_text("5")
 before = status("VmRSS")
 stats = sender.send(items(), epoch=4, bucket_bytes=bucket, **send)
@@ -394,6 +394,7 @@ RETRYING_SENDER = """
 import json, sys
 from pathlib import Path
 import torch
+from grpo_wire import holdings
 from grpo_trainer.weight_sync import StreamSender
 
 port, bucket = int(sys.argv[1]), int(sys.argv[2])
@@ -404,7 +405,7 @@ items = lambda: iter((f"w{i}", 0, t.view(-1)) for i, t in enumerate(state))
 send = dict(members=1, backend="gloo", dtype=torch.bfloat16, device=torch.device("cpu"))
 sender = StreamSender("127.0.0.1", port, 0, timeout_s=30)
 sender.send(items(), epoch=2, bucket_bytes=64 << 10, **send)  # one-time costs; its small buffers go
-sender.group(3, 1, 1, "gloo")
+sender.groups(3, holdings.lanes([0], 1), "gloo")
 Path("/proc/self/clear_refs").write_text("5")
 before = status("VmRSS")
 send["bucket_bytes"] = bucket

@@ -20,7 +20,7 @@ from grpo_operator.api.roles import (
     stream_receive_reserve,
 )
 from grpo_trainer.weight_sync import CONTROL, StreamSender, share
-from grpo_wire import weight_stream
+from grpo_wire import holdings, weight_stream
 
 from tests.support.ports import free_port
 
@@ -109,9 +109,10 @@ def test_nccl_feeds_from_one_rank_a_node_and_gloo_from_as_many_ranks_as_members(
     assert weight_stream.feeders_for(2, 2, "gloo", 8) == 2 and weight_stream.feeders_for(4, 3, "gloo") == 3
     members = 37
     for feeders in (1, 5, 16):  # every member in exactly one feeder's group
-        sizes = [weight_stream.fed(f, members, feeders) for f in range(feeders)]
+        lanes = holdings.lanes([0] * members, feeders)
+        sizes = [lanes.sizes[(0, f)] - 1 for f in range(feeders)]
         assert sum(sizes) == members and max(sizes) - min(sizes) <= 1
-        assert all(weight_stream.feeder_of(m, feeders) < feeders for m in range(members))
+        assert lanes.place == [(0, m % feeders, 1 + m // feeders) for m in range(members)]
 
 
 def test_the_process_group_calls_the_relay_makes_on_nccl_are_the_ones_gloo_runs_here():

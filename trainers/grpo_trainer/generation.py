@@ -69,6 +69,25 @@ def member_ranks(members_per_server: list[int]) -> tuple[list[int], int]:
     return first, total
 
 
+def member_classes(
+    servers: list[tuple[int, list[list[int] | None] | None]],
+) -> tuple[list[int], list[list[int] | None]]:
+    """From each server's (members, per-member experts held or None), every member's holding class
+    and each class's experts, classes in order of first appearance; ([], []) when every member holds
+    the whole model (the stream then needs no classes)."""
+    classes: list[int] = []
+    distinct: list[tuple[int, ...] | None] = []
+    for members, held in servers:
+        for i in range(members):
+            h = None if held is None or held[i] is None else tuple(sorted(held[i]))
+            if h not in distinct:
+                distinct.append(h)
+            classes.append(distinct.index(h))
+    if distinct == [None]:
+        return [], []
+    return classes, [None if d is None else list(d) for d in distinct]
+
+
 class Generator:
     """Rank 0's handle on every rollout server of the job."""
 
@@ -98,7 +117,7 @@ class Generator:
         self.version = 0
         self._wanted: list[str] = list(endpoints)  # the servers membership says exist
         # (epoch, [(server, its stream members)]) of the weight groups
-        self._group: tuple[int, list[tuple[str, int]]] | None = None
+        self._group: tuple[int, list[tuple[str, int, Any]]] | None = None
         self._follow_task: concurrent.futures.Future | None = None
         if source is not None:
             follower = membership.Follower(source, list(endpoints))
@@ -343,14 +362,22 @@ class Generator:
     async def _stream_plan(self, only: list[str] | None) -> dict:
         ready = await self._ready(only)
         servers = list(ready)
-        shape = [(ep, ready[ep].stream_members) for ep in servers]
+        shape = [(ep, ready[ep].stream_members, ready[ep].stream_holdings) for ep in servers]
         if self._group is None or self._group[1] != shape:
-            before = [ep for ep, _ in self._group[1]] if self._group is not None else []
+            before = [ep for ep, *_ in self._group[1]] if self._group is not None else []
             self._group = (random.getrandbits(48), shape)
             for ep in (e for e in servers if e not in before):
                 log.info("rollout server %s joins the weight groups: the next version reaches it there", ep)
-        first, total = member_ranks([k for _, k in shape])
-        return {"epoch": self._group[0], "servers": servers, "first": first, "members": total}
+        first, total = member_ranks([k for _, k, _ in shape])
+        classes, holdings = member_classes([(k, held) for _, k, held in shape])
+        return {
+            "epoch": self._group[0],
+            "servers": servers,
+            "first": first,
+            "members": total,
+            "classes": classes,  # every member's holding class (empty: all hold the whole model)
+            "holdings": holdings,
+        }
 
     def stream(
         self, plan: dict, version: int, request: dict, on_failure: Callable[[str, Exception], None]

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 import torch
 from grpo_operator.api.contract import RunContract
 from grpo_wire import weight_stream
+from grpo_wire.holdings import Holding
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -171,6 +172,7 @@ class WeightPusher:
                 timeout_s=PUSH_TIMEOUT_S,
             )
         pending = None
+        shapes, experts = weight_sync.full_shapes(self.model), weight_sync.expert_tensors(self.model)
         if self.generator is not None:
             request = dict(
                 store_host=host,
@@ -178,7 +180,10 @@ class WeightPusher:
                 backend=backend,
                 feeders=weight_stream.feeders_for(info.world_size, plan["members"], backend, per_node),
                 timeout_s=PUSH_TIMEOUT_S,
-                tensors=weight_sync.full_shapes(self.model),
+                tensors=shapes,
+                classes=plan["classes"],
+                holdings=plan["holdings"],
+                expert_tensors=experts,
             )
             streamer, epoch = self._streamer, plan["epoch"]
             pending = self.generator.stream(plan, version, request, lambda *_: streamer.call_off(epoch))
@@ -192,6 +197,10 @@ class WeightPusher:
                 dtype=self.dtype,
                 bucket_bytes=sync.bucket_mb << 20,
                 device=self.device if backend == "nccl" else torch.device("cpu"),
+                classes=plan["classes"],  # members holding only their experts receive those alone
+                held=[Holding(None if h is None else tuple(h)) for h in plan["holdings"]],
+                shapes=shapes,
+                experts=experts,
             )
             log.info(
                 "weights v%d: %d bucket(s), %.1f MB streamed in %.2fs (rank %d, at most %.1f MB held)",

@@ -21,14 +21,15 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from grpo_operator.api.contract import RunContract
 from grpo_operator.api.roles import STREAM_CONTROL_BYTES, stream_chunk_bytes
-from grpo_wire import weight_stream
+from grpo_wire import holdings, weight_stream
+from grpo_wire.holdings import Holding
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -58,6 +59,16 @@ def expert_groups(model: nn.Module) -> dict[str, dist.ProcessGroup]:
         if group is not None and dist.get_world_size(group) > 1:
             out[f"{name}.experts.gate_up_proj"] = out[f"{name}.experts.down_proj"] = group
     return out
+
+
+def expert_tensors(model: nn.Module) -> list[str]:
+    """The tensors whose dim 0 is the routed expert (what a member holding some experts takes rows of)."""
+    return sorted(
+        f"{name}.experts.{part}"
+        for name, layer in model.named_modules()
+        if isinstance(layer, moe.MoELayer)
+        for part in ("gate_up_proj", "down_proj")
+    )
 
 
 def full_shapes(model: nn.Module) -> dict[str, list[int]]:
@@ -114,6 +125,25 @@ def owned_items(model: nn.Module, rank: int, world: int, ep_size: int) -> Iterat
         lo, hi = share(flat.numel(), index, count)
         if hi > lo:
             yield name, start + lo, flat[lo:hi]
+
+
+def held_items(
+    own: list[Item], holding: Holding, shapes: Mapping[str, Sequence[int]], experts: Collection[str]
+) -> list[Item]:
+    """This rank's items as one class of members needs them: every dense item whole, of each
+    expert tensor only the rows of the experts the class holds (views, no copies)."""
+    if holding.experts is None:
+        return own
+    out = []
+    for name, start, values in own:
+        if name not in experts:
+            out.append((name, start, values))
+            continue
+        for lo, hi in holdings.clip(
+            start, values.numel(), holding.ranges(name, shapes[name], frozenset(experts))
+        ):
+            out.append((name, lo, values[lo - start : hi - start]))
+    return out
 
 
 @dataclass
@@ -175,7 +205,7 @@ class StreamSender:
 
     Rank 0 hosts the store; every rank joins the exchange group (the trainer ranks alone, formed
     once) and, when it is one of the version's F feeders (ranks 0..F-1, F = min(ranks, members)),
-    a group with the members it feeds (`weight_stream.feeder_of`), formed again per epoch. A
+    a group with the members it feeds (`holdings.lanes`: one per pass), formed again per epoch. A
     version goes in rounds, the same on every rank (`plan_chunks` of every rank's items, learnt
     once from the others): each rank converts its next chunk into the rollout dtype, an all-to-all
     hands every feeder every rank's chunk (a bucket), and each feeder forwards that bucket to its
@@ -215,9 +245,9 @@ class StreamSender:
         self.port = self.store.port
         self._watch = weight_stream.store_client(host, self.port, timeout_s)  # a client for call-offs
         self._key: tuple | None = None
-        self._group: weight_stream.Group | None = None
+        self._groups: dict[int, weight_stream.Group] = {}  # by pass, this epoch's
         self._exchange: dict[str, dist.ProcessGroup] = {}  # by backend
-        self._plans: tuple[tuple, list[list[Chunk]]] | None = None
+        self._plans: tuple[tuple, list[list[list[Chunk]]]] | None = None
         self._kept: tuple[tuple, list[torch.Tensor]] = ((), [])  # (sizes, device), buffers
 
     def exchange(self, backend: str) -> dist.ProcessGroup:
@@ -229,19 +259,29 @@ class StreamSender:
             self._exchange[backend] = group.pg
         return self._exchange[backend]
 
-    def group(
-        self, epoch: int, members: int, feeders: int, backend: str, off: weight_stream.CallOff | None = None
-    ) -> weight_stream.Group:
-        """This feeder's group of `epoch` (rank 0 in it, its members 1..); blocks until they join."""
-        key = (epoch, members, feeders, backend)
-        if key != self._key or self._group is None:
-            weight_stream.retire(self._group)
-            self._key, self._group = None, None
-            prefixed = dist.PrefixStore(f"{weight_stream.STORE_PREFIX}/{epoch}/{self.rank}", self.store)
-            size = 1 + weight_stream.fed(self.rank, members, feeders)
-            self._group = weight_stream.form_group(prefixed, 0, size, backend, self.timeout_s, off)
+    def groups(
+        self, epoch: int, lanes: holdings.Lanes, backend: str, off: weight_stream.CallOff | None = None
+    ) -> dict[int, weight_stream.Group]:
+        """This feeder's group of each pass of `epoch` (rank 0 in it, its members 1..), formed all
+        before the first pass so no member waits to join; blocks until they joined."""
+        key = (epoch, tuple(map(tuple, lanes.passes)), tuple(sorted(lanes.sizes.items())), backend)
+        if key != self._key:
+            self._retire()
+            for p in range(len(lanes.passes)):
+                size = lanes.sizes.get((p, self.rank))
+                if size is None:
+                    continue
+                prefixed = dist.PrefixStore(
+                    f"{weight_stream.STORE_PREFIX}/{epoch}/{p}/{self.rank}", self.store
+                )
+                self._groups[p] = weight_stream.form_group(prefixed, 0, size, backend, self.timeout_s, off)
             self._key = key
-        return self._group
+        return self._groups
+
+    def _retire(self) -> None:
+        for group in self._groups.values():
+            weight_stream.retire(group)
+        self._key, self._groups = None, {}
 
     def call_off(self, epoch: int) -> None:
         """Stop every member waiting on `epoch`'s stream (any thread)."""
@@ -249,18 +289,22 @@ class StreamSender:
 
     def plans(
         self,
-        meta: list[tuple[str, int, int]],
+        metas: list[list[tuple[str, int, int]]],
         chunk: int,
         dtype: torch.dtype,
         pg: dist.ProcessGroup,
         device: torch.device,
-    ) -> list[list[Chunk]]:
-        """Every rank's chunks, from every rank's items learnt once over the exchange group (the
-        model's layout does not change during a run)."""
-        key = (tuple(meta), chunk, dtype)
+    ) -> list[list[list[Chunk]]]:
+        """Per class, every rank's chunks, from every rank's items per class learnt once over the
+        exchange group (the model's layout and the classes do not change during a run)."""
+        key = (json.dumps(metas), chunk, dtype)
         if self._plans is None or self._plans[0] != key:
-            metas = [json.loads(b) for b in _all_gather_bytes(pg, json.dumps(meta).encode(), device)]
-            self._plans = (key, [plan_chunks([tuple(x) for x in m], chunk, dtype) for m in metas])
+            ranks = [json.loads(b) for b in _all_gather_bytes(pg, key[0].encode(), device)]
+            per_class = [
+                [plan_chunks([tuple(x) for x in ranks[o][c]], chunk, dtype) for o in range(len(ranks))]
+                for c in range(len(metas))
+            ]
+            self._plans = (key, per_class)
         return self._plans[1]
 
     def send(
@@ -273,92 +317,106 @@ class StreamSender:
         dtype: torch.dtype,
         bucket_bytes: int,
         device: torch.device,
+        classes: Sequence[int] | None = None,
+        held: Sequence[Holding] | None = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        experts: Collection[str] = (),
     ) -> SendStats:
-        """Relay `items` (this rank's share) to the `members` of `epoch` (see the class doc). A
-        failure of this rank's forward calls the stream off for every member; a call-off seen by
-        any rank ends every rank's part after the same round (StreamCancelled)."""
+        """Relay `items` (this rank's share) to the `members` of `epoch` (see the class doc): member
+        m holds `held[classes[m]]` of the `experts` tensors (default: everyone the whole model) and
+        receives that alone. A failure of this rank's forward calls the stream off for every member;
+        a call-off seen by any rank ends every rank's part after the same round (StreamCancelled)."""
         off = weight_stream.CallOff(self._watch, epoch)
         device = torch.device(device)
         world, rank = self.world, self.rank
+        classes = list(classes) if classes else [0] * members
+        held = list(held) if held else [Holding()]
         feeders = weight_stream.feeders_for(world, members, backend, self.ranks_per_node)
-        feeder = rank < feeders
+        lanes = holdings.lanes(classes, feeders)
         chunk = stream_chunk_bytes(world, bucket_bytes)
         own = list(items)
+        mine_by_class = [held_items(own, h, shapes or {}, experts) for h in held]
         pg = self.exchange(backend)
-        plans = self.plans([(n, s, v.numel()) for n, s, v in own], chunk, dtype, pg, device)
-        mine = plans[rank]
-        rounds = max(len(p) for p in plans)
+        metas = [[(n, st, v.numel()) for n, st, v in mine] for mine in mine_by_class]
+        plans = self.plans(metas, chunk, dtype, pg, device)
         size = world * (CONTROL + chunk)  # every buffer: a control block and a chunk from each rank
         fits = (size, device)
         kept = self._kept[1] if self._kept[0] == fits else []
         self._kept = ((), [])  # a different size or device frees the old buffers first
         relay = _Relay(kept, size, device)
         failed: BaseException | None = None
-        group = None
-        if feeder:
+        groups: dict[int, weight_stream.Group] = {}
+        if rank < feeders:
             try:
-                group = self.group(epoch, members, feeders, backend, off)
+                groups = self.groups(epoch, lanes, backend, off)
             except Exception as e:
                 failed = e
-        pending: list[list[dist.Work]] = [[], []]
         stats = SendStats(0, 0, relay.peak)
         stop = False
-        for r in range(rounds):
-            slot = r % 2
-            if group is not None and failed is None:
-                try:  # the buffer's last forward must be off the wire before it is refilled
-                    t0 = time.perf_counter()
-                    for work in pending[slot]:
-                        weight_stream.wait(work, off)
-                    stats.waited_s += time.perf_counter() - t0
-                except BaseException as e:
-                    failed = e
-            pending[slot] = []
-            halt = failed is not None or off()
-            part = mine[r] if r < len(mine) else Chunk([], 0)
-            t0 = time.perf_counter()
-            send_in, sizes_in = relay.pack(part, own, dtype, feeders, world, halt)
-            stats.filled_s += time.perf_counter() - t0
-            fills = [plans[o][r].fill if r < len(plans[o]) else 0 for o in range(world)]
-            sizes_out = [CONTROL + (f if feeder else 0) for f in fills]
-            recv = relay.forwarding[slot][: sum(sizes_out)]
-            t0 = time.perf_counter()
-            pg.alltoall_base(recv, send_in, sizes_out, sizes_in, dist.AllToAllOptions()).wait()
-            stats.waited_s += time.perf_counter() - t0
-            stats.buckets += 1
-            bases = [sum(sizes_out[:o]) for o in range(world)]
-            stops = recv[torch.tensor(bases, dtype=torch.long, device=recv.device)].cpu()
-            if bool(stops.any()):
-                stop = True
+        for p, forwards in enumerate(lanes.passes):
+            cls = forwards[rank] if rank < feeders else -1  # the class this rank forwards in this pass
+            group = groups.get(p)
+            serving = sorted({c for c in forwards if c >= 0})
+            rounds = max((len(plans[c][o]) for c in serving for o in range(world)), default=0)
+            pending: list[list[dist.Work]] = [[], []]
+            for r in range(rounds):
+                slot = r % 2
+                if group is not None and failed is None:
+                    try:  # the buffer's last forward must be off the wire before it is refilled
+                        t0 = time.perf_counter()
+                        for work in pending[slot]:
+                            weight_stream.wait(work, off)
+                        stats.waited_s += time.perf_counter() - t0
+                    except BaseException as e:
+                        failed = e
+                pending[slot] = []
+                halt = failed is not None or off()
+                parts = {c: plans[c][rank][r] if r < len(plans[c][rank]) else Chunk([], 0) for c in serving}
+                t0 = time.perf_counter()
+                send_in, sizes_in = relay.pack(parts, forwards, mine_by_class, dtype, world, halt)
+                stats.filled_s += time.perf_counter() - t0
+                fills = [
+                    plans[cls][o][r].fill if cls >= 0 and r < len(plans[cls][o]) else 0 for o in range(world)
+                ]
+                sizes_out = [CONTROL + f for f in fills]
+                recv = relay.forwarding[slot][: sum(sizes_out)]
+                t0 = time.perf_counter()
+                pg.alltoall_base(recv, send_in, sizes_out, sizes_in, dist.AllToAllOptions()).wait()
+                stats.waited_s += time.perf_counter() - t0
+                stats.buckets += 1
+                bases = [sum(sizes_out[:o]) for o in range(world)]
+                stops = recv[torch.tensor(bases, dtype=torch.long, device=recv.device)].cpu()
+                if bool(stops.any()):
+                    stop = True
+                    break
+                if group is not None and failed is None:
+                    pieces = [
+                        dataclasses.replace(q.piece, offset=bases[o] + CONTROL + q.piece.offset)
+                        for o in range(world)
+                        if r < len(plans[cls][o])
+                        for q in plans[cls][o][r].pieces
+                    ]
+                    try:
+                        pending[slot] = weight_stream.send_bucket(group, pieces, recv) if pieces else []
+                        stats.sent_bytes += recv.numel() if pieces else 0
+                    except BaseException as e:
+                        failed = e
+            if stop:
                 break
             if group is not None and failed is None:
-                pieces = [
-                    dataclasses.replace(p.piece, offset=bases[o] + CONTROL + p.piece.offset)
-                    for o in range(world)
-                    if r < len(plans[o])
-                    for p in plans[o][r].pieces
-                ]
-                try:
-                    pending[slot] = weight_stream.send_bucket(group, pieces, recv)
-                    stats.sent_bytes += recv.numel()
+                try:  # this pass's members are done: the end marker, before the next pass's buckets
+                    for works in pending:
+                        for work in works:
+                            weight_stream.wait(work, off)
+                    weight_stream.wait(weight_stream.send_end(group, device), off)
+                    group.settle()  # the finished transfers let go of the buffers
                 except BaseException as e:
                     failed = e
-        if group is not None and failed is None and not stop:
-            try:
-                for works in pending:
-                    for work in works:
-                        weight_stream.wait(work, off)
-                weight_stream.wait(weight_stream.send_end(group, device), off)
-                group.settle()  # the finished transfers let go of the buffers
-            except BaseException as e:
-                failed = e
         self._kept = (fits, relay.buffers())  # see the class docstring
         if failed is not None or stop:
             if failed is not None and not isinstance(failed, weight_stream.StreamCancelled):
                 off.call()
-            if group is not None:
-                weight_stream.retire(self._group)  # before any other reference to it goes
-                self._key, self._group = None, None  # a broken group is formed again next time
+            self._retire()  # before any other reference to the groups goes; formed again next time
             if failed is not None:
                 raise failed
             raise weight_stream.StreamCancelled(f"weight stream {epoch} was called off by one of its members")
@@ -382,27 +440,52 @@ class _Relay:
         return [self.outgoing, *self.forwarding]
 
     def pack(
-        self, part: Chunk, own: list[Item], dtype: torch.dtype, feeders: int, world: int, halt: bool
+        self,
+        parts: dict[int, Chunk],
+        forwards: list[int],
+        items: list[list[Item]],
+        dtype: torch.dtype,
+        world: int,
+        halt: bool,
     ) -> tuple[torch.Tensor, list[int]]:
         """This round's input to the all-to-all and its split sizes: for every rank a control block
-        (1 = stop), for each feeder also this rank's chunk, converted into the rollout dtype once
-        and copied for the other feeders. A few whole-buffer operations a round, not a few per rank:
-        on a GPU each is a kernel launch, and at 128 ranks per-rank writes cost milliseconds a round."""
-        fed = CONTROL + part.fill  # what each feeder gets; the other ranks get the control block alone
-        sizes = [fed] * feeders + [CONTROL] * (world - feeders)
+        (1 = stop), for each feeder also this rank's chunk of the class it forwards (`forwards[f]`,
+        -1: none; `parts[c]` of `items[c]`), converted into the rollout dtype once per class and
+        copied for that class's other feeders. With one class, a few whole-buffer operations a round,
+        not a few per rank: on a GPU each is a kernel launch, and at 128 ranks per-rank writes cost
+        milliseconds a round."""
+        feeders = len(forwards)
+        fills = [parts[c].fill if c >= 0 else 0 for c in forwards]
+        sizes = [CONTROL + f for f in fills] + [CONTROL] * (world - feeders)
         out = self.outgoing[: sum(sizes)]
-        to_feeders = out[: feeders * fed].view(feeders, fed)
-        to_others = out[feeders * fed :].view(world - feeders, CONTROL)
         control = self._control(halt, out.device)
-        to_feeders[:, :CONTROL].copy_(control)
-        to_others.copy_(control)
-        first = to_feeders[0, CONTROL:]
         esize = torch.empty((), dtype=dtype).element_size()
-        for p in part.pieces:
-            values = own[p.item][2][p.lo : p.lo + p.piece.count]
-            first[p.piece.offset : p.piece.offset + p.piece.count * esize].view(dtype).copy_(values)
-        if feeders > 1 and part.fill:
-            to_feeders[1:, CONTROL:].copy_(first.expand(feeders - 1, part.fill))
+
+        def write(at: torch.Tensor, c: int) -> None:
+            for q in parts[c].pieces:
+                values = items[c][q.item][2][q.lo : q.lo + q.piece.count]
+                at[q.piece.offset : q.piece.offset + q.piece.count * esize].view(dtype).copy_(values)
+
+        if feeders and len(set(forwards)) == 1 and forwards[0] >= 0:  # one class: strided copies
+            fed = sizes[0]
+            to_feeders = out[: feeders * fed].view(feeders, fed)
+            to_feeders[:, :CONTROL].copy_(control)
+            write(to_feeders[0, CONTROL:], forwards[0])
+            if feeders > 1 and fills[0]:
+                to_feeders[1:, CONTROL:].copy_(to_feeders[0, CONTROL:].expand(feeders - 1, fills[0]))
+        else:
+            written: dict[int, torch.Tensor] = {}
+            at = 0
+            for c, fill in zip(forwards, fills, strict=True):
+                out[at : at + CONTROL].copy_(control)
+                chunk = out[at + CONTROL : at + CONTROL + fill]
+                if fill and c in written:
+                    chunk.copy_(written[c])
+                elif fill:
+                    write(chunk, c)
+                    written[c] = chunk
+                at += CONTROL + fill
+        out[sum(sizes[:feeders]) :].view(world - feeders, CONTROL).copy_(control)
         return out, sizes
 
     def _control(self, halt: bool, device: torch.device) -> torch.Tensor:

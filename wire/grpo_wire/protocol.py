@@ -24,7 +24,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-PROTOCOL_VERSION = 2  # 2: weight streams through feeders (WeightStreamRequest.feeders)
+from grpo_wire.holdings import Holding
+
+PROTOCOL_VERSION = 3  # 3: members receive what they hold (WeightStreamRequest.classes, holdings)
 
 # Bounds a server enforces (413 for bodies, 422 for counts) and a client respects when it splits work.
 MAX_PROMPTS_PER_REQUEST = 1024
@@ -54,7 +56,7 @@ class WireModel(BaseModel):
 
 
 class Versioned(WireModel):
-    protocol_version: Literal[2] = Field(
+    protocol_version: Literal[3] = Field(
         default=PROTOCOL_VERSION, description="protocol_version: must equal the server's PROTOCOL_VERSION."
     )
 
@@ -341,7 +343,9 @@ class WeightStreamRequest(Versioned):
     all servers; this server's (`HealthResponse.stream_members` of them: its process, or each worker
     of its engine) are `first_member` onwards. Member m is in one group: with trainer rank
     m mod `feeders`, which forwards it the whole version, and the other members that rank feeds
-    (`grpo_wire.weight_stream.feeder_of`). `tensors` names every tensor of the version with
+    (`grpo_wire.holdings.lanes`). Member m holds `holdings[classes[m]]` of the `expert_tensors`
+    (null: all) and receives only that; without `classes` every member holds the whole model.
+    `tensors` names every tensor of the version with
     its full shape: the server checks them before anything changes and makes the version live only
     when every element of each one arrived at every member."""
 
@@ -361,11 +365,37 @@ class WeightStreamRequest(Versioned):
     first_member: int = Field(ge=0, description="first_member: this server's first member among them.")
     timeout_s: float = Field(default=300.0, gt=0, le=3600)
     tensors: dict[str, list[int]] = Field(description="tensors: HF name -> full shape, every tensor sent.")
+    classes: list[int] = Field(
+        default_factory=list,
+        description="classes: every member's holding class (empty: one class, the whole model).",
+    )
+    holdings: list[list[int] | None] = Field(
+        default_factory=list,
+        description="holdings: per class, the routed experts its members hold (null: all).",
+    )
+    expert_tensors: list[str] = Field(
+        default_factory=list,
+        description="expert_tensors: the tensors whose dim 0 is the routed expert.",
+    )
+
+    def holding(self, member: int) -> Holding:
+        """What member `member` holds (0-based among all members)."""
+        if not self.classes:
+            return Holding()
+        experts = self.holdings[self.classes[member]]
+        return Holding(None if experts is None else tuple(experts))
 
     @model_validator(mode="after")
     def _member_in_range(self) -> "WeightStreamRequest":
         if self.first_member >= self.members:
             raise ValueError(f"first_member {self.first_member} out of range for {self.members} members")
+        if self.classes and (
+            len(self.classes) != self.members or sorted(set(self.classes)) != list(range(len(self.holdings)))
+        ):
+            raise ValueError(
+                f"classes must give each of the {self.members} members one of the {len(self.holdings)} "
+                "holdings' classes, each used"
+            )
         return self
 
 
@@ -391,6 +421,11 @@ class HealthResponse(Versioned):
         le=4096,
         description="stream_members: receiving members of this server in weight streams (its process for "
         "the torch engine, each tensor-parallel worker for vLLM).",
+    )
+    stream_holdings: list[list[int] | None] | None = Field(
+        default=None,
+        description="stream_holdings: per member, the routed experts it holds (null: the whole model); "
+        "null for all: every member holds the whole model.",
     )
     error: str | None = Field(
         default=None,

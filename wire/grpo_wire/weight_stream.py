@@ -5,11 +5,13 @@ travels as pieces: a contiguous range of elements of one HF-named tensor, flatte
 shard's rows, an EP rank's experts, a slice of a replicated tensor), in the rollout dtype.
 
 Who talks to whom: every receiving member (a rollout server's process, or each worker of its
-engine) is in exactly ONE group, with one trainer rank that feeds it (`feeder_of`: member m is fed
-by feeder m mod F, F per `feeders_for`); the trainer ranks first exchange among
-themselves what each feeder forwards. So a member holds one communicator and two buckets whatever
-the trainer's size: the reserve does not grow with the senders (1 GiB per worker at 16 senders
-would be 96 GiB at 128). Per bucket, in its group (rank 0 = the feeder, ranks 1.. = its members):
+engine) is in exactly ONE group, with one trainer rank that feeds it (`holdings.lanes`: with every
+member holding the whole model, member m is fed by feeder m mod F, F per `feeders_for`; members
+holding only their experts get only those, from feeders of their class); the trainer ranks first
+exchange among themselves what each feeder forwards. So a member holds one communicator and two
+buckets whatever the trainer's size: the reserve does not grow with the senders (1 GiB per worker
+at 16 senders would be 96 GiB at 128). Per bucket, in its group (rank 0 = the feeder, ranks 1.. =
+its members):
   header   int64[3]  (1, manifest bytes, payload bytes), or (0, 0, 0) after the last bucket
   manifest uint8     JSON list of [name, first element, elements, byte offset, dtype]
   payload  uint8     the bucket, as `runs`: each piece of DIRECT_BYTES or more in a broadcast of
@@ -38,12 +40,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+
+from grpo_wire import holdings
 
 HEADER_WORDS = 3
 ALIGN = 16  # byte alignment of each piece inside a bucket (any dtype can be viewed there)
@@ -111,16 +115,6 @@ def runs(pieces: list[Piece], payload_bytes: int) -> list[tuple[int, int, Piece 
     if payload_bytes > at:
         out.append((at, payload_bytes - at, None))
     return out
-
-
-def feeder_of(member: int, feeders: int) -> int:
-    """The trainer rank that feeds receiving member `member` (0-based among all members)."""
-    return member % feeders
-
-
-def fed(feeder: int, members: int, feeders: int) -> int:
-    """How many members feeder `feeder` feeds (its group is those and itself)."""
-    return len(range(feeder, members, feeders))
 
 
 def feeders_for(senders: int, members: int, backend: str, ranks_per_node: int = 1) -> int:
@@ -479,17 +473,20 @@ class ReceiverLink:
         member: int,
         timeout_s: float,
         off: CallOff | None = None,
+        classes: Sequence[int] | None = None,
     ) -> list[Group]:
-        """This member's one group: with its feeder (rank 0, `feeder_of`) and the other members
-        that feeder feeds, this one at rank 1 + member // feeders."""
-        key = (epoch, host, port, backend, feeders, members, member)
+        """This member's one group: with the feeder that forwards its class's stream in its pass
+        (`holdings.lanes`; `classes`: every member's class, default one class) and the other
+        members that feeder feeds there."""
+        classes = list(classes) if classes else [0] * members
+        key = (epoch, host, port, backend, feeders, tuple(classes), member)
         if key != self.key:
             self.reset()
             tcp = store_client(host, port, timeout_s)
-            feeder = feeder_of(member, feeders)
-            prefixed = dist.PrefixStore(f"{STORE_PREFIX}/{epoch}/{feeder}", tcp)
-            size = 1 + fed(feeder, members, feeders)
-            self.groups = [form_group(prefixed, 1 + member // feeders, size, backend, timeout_s, off)]
+            lanes = holdings.lanes(classes, feeders)
+            p, feeder, rank = lanes.place[member]
+            prefixed = dist.PrefixStore(f"{STORE_PREFIX}/{epoch}/{p}/{feeder}", tcp)
+            self.groups = [form_group(prefixed, rank, lanes.sizes[(p, feeder)], backend, timeout_s, off)]
             self._store, self.key = tcp, key
         return self.groups
 

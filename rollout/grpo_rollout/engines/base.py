@@ -168,6 +168,8 @@ class StreamReceiver(Protocol):
     member (`LocalMember`) and applies buckets through `StreamedUpdate`."""
 
     stream_members: int  # ranks this server takes in every weight group
+    # optional `stream_holdings`: per member, the routed experts it keeps (None: all of them), so the
+    # trainer sends it those alone (`grpo_wire.holdings`); absent or None: every member the whole model
 
     def receive_stream(self, request: "WeightStreamRequest", refused: bool) -> "Outcome":
         """Join (for a new epoch), receive and apply `request`'s version at members
