@@ -83,7 +83,10 @@ def receive(
         return Outcome("cancelled", f"weight stream {req.epoch} was called off by one of its members")
     refusal = None if updater is not None else "refused before the stream"
     holding, experts = req.holding(member), frozenset(req.expert_tensors)
-    held = {name: holding.ranges(name, shape, experts) for name, shape in req.tensors.items()}
+    try:
+        held = {name: holding.ranges(name, shape, experts) for name, shape in req.tensors.items()}
+    except ValueError as e:  # experts the version's tensors do not have: consume the stream, refuse it
+        held, refusal, updater = {}, f"member {member}: {e}", None
     coverage = Coverage(req.tensors, held)  # live only with every element this member holds
     if updater is not None:
         try:

@@ -274,3 +274,18 @@ def test_vllm_splits_the_experts_over_every_gpu_of_a_server_and_the_dense_weight
     narrow = plan("deepseek-v3", GRPOJob.model_validate(raw)).rollout.parts["weights"].bytes
     assert narrow == shape.dense_total * 2 // 8 + shape.expert_total * 2 // 8
     assert wide - narrow == shape.dense_total * 2 // 2 - shape.dense_total * 2 // 8  # dense per replica
+
+
+def test_the_rollout_stream_reserve_is_the_same_at_4_and_16_trainer_nodes():
+    """The seed's scale (DeepSeek-V3 on p5en, EP 8 per trainer node): the rollout's weight_stream row is
+    the relay's constant, whatever the trainer's size (it was 32 and 128 x 768 MiB before the relay)."""
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    rows = {}
+    for nodes in (4, 16):
+        p5en = {"instanceType": "p5en.48xlarge"}
+        raw["spec"]["trainer"] |= p5en | {"replicas": nodes, "expertParallelSize": 8}
+        raw["spec"]["rollout"] |= p5en
+        rollout = plan("deepseek-v3", GRPOJob.model_validate(raw)).rollout
+        rows[nodes] = rollout.parts["weight_stream"].bytes
+    # the same but for two 16-byte control blocks per trainer rank (the relay's stop flags): 3 KiB
+    assert 0 <= rows[16] - rows[4] == 2 * 16 * (128 - 32) and rows[16] <= 1 << 30, rows

@@ -183,3 +183,19 @@ def test_a_piece_outside_what_a_member_holds_is_refused() -> None:
         coverage.add(name, 0, 10)
     coverage.add(name, 1024, 2048)
     assert name not in coverage.missing()
+
+
+def test_a_server_holding_experts_the_model_lacks_fails_naming_it() -> None:
+    from grpo_trainer.pusher import check_holdings
+
+    plan = {
+        "servers": ["http://a", "http://b"],
+        "first": [0, 1],
+        "classes": [0, 1, 2],
+        "holdings": [None, [0], [9]],
+    }
+    with pytest.raises(ValueError, match=r"rollout server http://b \(member 2\) holds routed experts \[9\]"):
+        check_holdings(plan, SHAPES, EXPERT_TENSORS)
+    check_holdings(plan | {"holdings": [None, [0], [7]]}, SHAPES, EXPERT_TENSORS)
+    check_holdings({"servers": ["http://a"], "first": [0], "classes": [], "holdings": []}, SHAPES, [])
+

@@ -39,6 +39,21 @@ PUSH_TIMEOUT_S = 300.0  # per collective operation of a weight stream (a vanishe
 STREAM_ATTEMPTS, STREAM_RETRY_S = 3, 2.0  # a stream no server took is sent again, to the servers still up
 
 
+def check_holdings(plan: dict, shapes: dict[str, list[int]], experts: list[str]) -> None:
+    """A ValueError naming the rollout server whose members declare experts the model does not have
+    (a misconfigured server: no stream could make it whole, so the job fails rather than retrying)."""
+    counts = {shapes[name][0] for name in experts}
+    for cls, held in enumerate(plan.get("holdings", [])):
+        bad = sorted(e for e in held or [] if any(not 0 <= e < n for n in counts))
+        if bad:
+            member = plan["classes"].index(cls)
+            server = max(i for i, first in enumerate(plan["first"]) if first <= member)
+            raise ValueError(
+                f"rollout server {plan['servers'][server]} (member {member}) holds routed experts {bad[:5]}, "
+                f"which a model of {sorted(counts)} experts per layer does not have"
+            )
+
+
 class WeightPusher:
     """Sends the policy's weights to the rollout servers as numbered versions. Every method is
     collective (all ranks call it, in the same order); `generator` is rank 0's, None elsewhere."""
@@ -173,6 +188,7 @@ class WeightPusher:
             )
         pending = None
         shapes, experts = weight_sync.full_shapes(self.model), weight_sync.expert_tensors(self.model)
+        check_holdings(plan, shapes, experts)
         if self.generator is not None:
             request = dict(
                 store_host=host,

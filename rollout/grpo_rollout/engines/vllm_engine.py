@@ -258,15 +258,33 @@ class Assembler:
     whole checkpoint tensors; a bucket may hold a slice of one). A tensor leaves as soon as its last
     element arrived, so only tensors split across buckets wait here. Always copies: vLLM's layerwise
     reload keeps the tensors it is given until their layer is complete (attention layers until the
-    reload ends) and the bucket they came in is reused for the next one."""
+    reload ends) and the bucket they came in is reused for the next one. `held`: per fused expert
+    tensor (dim 0 the expert), the experts this worker keeps; such a tensor is complete with their
+    rows alone and leaves narrowed to them, in that order (`experts_of`)."""
 
-    def __init__(self, shapes: Mapping[str, Sequence[int]]) -> None:
+    def __init__(
+        self, shapes: Mapping[str, Sequence[int]], held: Mapping[str, Sequence[int]] | None = None
+    ) -> None:
         self.shapes = {k: tuple(v) for k, v in shapes.items()}
+        self.experts_of = {k: sorted(v) for k, v in (held or {}).items() if k in self.shapes}
         self._partial: dict[str, tuple[Any, int]] = {}  # name -> (flat buffer, elements in)
         self.done: set[str] = set()
 
+    def _slot(self, name: str, start: int, count: int) -> tuple[int, int]:
+        """(offset in the tensor's buffer, elements the buffer holds): its held experts' rows only."""
+        shape, experts = self.shapes[name], self.experts_of.get(name)
+        numel = math.prod(shape)
+        if experts is None:
+            return start, numel
+        per = numel // shape[0]
+        first, last = start // per, (start + count - 1) // per
+        if not set(range(first, last + 1)) <= set(experts):  # consecutive held experts only
+            raise ValueError(f"piece [{start}, {start + count}) of {name!r} is not in the experts held here")
+        return experts.index(first) * per + start - first * per, len(experts) * per
+
     def add(self, pieces: Sequence[BucketPiece]) -> dict[str, Any]:
-        """The tensors these pieces completed, full-shaped, in storage of their own."""
+        """The tensors these pieces completed, full-shaped (or narrowed to the held experts), in
+        storage of their own."""
         import torch
 
         out = {}
@@ -276,18 +294,22 @@ class Assembler:
             numel = math.prod(self.shapes[name])
             if start < 0 or start + values.numel() > numel:
                 raise ValueError(f"piece [{start}, {start + values.numel()}) outside {name!r} of {numel}")
-            if start == 0 and values.numel() == numel:
-                out[name] = values.clone().view(self.shapes[name])
+            at, size = self._slot(name, start, values.numel())
+            shape = self.shapes[name]
+            if name in self.experts_of:
+                shape = (len(self.experts_of[name]), *shape[1:])
+            if at == 0 and values.numel() == size:
+                out[name] = values.clone().view(shape)
                 self.done.add(name)
                 continue
             buf, got = self._partial.get(name, (None, 0))
             if buf is None:
-                buf = torch.empty(numel, dtype=values.dtype, device=values.device)
-            buf[start : start + values.numel()].copy_(values)
+                buf = torch.empty(size, dtype=values.dtype, device=values.device)
+            buf[at : at + values.numel()].copy_(values)
             got += values.numel()
-            if got == numel:
+            if got == size:
                 del self._partial[name]
-                out[name] = buf.view(self.shapes[name])
+                out[name] = buf.view(shape)
                 self.done.add(name)
             else:
                 self._partial[name] = (buf, got)
@@ -297,12 +319,35 @@ class Assembler:
         return sorted(set(self.shapes) - self.done)
 
 
-def checkpoint_named(names: CheckpointNames, tensors: dict[str, Any]) -> dict[str, Any]:
+def checkpoint_named(
+    names: CheckpointNames, tensors: dict[str, Any], experts_of: Mapping[str, Sequence[int]] | None = None
+) -> dict[str, Any]:
     """Checkpoint names for vLLM's loaders; ValueError for unknown names or shapes. A tied model's
-    checkpoint has no `lm_head.weight` (vLLM loads the embedding once), so a pushed one is dropped."""
+    checkpoint has no `lm_head.weight` (vLLM loads the embedding once), so a pushed one is dropped.
+    A fused expert tensor narrowed to some experts (`experts_of`: which, in order) becomes those
+    experts' checkpoint tensors, numbered as in the checkpoint."""
     if TIED_HEAD not in names.shapes:
         tensors = {k: v for k, v in tensors.items() if k != TIED_HEAD}
-    return names.to_checkpoint(tensors) if tensors else {}
+    experts_of = experts_of or {}
+    whole = {k: v for k, v in tensors.items() if k not in experts_of}
+    out = names.to_checkpoint(whole) if whole else {}
+    for name in tensors.keys() & experts_of.keys():
+        prefix = name.rsplit(".experts.", 1)[0] + ".experts."
+        for key, value in names.to_checkpoint({name: tensors[name]}).items():
+            index, dot, rest = key.removeprefix(prefix).partition(".")
+            if not key.startswith(prefix) or not dot or not index.isdigit():
+                raise ValueError(f"{name!r} converted to {key!r}, not one expert's checkpoint tensor")
+            out[f"{prefix}{experts_of[name][int(index)]}.{rest}"] = value
+    return out
+
+
+def holdings_by_member(answers: Sequence[Sequence[Any]]) -> list[list[int] | None] | None:
+    """Each worker's [member index, experts it keeps or None] -> the experts per member in member
+    order, or None when every worker keeps every expert."""
+    held = {int(i): experts for i, experts in answers}
+    if all(v is None for v in held.values()):
+        return None
+    return [None if held[i] is None else [int(e) for e in held[i]] for i in range(len(held))]
 
 
 def all_workers(per_engine: Sequence[Sequence[Any]]) -> list[Any]:
@@ -402,6 +447,8 @@ class VllmEngine:
         self._assembler: Assembler | None = None
         self._tokenize = threading.Lock()  # generate runs on many threads; a Rust tokenizer is not re-entrant
         self.stream_members = stream_members(self._rpc("grpo_stream_member"))
+        # per member, the routed experts it keeps (expert parallelism): the trainer sends it those alone
+        self.stream_holdings = holdings_by_member(self._rpc("grpo_held_experts"))
         log.info("vllm engine: %s (%s)", config.model_path, args)
 
     # -- liveness --------------------------------------------------------------------------------

@@ -16,12 +16,33 @@ from typing import Any
 
 import torch
 from grpo_wire import weight_stream
+from grpo_wire.holdings import expert_placement
 from grpo_wire.protocol import WeightStreamRequest
 
 from grpo_rollout import stream_member
 from grpo_rollout.engines.base import BucketPiece
 from grpo_rollout.engines.hf_names import CheckpointNames
 from grpo_rollout.engines.vllm_engine import Assembler, checkpoint_named
+
+
+def held_experts(vllm_config: Any) -> list[int] | None:
+    """The routed experts this worker keeps, as vLLM places them, or None (it keeps every expert, or
+    a layout this does not map: pipeline stages). Under expert parallelism vLLM's EP group is the
+    server's TP x DP workers (`FusedMoEParallelConfig.make` flattens TP across DP,
+    fused_moe/config.py:1189-1233 of 0.32.0) and a worker's EP rank is its member index."""
+    pc = vllm_config.parallel_config
+    ep = int(pc.tensor_parallel_size) * int(pc.data_parallel_size)
+    if not pc.enable_expert_parallel or ep <= 1 or int(pc.pipeline_parallel_size) > 1:
+        return None
+    if getattr(pc, "enable_eplb", False):  # not a knob of ours: refuse rather than send the wrong rows
+        raise ValueError("vLLM's EPLB moves experts at run time: the trainer cannot send each its own")
+    hf = vllm_config.model_config.hf_text_config
+    counts = (getattr(hf, k, None) for k in ("num_experts", "n_routed_experts", "num_local_experts"))
+    experts = next((int(v) for v in counts if v), None)
+    if experts is None:
+        raise ValueError(f"{type(hf).__name__} names no routed-expert count: cannot place its experts")
+    strategy = str(getattr(pc, "expert_placement_strategy", "linear"))
+    return expert_placement(member_index(pc), ep, experts, strategy)
 
 
 def member_index(parallel_config: Any) -> int:
@@ -36,19 +57,20 @@ class WorkerUpdate:
     """`StreamedUpdate` inside one vLLM worker, over the `WeightLoader` steps (reload begin,
     load, finish or abort); names are checked and mapped to the checkpoint's as in the engine."""
 
-    def __init__(self, worker: Any, names: CheckpointNames) -> None:
+    def __init__(self, worker: Any, names: CheckpointNames, held: Mapping[str, Sequence[int]] | None = None):
         self.worker, self.names = worker, names
+        self.held = dict(held or {})  # per fused expert tensor, the experts this worker keeps
         self._assembler: Assembler | None = None
 
     def begin_update(self, tensors: Mapping[str, Sequence[int]]) -> None:
         checkpoint_named(self.names, {k: torch.empty(tuple(v), device="meta") for k, v in tensors.items()})
-        self._assembler = Assembler(tensors)
+        self._assembler = Assembler(tensors, self.held)
         self.worker.grpo_begin_update()
 
     def load_bucket(self, pieces: Sequence[BucketPiece]) -> None:
         if self._assembler is None:
             raise ValueError("load_bucket without begin_update")
-        whole = checkpoint_named(self.names, self._assembler.add(pieces))
+        whole = checkpoint_named(self.names, self._assembler.add(pieces), self._assembler.experts_of)
         if whole:
             self.worker.grpo_load_tensors(whole)
 
@@ -74,5 +96,7 @@ def receive_in_worker(worker: Any, request_json: str, refused: bool) -> dict[str
         state["_grpo_names"] = CheckpointNames(worker.vllm_config.model_config.model)
     member = req.first_member + member_index(worker.vllm_config.parallel_config)
     device = torch.device("cpu") if req.backend == "gloo" else torch.device(worker.device)
-    updater = None if refused else WorkerUpdate(worker, state["_grpo_names"])
+    experts = req.holding(member).experts  # this worker's routed experts, when it declared them
+    held = {} if experts is None else {name: experts for name in req.expert_tensors}
+    updater = None if refused else WorkerUpdate(worker, state["_grpo_names"], held)
     return stream_member.receive(link, req, member, device, updater).to_dict()

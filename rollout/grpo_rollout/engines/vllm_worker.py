@@ -141,6 +141,12 @@ class WeightLoader:
 
         return member_index(self.vllm_config.parallel_config)
 
+    def grpo_held_experts(self) -> list[Any]:
+        """[this worker's member index, the routed experts it keeps or None] (`vllm_stream.held_experts`)."""
+        from grpo_rollout.engines.vllm_stream import held_experts, member_index
+
+        return [member_index(self.vllm_config.parallel_config), held_experts(self.vllm_config)]
+
     def grpo_receive_stream(self, request_json: str, refused: bool) -> dict[str, Any]:
         """Receive a streamed version as a member of the trainer's weight groups and load it here
         (`vllm_stream.receive_in_worker`); returns the member's outcome as a dict."""
