@@ -198,4 +198,3 @@ def test_a_server_holding_experts_the_model_lacks_fails_naming_it() -> None:
         check_holdings(plan, SHAPES, EXPERT_TENSORS)
     check_holdings(plan | {"holdings": [None, [0], [7]]}, SHAPES, EXPERT_TENSORS)
     check_holdings({"servers": ["http://a"], "first": [0], "classes": [], "holdings": []}, SHAPES, [])
-
