@@ -19,6 +19,10 @@ machine's load, the median the spikes that hit one side of a pair):
 - http: the pre-existing path: rank 1 sends its shards to rank 0 (gloo), rank 0 converts the
   whole model to bf16, `bucketize`s it and POSTs every bucket to each server. Link: rank 0 POSTs
   the same bytes, bucket-sized, to a plain aiohttp sink on each raw receiver.
+The sweep (--only sweep): one server fed by 1, 2, 4, 8 trainer ranks, its reserve against the
+plan's. The held leg (--only held): --held-servers servers of one EP member each, keeping the
+experts vLLM's linear placement gives its EP rank, fed by the trainer ranks: received / held bytes
+per member, next to what it took when every member got the whole model (whole / held).
 peak_extra_bytes_per_rank: the most any trainer rank's resident memory rose during the sync
 (VmHWM, reset through /proc/self/clear_refs just before; for the collective transport the most
 any version added: the first, whose buffers are kept for the next), next to the bucket size.
@@ -32,6 +36,7 @@ import argparse
 import asyncio
 import datetime
 import json
+import math
 import os
 import subprocess
 import sys
@@ -118,6 +123,9 @@ class SinkEngine:
         self.report = os.environ.get("BENCH_REPORT")  # the sweep: what each version cost this member
         self.versions: list[dict] = []
         self.received = 0
+        held = os.environ.get("BENCH_HELD")  # the held leg: the routed experts this server keeps
+        self.held_experts = json.loads(held) if held else None
+        self.expert_tensors = frozenset(k for k in spec if ".experts." in k)
 
     def generate(self, *a, **k):
         raise ValueError("the benchmark's sink engine does not generate")
@@ -153,13 +161,21 @@ class SinkEngine:
     def finish_update(self) -> int:
         if self.report:
             extra = _status("VmHWM") - self.rss_before
-            held = sum(t.numel() * t.element_size() for t in self.targets.values())
+            held = self.held_bytes()
             self.versions.append({"extra_rss": extra, "received": self.received, "held": held})
             Path(self.report).write_text(json.dumps(self.versions))
         return len(self.targets)
 
     def abort_update(self) -> None:
         pass
+
+    def held_bytes(self) -> int:
+        """What this server keeps: the whole model, or its experts' rows of the expert tensors."""
+        from grpo_wire.holdings import Holding
+
+        holding = Holding(None if self.held_experts is None else tuple(self.held_experts))
+        ranges = {k: holding.ranges(k, list(t.shape), self.expert_tensors) for k, t in self.targets.items()}
+        return sum((hi - lo) * self.targets[k].element_size() for k, rs in ranges.items() for lo, hi in rs)
 
 
 def run_server(port: int, tokenizer_dir: str) -> None:
@@ -436,6 +452,114 @@ def sweep(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+# --- held bytes: expert-parallel members receive what they hold ------------------------------
+
+HELD_EXPERTS, HELD_LAYERS, HELD_VERSIONS = 8, 4, (1, 2)
+
+
+def held_shapes(args: argparse.Namespace) -> dict[str, list[int]]:
+    """An MoE-shaped model of --sweep-mib in bf16: per layer a dense tensor (1/8 of the bytes) and a
+    fused routed-expert tensor (dim 0 the expert)."""
+    per_layer = (args.sweep_mib << 20) // 2 // HELD_LAYERS
+    rows = max(8, per_layer // 8 // COLS)
+    expert_rows = max(1, per_layer * 7 // 8 // COLS // HELD_EXPERTS)
+    out = {}
+    for i in range(HELD_LAYERS):
+        out[f"layers.{i}.attn.weight"] = [rows, COLS]
+        out[f"layers.{i}.mlp.experts.gate_up_proj"] = [HELD_EXPERTS, expert_rows, COLS]
+    return out
+
+
+def held_placements(servers: int) -> list[list[int]]:
+    from grpo_wire.holdings import expert_placement
+
+    return [expert_placement(k, servers, HELD_EXPERTS) for k in range(servers)]
+
+
+def run_held_rank(rank: int, args: argparse.Namespace) -> None:
+    from grpo_trainer.generation import member_classes
+    from grpo_trainer.weight_sync import StreamSender, share
+    from grpo_wire.holdings import Holding
+
+    torch.set_num_threads(1)
+    spec, world = held_shapes(args), args.senders
+    g = torch.Generator().manual_seed(rank)
+    items = []
+    for k, shape in spec.items():
+        lo, hi = share(math.prod(shape), rank, world)
+        items.append((k, lo, torch.randn(hi - lo, generator=g)))
+    placements = held_placements(args.held_servers)
+    classes, holdings = member_classes([(1, [h]) for h in placements])
+    experts = sorted(k for k in spec if ".experts." in k)
+    ctl = store(args.store_port)
+    sender = StreamSender("127.0.0.1", args.sync_port, rank, world=world, timeout_s=600)
+    for version in HELD_VERSIONS:
+        ctl.wait([f"held-{version}"])
+        sender.send(iter(items), epoch=SWEEP_EPOCH, members=len(placements), backend="gloo",
+                    dtype=torch.bfloat16, bucket_bytes=args.sweep_bucket_mib << 20,
+                    device=torch.device("cpu"), classes=classes, held=[Holding(tuple(h)) for h in holdings],
+                    shapes=spec, experts=experts)  # fmt: skip
+        ctl.add(f"held-{version}-sent", 1)
+
+
+def held(args: argparse.Namespace) -> list[dict]:
+    """K servers, each one member holding EP rank k of K's experts (vLLM's linear placement), fed by
+    the trainer ranks: what each receives against what it holds, and the whole model it took before."""
+    spec, world = held_shapes(args), args.senders
+    placements = held_placements(args.held_servers)
+    whole = sum(2 * math.prod(shape) for shape in spec.values())
+    tmp = tempfile.TemporaryDirectory(prefix="weight-sync-held-")
+    build_tokenizer().save_pretrained(tmp.name)
+    ctl_port, sync_port = free_port(), free_port()
+    ctl = store(ctl_port, master=True)
+    ports = [free_port() for _ in placements]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    procs: Procs = {}
+    try:
+        for k, (port, experts) in enumerate(zip(ports, placements, strict=True)):
+            env = {"BENCH_SHAPES": json.dumps(spec), "BENCH_REPORT": str(Path(tmp.name) / f"server-{k}.json"),
+                   "BENCH_HELD": json.dumps(experts)}  # fmt: skip
+            server = ["--role", "server", "--tokenizer", tmp.name, "--port", str(port)]
+            procs[f"server {k}"] = spawn(*server, env=env)
+        wait_health(urls, procs)
+        common = ["--sweep-mib", str(args.sweep_mib), "--sweep-bucket-mib", str(args.sweep_bucket_mib)]
+        common += ["--senders", str(world), "--store-port", str(ctl_port), "--sync-port", str(sync_port)]
+        common += ["--held-servers", str(args.held_servers)]
+        for r in range(world):
+            procs[f"trainer rank {r} of {world}"] = spawn("--role", "held-rank", *common, "--index", str(r))
+        seconds = 0.0
+        for version in HELD_VERSIONS:
+            ctl.set(f"held-{version}", "go")
+            request = _stream_request(urls, version, sync_port, spec, world, SWEEP_EPOCH, held=placements)
+            seconds = asyncio.run(watched(request, procs))
+            await_count(ctl, f"held-{version}-sent", world, procs)
+        reports = [
+            json.loads((Path(tmp.name) / f"server-{k}.json").read_text())[-1] for k in range(len(urls))
+        ]
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+        tmp.cleanup()
+    rows = [
+        dict(transport="held", senders=world, member=k, experts=placements[k], model_bytes=whole,
+             held_bytes=r["held"], received_bytes=r["received"], received_over_held=r["received"] / r["held"],
+             whole_over_held=whole / r["held"], seconds=seconds, bucket_bytes=args.sweep_bucket_mib << 20)
+        for k, r in enumerate(reports)
+    ]  # fmt: skip
+    print(
+        f"\nheld bytes: {len(urls)} servers of one EP member each ({HELD_EXPERTS} experts, linear), "
+        f"{world} trainer ranks, {whole / 2**20:.1f} MiB model in bf16"
+    )
+    print(f"{'member':>6} {'experts':>10} {'held MiB':>9} {'received MiB':>12} {'received/held':>13} "
+          f"{'whole/held':>10}")  # fmt: skip
+    for r in rows:
+        print(f"{r['member']:>6} {r['experts']!s:>10} {r['held_bytes'] / 2**20:>9.2f} "
+              f"{r['received_bytes'] / 2**20:>12.2f} {r['received_over_held']:>13.4f} "
+              f"{r['whole_over_held']:>10.2f}")  # fmt: skip
+    return rows
+
+
 # --- the controller --------------------------------------------------------------------------
 
 
@@ -452,19 +576,27 @@ def spawn(*argv: str, env: dict | None = None) -> subprocess.Popen:
 
 
 async def _stream_request(
-    urls: list[str], version: int, sync_port: int, spec: dict, senders: int = SENDERS, epoch: int = 7
+    urls: list[str],
+    version: int,
+    sync_port: int,
+    spec: dict,
+    senders: int = SENDERS,
+    epoch: int = 7,
+    held: list[list[int] | None] | None = None,
 ) -> float:
+    from grpo_trainer.generation import member_classes
     from grpo_wire import weight_stream
     from grpo_wire.client import RolloutClient
     from grpo_wire.protocol import WeightStreamRequest
 
     members = len(urls)
-
+    classes, holdings = member_classes([(1, None if held is None else [h]) for h in held or [None] * members])
+    experts = sorted(k for k in spec if ".experts." in k) if classes else []
     reqs = {
         u: WeightStreamRequest(
             version=version, epoch=epoch, store_host="127.0.0.1", store_port=sync_port, backend="gloo",
             feeders=weight_stream.feeders_for(senders, members, "gloo"), members=members, first_member=i,
-            timeout_s=600, tensors=spec,
+            timeout_s=600, tensors=spec, classes=classes, holdings=holdings, expert_tensors=experts,
         )
         for i, u in enumerate(urls)
     }  # fmt: skip
@@ -643,10 +775,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument(
         "--only",
-        choices=["collective", "sweep"],
+        choices=["collective", "sweep", "held"],
         default=None,
-        help="collective: the collective row alone (no http, no sweep); sweep: the sweep alone",
+        help="collective: the collective row alone (no http, no sweep); sweep: the sweep alone; held: "
+        "the held-bytes leg alone",
     )
+    p.add_argument("--held-servers", type=int, default=4, help="the held leg's EP members (servers)")
     p.add_argument("--sweep", default="1,2,4,8", help="trainer ranks to sweep, to one server")
     p.add_argument("--sweep-mib", type=int, default=64, help="the sweep's model, in bf16")
     p.add_argument("--sweep-bucket-mib", type=int, default=8, help="the sweep's bucketMb")
@@ -677,13 +811,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "sweep-rank":
         run_sweep_rank(args.index, args)
         return 0
+    if args.role == "held-rank":
+        run_held_rank(args.index, args)
+        return 0
 
     rows: list[dict] = []
     try:
-        if args.only != "sweep":
+        if args.only in (None, "collective"):
             rows += transports(args, spec)
-        if args.only is None or args.only == "sweep":
+        if args.only in (None, "sweep"):
             rows += sweep(args)
+        if args.only in (None, "held"):
+            rows += held(args)
     except BenchmarkFailed as e:
         print(f"weight_sync benchmark failed: {e}", file=sys.stderr)
         return FAILED_EXIT

@@ -73,3 +73,18 @@ def test_a_dead_process_fails_the_wait_at_once_naming_it() -> None:
         alive.wait()
         dead.wait()
     assert isinstance(ctl, dist.TCPStore)
+
+
+@pytest.mark.slow
+def test_the_held_leg_gives_each_ep_member_its_experts_alone(tmp_path: Path) -> None:
+    """Real servers (sink engines keeping one EP rank's experts each) fed by two trainer ranks."""
+    out = tmp_path / "held.json"
+    argv = [sys.executable, str(SCRIPT), "--only", "held", "--sweep-mib", "4", "--sweep-bucket-mib", "1"]
+    argv += ["--held-servers", "2", "--json", str(out)]
+    done = subprocess.run(argv, cwd=ROOT, timeout=300, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["experts"] for r in rows] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    for row in rows:
+        assert 1.0 <= row["received_over_held"] <= 1.01  # its experts and the dense part, once
+        assert row["whole_over_held"] > 1.5  # what it took before: the whole model
