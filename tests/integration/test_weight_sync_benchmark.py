@@ -1,5 +1,5 @@
-"""`benchmarks/weight_sync.py` run small (4 MiB, both transports, the senders sweep at 1 and 2)
-finishes and writes every row; a
+"""`benchmarks/weight_sync.py` run small (4 MiB, both transports, the senders sweep at 1 and 2, the
+held leg at 2 members) finishes and writes every row; a
 process of the benchmark that dies fails the run at once, naming it (the benchmark once failed in
 its http leg and then hung with its servers idle). Nothing here is timed."""
 
@@ -29,20 +29,21 @@ def _bench():  # the script as a module (benchmarks/ is not a package)
 def test_small_run_of_both_transports_writes_both_rows(tmp_path: Path) -> None:
     out = tmp_path / "sync.json"
     argv = [sys.executable, str(SCRIPT), "--model-mib", "4", "--bucket-mib", "1", "--repeats", "1"]
-    argv += ["--sweep", "1,2", "--sweep-mib", "4", "--sweep-bucket-mib", "1"]
+    argv += ["--sweep", "1,2", "--sweep-mib", "4", "--sweep-bucket-mib", "1", "--held-servers", "2"]
     done = subprocess.run([*argv, "--json", str(out)], cwd=ROOT, timeout=300, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(out.read_text())
-    assert [r["transport"] for r in rows] == ["collective (gloo)", "http", "sweep", "sweep"]
+    assert [r["transport"] for r in rows] == ["collective (gloo)", "http", "sweep", "sweep", "held", "held"]
     for row in rows[:2]:
         assert row["model_bytes"] == 4 << 20 and row["bucket_bytes"] == 1 << 20
         assert row["seconds"] > 0 and row["link_gb_per_s"] > 0
     assert len(rows[0]["all_seconds"]) == 1  # --repeats
-    for row, senders in zip(rows[2:], (1, 2), strict=True):  # one server fed by 1, then 2 trainer ranks
+    for row, senders in zip(rows[2:4], (1, 2), strict=True):  # one server fed by 1, then 2 trainer ranks
         assert row["senders"] == senders and row["model_bytes"] == 4 << 20
         assert 1.0 <= row["received_over_held"] < 1.01  # the whole model, and the control blocks
         assert 0 < row["rank_peak_bytes"] <= 2 * row["bucket_bytes"]
         assert row["member_extra_bytes"] > 0 and row["member_reserve_planned"] > 0
+    assert all(r["received_over_held"] <= 1.01 < r["whole_over_held"] for r in rows[4:])  # its experts
 
 
 def test_http_versions_come_after_the_streamed_ones() -> None:
