@@ -595,8 +595,9 @@ async def _stream_request(
     reqs = {
         u: WeightStreamRequest(
             version=version, epoch=epoch, store_host="127.0.0.1", store_port=sync_port, backend="gloo",
-            feeders=weight_stream.feeders_for(senders, members, "gloo"), members=members, first_member=i,
-            timeout_s=600, tensors=spec, classes=classes, holdings=holdings, expert_tensors=experts,
+            feeders=weight_stream.feeders_for(senders, members, "gloo", 1, len(holdings) or 1),
+            members=members, first_member=i, timeout_s=600, tensors=spec, classes=classes,
+            holdings=holdings, expert_tensors=experts,
         )
         for i, u in enumerate(urls)
     }  # fmt: skip

@@ -102,3 +102,23 @@ def test_a_vllm_server_takes_its_reserve_from_the_jobs_trainer_ranks_and_buckets
     http = job.model_copy(deep=True)
     http.spec.rollout.weight_sync.transport = "http"
     assert vllm_options(http.spec).stream_reserve_bytes == 0
+
+
+def test_members_holding_the_same_experts_share_a_class_and_whole_model_streams_have_none():
+    from grpo_trainer.generation import member_classes
+
+    # two 2-member EP servers (linear placement of 8 experts) and a torch-engine server
+    servers = [(2, [[0, 1, 2, 3], [4, 5, 6, 7]]), (2, [[0, 1, 2, 3], [4, 5, 6, 7]]), (1, None)]
+    classes, holdings = member_classes(servers)
+    assert classes == [0, 1, 0, 1, 2] and holdings == [[0, 1, 2, 3], [4, 5, 6, 7], None]
+    assert member_classes([(1, None), (8, None)]) == ([], [])  # everyone the whole model: no classes
+    assert member_classes([(2, [[3, 1], [1, 3]])]) == ([0, 0], [[1, 3]])  # the same experts, any order
+
+
+def test_a_request_gives_every_member_one_of_its_holdings():
+    shared = dict(version=1, epoch=0, store_host="h", store_port=1, backend="gloo", feeders=1, tensors={})
+    req = WeightStreamRequest(members=3, first_member=0, classes=[0, 1, 0], holdings=[[0, 1], None], **shared)
+    assert req.holding(2).experts == (0, 1) and req.holding(1).experts is None
+    for bad in (dict(classes=[0, 1], holdings=[[0], None]), dict(classes=[0, 2, 0], holdings=[[0], None])):
+        with pytest.raises(ValidationError, match="classes must give each of the 3 members"):
+            WeightStreamRequest(members=3, first_member=0, **bad, **shared)

@@ -91,7 +91,8 @@ def stream(world: int, servers: list[tuple[int, list[list[int] | None] | None]])
 
     request = WeightStreamRequest(
         version=1, epoch=1, store_host="127.0.0.1", store_port=port, backend="gloo", members=members,
-        feeders=weight_stream.feeders_for(world, members, "gloo"), first_member=0, timeout_s=60,
+        feeders=weight_stream.feeders_for(world, members, "gloo", 1, len(held) or 1), first_member=0,
+        timeout_s=60,
         tensors=SHAPES, classes=classes, holdings=held, expert_tensors=EXPERT_TENSORS,
     )  # fmt: skip
     results: list = [None] * members

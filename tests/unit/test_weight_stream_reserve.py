@@ -106,6 +106,10 @@ def test_nccl_feeds_from_one_rank_a_node_and_gloo_from_as_many_ranks_as_members(
     assert weight_stream.feeders_for(16, 4, "nccl", 8) == 2
     assert weight_stream.feeders_for(4, 8, "nccl", 8) == 1  # a gang smaller than a node
     assert weight_stream.feeders_for(16, 1, "nccl", 8) == 1  # never more feeders than members
+    # members in holding classes: a feeder per class where there are ranks enough (no passes)
+    assert weight_stream.feeders_for(128, 256, "nccl", 8, classes=32) == 32  # the seed: EP 32 servers
+    assert weight_stream.feeders_for(8, 16, "nccl", 8, classes=32) == 8  # fewer ranks: passes
+    assert weight_stream.feeders_for(2, 4, "gloo", classes=4) == 2
     assert weight_stream.feeders_for(2, 2, "gloo", 8) == 2 and weight_stream.feeders_for(4, 3, "gloo") == 3
     members = 37
     for feeders in (1, 5, 16):  # every member in exactly one feeder's group

@@ -194,7 +194,9 @@ class WeightPusher:
                 store_host=host,
                 store_port=plan["port"],
                 backend=backend,
-                feeders=weight_stream.feeders_for(info.world_size, plan["members"], backend, per_node),
+                feeders=weight_stream.feeders_for(
+                    info.world_size, plan["members"], backend, per_node, len(plan["holdings"]) or 1
+                ),
                 timeout_s=PUSH_TIMEOUT_S,
                 tensors=shapes,
                 classes=plan["classes"],

@@ -331,7 +331,7 @@ class StreamSender:
         world, rank = self.world, self.rank
         classes = list(classes) if classes else [0] * members
         held = list(held) if held else [Holding()]
-        feeders = weight_stream.feeders_for(world, members, backend, self.ranks_per_node)
+        feeders = weight_stream.feeders_for(world, members, backend, self.ranks_per_node, len(held))
         lanes = holdings.lanes(classes, feeders)
         chunk = stream_chunk_bytes(world, bucket_bytes)
         own = list(items)

@@ -117,15 +117,18 @@ def runs(pieces: list[Piece], payload_bytes: int) -> list[tuple[int, int, Piece 
     return out
 
 
-def feeders_for(senders: int, members: int, backend: str, ranks_per_node: int = 1) -> int:
+def feeders_for(senders: int, members: int, backend: str, ranks_per_node: int = 1, classes: int = 1) -> int:
     """How many trainer ranks feed members (ranks 0..F-1). NCCL: one per trainer node. Its broadcast
     pipelines through a group, so a feeder sends each byte about once however many members it
     feeds, and each rank's share of the exchange stays 1/ranks-per-node of the model, where a feeder
     per member would double what every rank sends (its chunks to every feeder, then its bucket).
     gloo: as many as there are members, up to every rank (its broadcast sends to each member in
-    turn, so the forwarding is spread over the ranks instead)."""
+    turn, so the forwarding is spread over the ranks instead). Members in `classes` holding classes
+    (`holdings.lanes`): at least one feeder per class where there are ranks enough, so the classes
+    stream at once rather than in passes (each class's stream is its own: no feeder is idle)."""
     per_node = ranks_per_node if backend == "nccl" else 1
-    return max(1, min(members, senders // max(1, per_node)))
+    base = max(1, min(members, senders // max(1, per_node)))
+    return max(1, min(senders, members, max(base, classes)))
 
 
 def send_bucket(group: "Group", pieces: list[Piece], payload: torch.Tensor) -> list[dist.Work]:

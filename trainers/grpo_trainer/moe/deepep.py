@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from grpo_trainer.moe.dispatch import Dispatched, ExchangeClock, sum_per_token
+from grpo_trainer.moe.dispatch import BackendUnavailable, Dispatched, ExchangeClock, sum_per_token
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +169,12 @@ class DeepEPDispatcher:
     collective and size their buffers by the row width of the first dispatch)."""
 
     name = "deepep"
+    unavailable: str | None = None
+    """Why this version cannot be built here (its `deep_ep` class did not import), or None."""
 
     def __init__(self, group: dist.ProcessGroup | None, num_experts: int, tokens: int | None = None) -> None:
+        if self.unavailable:
+            raise BackendUnavailable(f"{self.name} cannot serve here: {self.unavailable}")
         self.group = group if group is not None else dist.group.WORLD
         self.world = dist.get_world_size(self.group)
         if num_experts % self.world:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from grpo_trainer.moe import collective_build
 from grpo_trainer.moe.deepep import DeepEPDispatcher, release_exchanges
 from grpo_trainer.moe.deepep_import import import_deep_ep
-from grpo_trainer.moe.dispatch import BackendUnavailable, register_backend
+from grpo_trainer.moe.dispatch import register_backend
 from grpo_trainer.moe.layout import Layout
 
 NAME = "deepep_v1"
@@ -99,11 +99,7 @@ class Dispatcher(DeepEPDispatcher):
     """DeepEP v1 inside one node."""
 
     name = NAME
-
-    def __init__(self, group: dist.ProcessGroup | None, num_experts: int, tokens: int | None = None) -> None:
-        if not AVAILABLE:
-            raise BackendUnavailable(f"{NAME} cannot serve here: {API} does not import: {WHY}")
-        super().__init__(group, num_experts, tokens)
+    unavailable = None if AVAILABLE else f"{API} does not import: {WHY}"
 
     def exchange(self, hidden: int, top_k: int) -> V1Exchange:
         key = (id(self.group), hidden * torch.bfloat16.itemsize)

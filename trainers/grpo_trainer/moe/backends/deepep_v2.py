@@ -38,7 +38,7 @@ import torch.distributed as dist
 from grpo_trainer.moe import collective_build
 from grpo_trainer.moe.deepep import DeepEPDispatcher, check_communicator, release_exchanges
 from grpo_trainer.moe.deepep_import import import_deep_ep
-from grpo_trainer.moe.dispatch import BackendUnavailable, register_backend
+from grpo_trainer.moe.dispatch import register_backend
 from grpo_trainer.moe.layout import Layout
 
 NAME = "deepep_v2"
@@ -180,11 +180,7 @@ class Dispatcher(DeepEPDispatcher):
     """DeepEP v2 across nodes."""
 
     name = NAME
-
-    def __init__(self, group: dist.ProcessGroup | None, num_experts: int, tokens: int | None = None) -> None:
-        if not AVAILABLE:
-            raise BackendUnavailable(f"{NAME} cannot serve here: {API} does not import: {WHY}")
-        super().__init__(group, num_experts, tokens)
+    unavailable = None if AVAILABLE else f"{API} does not import: {WHY}"
 
     def exchange(self, hidden: int, top_k: int) -> V2Exchange:
         key = (id(self.group), hidden, top_k, self.num_experts, self.tokens)
