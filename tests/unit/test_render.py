@@ -241,7 +241,12 @@ def test_a_new_attempt_is_kept_off_the_nodes_seen_lost_and_keeps_its_gang_affini
 
 @pytest.mark.parametrize(
     ("ep_backend", "trainer_type", "runs"),
-    [("gloo", "p5.48xlarge", "nccl"), ("nccl", "m7i.8xlarge", "gloo"), ("nccl", None, "gloo")],
+    [
+        ("gloo", "p5.48xlarge", "nccl"),
+        ("nccl", "m7i.8xlarge", "gloo"),
+        ("nccl", None, "gloo"),
+        ("deepep", "m7i.8xlarge", "gloo"),  # CEL sees an instanceType; the table says it has no GPUs
+    ],
 )
 def test_an_all_to_all_ep_backend_of_the_other_device_is_refused_naming_the_field(
     ep_backend: str, trainer_type: str | None, runs: str

@@ -52,6 +52,23 @@ def trainer_gpus(job: GRPOJob, table: InstanceTable) -> int:
         raise RenderError(f"trainer.instanceType: {e}") from None
 
 
+def check_ep_backend(job: GRPOJob, backend: str) -> None:
+    """An epBackend the gang's device cannot run (nccl or deepep without GPUs, gloo on GPUs): refused
+    naming the field. The CEL rule sees only whether an instanceType is set; here the table says
+    whether it has GPUs (m7i, c7i have none)."""
+    trainer = job.spec.trainer
+    wanted = str(trainer.ep_backend)
+    needs = {"nccl": "nccl", "gloo": "gloo", "deepep": "nccl"}.get(wanted)
+    if needs is None or needs == backend:
+        return
+    nodes = f"instanceType {trainer.instance_type}" if trainer.instance_type else "no instanceType"
+    what = "DeepEP on GPUs" if wanted == "deepep" else f"the all-to-all on the gang's {wanted} group"
+    raise RenderError(
+        f"trainer.epBackend {wanted} runs {what}, but this gang runs {backend} ({nodes}): "
+        f"set epBackend {backend} or auto"
+    )
+
+
 def check_all2all(job: GRPOJob, table: InstanceTable) -> None:
     """deepep_v2 on rollout nodes that have no EFA: refused naming the field (a layout rule needing the
     instance table, so here rather than in CEL)."""
@@ -92,12 +109,7 @@ def contract(
     trainer, rollout = spec.trainer, spec.rollout
     world = trainer.replicas * trainer.processes_per_pod
     backend = "nccl" if trainer_gpus(job, table) > 0 else "gloo"
-    if str(trainer.ep_backend) in ("nccl", "gloo") and str(trainer.ep_backend) != backend:
-        nodes = f"instanceType {trainer.instance_type}" if trainer.instance_type else "no instanceType"
-        raise RenderError(
-            f"trainer.epBackend {trainer.ep_backend} runs the all-to-all on the gang's {trainer.ep_backend} "
-            f"group, but this gang runs {backend} ({nodes}): set epBackend {backend} or auto"
-        )
+    check_ep_backend(job, backend)
     check_all2all(job, table)
     if local_ports is not None:
         if len(local_ports.rollout_ports) != rollout.replicas:
