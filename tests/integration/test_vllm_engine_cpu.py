@@ -300,3 +300,17 @@ def test_multi_turn_episodes_run_on_the_vllm_engine_with_the_environments_turns_
             assert c.mask.count(0) == len(asked) and c.token_ids[first : first + len(asked)] == asked
             assert all(lp == 0.0 for lp, m in zip(c.logprobs, c.mask, strict=True) if m == 0)
             assert [d.name for d in c.reward_details][-1] == "environment"
+
+
+def test_a_server_whose_data_parallel_engines_span_two_processes_takes_a_version_on_both(
+    vllm_python: Path, tmp_path: Path
+) -> None:
+    """The building block of a multi-node server (issue 36): our engine leads, a headless vLLM
+    process (`engines.vllm_headless`, as a worker node would run it) brings the second data-parallel
+    engine. Its worker answers the leader's RPCs, so it is a weight-stream member: a version streamed
+    by a trainer rank goes live on both engines and the samples change. A dense model: vLLM's CPU
+    build has no `all_gatherv` for an MoE model's data-parallel all2all."""
+    model_dir = build_tiny_model(tmp_path / "model", arch="qwen2", hidden=128, heads=4)  # head width 32
+    out = run_checks(vllm_python, "headless", str(model_dir))
+    report = json.loads(next(line for line in out.splitlines() if line.startswith('{"members"')))
+    assert report == {"members": [0, 1], "outcome": "live", "changed": True, "stream_members": 2}, report

@@ -177,6 +177,76 @@ def abort(model_dir: str) -> None:
     print(json.dumps(report))
 
 
+def headless(model_dir: str) -> None:
+    """A server whose two data-parallel engines run in two processes: ours (the leader, engine 0)
+    and a headless one (`engines.vllm_headless`, engine 1) that joins it. Both engines' workers
+    answer the leader's RPCs, so both are weight-stream members: a version streamed by a trainer
+    rank goes live on both (the headless engine's worker joins the group and loads it), and both
+    then sample from the new weights."""
+    import json
+    import os
+    import signal
+    import socket
+    import subprocess
+    import threading
+
+    import torch
+    from grpo_rollout.engines.vllm_engine import VllmEngine, VllmEngineConfig, VllmOptions, engine_args
+    from grpo_rollout.engines.vllm_headless import headless_argv
+    from grpo_trainer.weight_sync import StreamSender
+    from grpo_wire.protocol import Sampling, WeightStreamRequest
+    from transformers import AutoModelForCausalLM
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    opts = VllmOptions(
+        enforce_eager=True, max_model_len=256, data_parallel_size=2, gpu_memory_utilization=0.2,
+        data_parallel_size_local=1, data_parallel_address="127.0.0.1", data_parallel_rpc_port=free_port(),
+    )  # fmt: skip
+    config = VllmEngineConfig(model_path=model_dir, dtype="float32", vllm=opts)
+    argv = headless_argv(engine_args(config), start_rank=1, size_local=1)
+    # a session of its own: its engine core and workers are its children, and all of them go with it
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "grpo_rollout.engines.vllm_headless", *argv], start_new_session=True
+    )
+    report: dict = {}
+    try:
+        engine = VllmEngine(config)
+        report["members"] = sorted(engine._rpc("grpo_stream_member"))
+        sampling = Sampling(temperature=1.0, max_new_tokens=6, seed=3)  # seeded: the same draws
+        before = [s.token_ids for r in engine.generate(["1+2=", "3+4="], 2, sampling, lambda: False)
+                  for s in r.samples]  # fmt: skip
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        state = {k: (v + 0.5 * torch.randn_like(v)).reshape(-1) for k, v in model.state_dict().items()}
+        sender = StreamSender("127.0.0.1", free_port(), 0, timeout_s=120)
+        request = WeightStreamRequest(
+            version=1, epoch=1, store_host="127.0.0.1", store_port=sender.port, backend="gloo",
+            feeders=1, members=engine.stream_members, first_member=0, timeout_s=120,
+            tensors={k: list(v.shape) for k, v in model.state_dict().items()},
+        )  # fmt: skip
+        items = [(k, 0, v) for k, v in state.items()]
+        send = threading.Thread(
+            target=lambda: sender.send(iter(items), epoch=1, members=engine.stream_members, backend="gloo",
+                                       dtype=torch.float32, bucket_bytes=1 << 20, device=torch.device("cpu"))
+        )  # fmt: skip
+        send.start()
+        outcome = engine.receive_stream(request, refused=False)
+        send.join(120)
+        report["outcome"] = outcome.kind
+        after = [s.token_ids for r in engine.generate(["1+2=", "3+4="], 2, sampling, lambda: False)
+                 for s in r.samples]  # fmt: skip
+        report["changed"] = before != after
+        report["stream_members"] = engine.stream_members
+        engine.llm.shutdown()
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+    print(json.dumps(report))
+
+
 if __name__ == "__main__":
-    commands = {"signatures": signatures, "routing": routing, "abort": abort}
+    commands = {"signatures": signatures, "routing": routing, "abort": abort, "headless": headless}
     commands[sys.argv[1]](*sys.argv[2:])

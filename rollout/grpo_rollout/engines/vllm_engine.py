@@ -82,6 +82,12 @@ class VllmOptions:
     routed_experts: bool = False  # algorithm.routingReplay: capture the experts every token used
     stream_reserve_bytes: int = 0  # per worker GPU, for streamed weights (memory_plan.stream_receive_reserve)
     all2all_backend: str | None = None  # rollout.vllm.all2allBackend resolved (None: vLLM's own, unused)
+    # A server whose data-parallel engines span processes (nodes): this process runs the first
+    # `data_parallel_size_local` engines, the rest run headless (`engines.vllm_headless`) and join
+    # at `data_parallel_address:data_parallel_rpc_port`. None: every engine in this process.
+    data_parallel_size_local: int | None = None
+    data_parallel_address: str | None = None
+    data_parallel_rpc_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,12 @@ def engine_args(config: EngineConfig, device_bytes: int | None = None) -> dict[s
         args["max_model_len"] = opts.max_model_len
     if opts.all2all_backend is not None:
         args["all2all_backend"] = opts.all2all_backend
+    if opts.data_parallel_size_local is not None:  # engines in other processes join this one
+        args |= {
+            "data_parallel_size_local": opts.data_parallel_size_local,
+            "data_parallel_address": opts.data_parallel_address,
+            "data_parallel_rpc_port": opts.data_parallel_rpc_port,
+        }
     if opts.routed_experts:  # vLLM's capture needs prefix caching (its default) and no pipeline stages
         args |= {"enable_return_routed_experts": True, "enable_prefix_caching": True}
     return args
