@@ -83,7 +83,19 @@ def signatures() -> None:
     assert want <= engine_args, f"AsyncEngineArgs lacks {want - engine_args}"
     all2all_backends()
     expert_placements()
-    print(f"vllm {vllm.__version__}: {len(pins) + 6} pins hold")
+    # what `vllm_stream.held_experts` reads of a worker's config to know its experts
+    from vllm.config.model import ModelConfig
+    from vllm.config.parallel import ParallelConfig
+
+    def lacks(cls: type, names: tuple[str, ...]) -> list[str]:
+        return [n for n in names if not hasattr(cls, n) and n not in cls.__dataclass_fields__]
+
+    parallel = ("enable_expert_parallel", "enable_eplb", "expert_placement_strategy", "rank")
+    parallel += ("pipeline_parallel_size", "tensor_parallel_size", "data_parallel_size")
+    parallel += ("data_parallel_index", "world_size")
+    missing = lacks(ParallelConfig, parallel) + lacks(ModelConfig, ("hf_text_config",))
+    assert not missing, f"vLLM {vllm.__version__}: the configs lack {missing}"
+    print(f"vllm {vllm.__version__}: {len(pins) + 7} pins hold")
 
 
 def expert_placements() -> None:

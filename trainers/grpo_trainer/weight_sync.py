@@ -139,9 +139,8 @@ def held_items(
         if name not in experts:
             out.append((name, start, values))
             continue
-        for lo, hi in holdings.clip(
-            start, values.numel(), holding.ranges(name, shapes[name], frozenset(experts))
-        ):
+        rows = holdings.held_ranges(shapes[name], holding.experts)
+        for lo, hi in holdings.clip(start, values.numel(), rows):
             out.append((name, lo, values[lo - start : hi - start]))
     return out
 
@@ -204,7 +203,7 @@ class StreamSender:
     """One trainer rank's end of a streamed version: the relay through feeders.
 
     Rank 0 hosts the store; every rank joins the exchange group (the trainer ranks alone, formed
-    once) and, when it is one of the version's F feeders (ranks 0..F-1, F = min(ranks, members)),
+    once) and, when it is one of the version's F feeders (ranks 0..F-1, `weight_stream.feeders_for`),
     a group with the members it feeds (`holdings.lanes`: one per pass), formed again per epoch. A
     version goes in rounds, the same on every rank (`plan_chunks` of every rank's items, learnt
     once from the others): each rank converts its next chunk into the rollout dtype, an all-to-all

@@ -89,9 +89,6 @@ class Lanes:
     sizes: dict[tuple[int, int], int] = field(default_factory=dict)
     """(pass, feeder) -> its group's size (the feeder and its members); absent: no group."""
 
-    def classes(self) -> int:
-        return 1 + max((c for p in self.passes for c in p), default=-1)
-
 
 def lanes(classes: Sequence[int], feeders: int) -> Lanes:
     """Lanes for members whose class is `classes[m]` (0..C-1, each present), over `feeders` ranks."""
