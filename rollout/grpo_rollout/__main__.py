@@ -1,4 +1,5 @@
-"""`python -m grpo_rollout serve`: the rollout pod's command (rendered by the operator, run locally too).
+"""`python -m grpo_rollout serve`: the rollout pod's command (rendered by the operator, run locally too);
+`python -m grpo_rollout headless`: a worker pod's, in a server spanning nodes (rollout.nodesPerServer > 1).
 
 Reads the run contract from $GRPO_CONTRACT (an s3:// model is fetched into the pod's model cache
 first, `grpo_operator.storage`), this pod's index from $GRPO_POD_INDEX and the per-job
@@ -8,6 +9,11 @@ runtime), on every interface otherwise (a pod behind its Service). Exits 0 after
 (SIGTERM), non-zero with a clear message otherwise; `EXIT_ENGINE_DEAD` when the engine died, its
 first error on stderr and in the pod's termination message (what `kubectl describe` and the
 operator's pod verdict read).
+
+In a server spanning nodes, `serve` (the leader pod) runs the first dataParallelSize / nodesPerServer
+engines and hosts vLLM's data-parallel coordinator at $GRPO_DP_ADDRESS (its own IP); `headless` (each
+worker pod) runs vLLM's headless mode with the next engines ($LWS_WORKER_INDEX), joining the leader at
+$LWS_LEADER_ADDRESS. Both are set by the LeaderWorkerSet and the operator's pod templates.
 """
 
 import argparse
@@ -16,14 +22,20 @@ import ipaddress
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from grpo_operator import storage
 from grpo_operator.api.contract import (
     ENV_CONTRACT,
+    ENV_DP_ADDRESS,
+    ENV_LEADER_ADDRESS,
     ENV_POD_INDEX,
     ENV_TOKEN,
+    ENV_WORKER_INDEX,
+    VLLM_DP_RPC_PORT,
     RunContract,
     write_termination_message,
 )
@@ -41,17 +53,22 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m grpo_rollout", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run a rollout server for the job in $GRPO_CONTRACT")
-    s.add_argument(
-        "--contract", default=os.environ.get(ENV_CONTRACT), help=f"job.json (default ${ENV_CONTRACT})"
-    )
-    s.add_argument("--pod-index", type=int, default=int(os.environ.get(ENV_POD_INDEX, "0")))
+    h = sub.add_parser("headless", help="run a worker pod's engines of a server spanning nodes")
+    for c in (s, h):
+        c.add_argument(
+            "--contract", default=os.environ.get(ENV_CONTRACT), help=f"job.json (default ${ENV_CONTRACT})"
+        )
+        c.add_argument("--pod-index", type=int, default=int(os.environ.get(ENV_POD_INDEX, "0")))
+        c.add_argument("--device", default="auto", help="torch engine device: auto, cpu, cuda, cuda:N")
+        c.add_argument("--dtype", default=None, help="override spec.model.dtype (e.g. float32 on CPU)")
+        c.add_argument("--dp-rpc-port", type=int, default=VLLM_DP_RPC_PORT, help=argparse.SUPPRESS)  # tests
+        c.add_argument("--log-level", default="INFO")
     s.add_argument("--host", default=None, help="default: loopback for a loopback endpoint, else 0.0.0.0")
     s.add_argument("--port", type=int, default=None, help="default: this pod's endpoint port in the contract")
     s.add_argument("--drain-seconds", type=float, default=float(os.environ.get("GRPO_DRAIN_SECONDS", "25")))
-    s.add_argument("--device", default="auto", help="torch engine device: auto, cpu, cuda, cuda:N")
-    s.add_argument("--dtype", default=None, help="override spec.model.dtype (e.g. float32 on CPU)")
     s.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
-    s.add_argument("--log-level", default="INFO")
+    h.add_argument("--worker-index", type=int, default=int(os.environ.get(ENV_WORKER_INDEX, "0")))
+    h.add_argument("--leader-address", default=os.environ.get(ENV_LEADER_ADDRESS))
     return p.parse_args(argv)
 
 
@@ -74,7 +91,7 @@ def service_config(contract: RunContract, args: argparse.Namespace) -> tuple[Ser
         raise SystemExit(f"rollout: model directory {model_path!r} does not exist")
     endpoints = contract.rollout.endpoints
     endpoint_port = urlparse(endpoints[args.pod_index]).port if args.pod_index < len(endpoints) else None
-    port = args.port or endpoint_port or contract.rollout.port
+    port = getattr(args, "port", None) or endpoint_port or contract.rollout.port
     common = dict(
         model_path=model_path,
         dtype=args.dtype or str(spec.model.dtype),
@@ -84,18 +101,71 @@ def service_config(contract: RunContract, args: argparse.Namespace) -> tuple[Ser
         seed=spec.algorithm.seed + args.pod_index,
     )
     engine = engine_config(str(spec.rollout.engine), spec, **common)
+    if spec.rollout.spans_nodes and args.command == "serve":  # the leader of a server spanning nodes
+        address = os.environ.get(ENV_DP_ADDRESS)
+        if not address:
+            raise SystemExit(
+                f"rollout: spec.rollout.nodesPerServer is {spec.rollout.nodes_per_server} but "
+                f"${ENV_DP_ADDRESS} (this pod's IP, where vLLM's data-parallel coordinator binds) is not set"
+            )
+        engine = _spanning(engine, spec, address, args.dp_rpc_port)
     config = ServiceConfig(
         server_id=f"{contract.job_name}-rollout-{args.pod_index}",
         engine=str(spec.rollout.engine),
         engine_config=engine,
         reward=spec.reward,
-        drain_seconds=args.drain_seconds,
+        drain_seconds=getattr(args, "drain_seconds", 0.0),
         chat=ChatSettings.of(spec.dataset),
         tools=tool_settings(spec),
         environment=environment_settings(spec),
         max_turns=spec.rollout.max_turns,
     )
     return config, port
+
+
+def _spanning(engine: Any, spec: GRPOJobSpec, address: str, rpc_port: int) -> Any:
+    """The vLLM engine config of one pod of a server spanning nodes (`vllm_engine.spanning`)."""
+    from grpo_rollout.engines.vllm_engine import spanning  # vLLM servers only
+
+    return replace(engine, vllm=spanning(engine.vllm, spec, address, rpc_port))
+
+
+def headless(args: argparse.Namespace, contract: RunContract) -> int:
+    """A worker pod of a server spanning nodes: vLLM's headless mode with this pod's engines, built
+    from the same engine config as the leader's (`engines.vllm_headless`). It serves no HTTP."""
+    spec = contract.spec
+    if not spec.rollout.spans_nodes:
+        raise SystemExit(
+            "rollout: `headless` runs a worker pod of a server spanning nodes; "
+            "spec.rollout.nodesPerServer is 1"
+        )
+    if not args.leader_address:
+        raise SystemExit(
+            f"rollout: no leader address: set ${ENV_LEADER_ADDRESS} (the LeaderWorkerSet does) "
+            "or --leader-address"
+        )
+    nodes = spec.rollout.nodes_per_server
+    if not 1 <= args.worker_index < nodes:
+        raise SystemExit(
+            f"rollout: worker index {args.worker_index} is not in 1..{nodes - 1} "
+            f"(rollout.nodesPerServer {nodes})"
+        )
+    from grpo_rollout.engines import vllm_headless
+    from grpo_rollout.engines.vllm_engine import engine_args, gpu_bytes
+
+    config, _ = service_config(contract, args)
+    engine = _spanning(config.engine_config, spec, args.leader_address, args.dp_rpc_port)
+    local = spec.rollout.data_parallel_local
+    argv = vllm_headless.headless_argv(engine_args(engine, gpu_bytes()), args.worker_index * local, local)
+    logging.getLogger("grpo_rollout").info(
+        "headless engines %d..%d of %s: %s",
+        args.worker_index * local,
+        (args.worker_index + 1) * local - 1,
+        config.server_id,
+        argv,
+    )
+    vllm_headless.main(argv)
+    return 0
 
 
 def tool_settings(spec: GRPOJobSpec) -> ToolSettings | None:
@@ -132,9 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.contract:
         raise SystemExit(f"rollout: no run contract; set ${ENV_CONTRACT} or pass --contract")
     token = os.environ.get(ENV_TOKEN)
-    if not token:
+    if not token and args.command == "serve":
         raise SystemExit(f"rollout: ${ENV_TOKEN} is not set; the per-job token guards /generate and /weights")
     contract = RunContract.model_validate_json(Path(args.contract).read_text())
+    if args.command == "headless":
+        return headless(args, contract)
     config, port = service_config(contract, args)
     if args.threads:
         import torch

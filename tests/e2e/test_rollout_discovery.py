@@ -23,11 +23,15 @@ crd = trainer_identity.crd  # the fixture, by name
 PORT = names.ROLLOUT_PORT
 
 
-def endpoint(index: int, *, ready: bool = True, terminating: bool = False) -> dict[str, Any]:
+def endpoint(
+    index: int, *, ready: bool = True, terminating: bool = False, published: bool = False
+) -> dict[str, Any]:
+    """As the EndpointSlice controller writes a pod; `published`: behind a Service that publishes
+    not-ready addresses (servers spanning nodes), where `ready` is always true and `serving` is not."""
     return {
         "addresses": [f"10.0.0.{index + 10}"],
         "hostname": f"disc-rollout-{index}",
-        "conditions": {"ready": ready, "serving": ready, "terminating": terminating},
+        "conditions": {"ready": ready or published, "serving": ready, "terminating": terminating},
     }
 
 
@@ -68,6 +72,13 @@ def test_endpoint_slice_source_sees_joins_readiness_and_leaves(
     )
     slices.create_namespaced_endpoint_slice(namespace, slice_body("other-a", "other-rollout", [endpoint(7)]))
     wait_for(lambda: source.read() == [url(0)], what="only the ready server", timeout=30)
+    # A leader of a server spanning nodes, published while it waits for its workers: not serving yet.
+    slices.create_namespaced_endpoint_slice(
+        namespace, slice_body("disc-rollout-c", service, [endpoint(3, ready=False, published=True)])
+    )
+    wait_for(lambda: len(slices.list_namespaced_endpoint_slice(namespace).items) == 3, what="slice c")
+    assert source.read() == [url(0)]
+    slices.delete_namespaced_endpoint_slice("disc-rollout-c", namespace)
     # Pod 1 turns ready and pod 2 joins in a second slice (large Services are split).
     slices.replace_namespaced_endpoint_slice(
         "disc-rollout-a", namespace, slice_body("disc-rollout-a", service, [endpoint(0), endpoint(1)])

@@ -22,12 +22,17 @@ def rollout(**fields) -> RolloutSpec:
 
 def test_auto_is_vllms_own_default_inside_one_node_and_deepep_v2_across_nodes() -> None:
     assert resolve_all2all(rollout()) == "allgather_reducescatter"
-    assert resolve_all2all(rollout(), nodes_per_server=2) == "deepep_v2"
+    across = rollout(nodesPerServer=2, vllm={"dataParallelSize": 8, "expertParallelSize": 16})
+    assert resolve_all2all(across) == "deepep_v2"
 
 
 def test_a_named_backend_is_kept_and_none_where_no_tokens_move_between_gpus() -> None:
     named = rollout(vllm=WIDE["vllm"] | {"all2allBackend": "deepep_low_latency"})
-    assert resolve_all2all(named) == resolve_all2all(named, nodes_per_server=2) == "deepep_low_latency"
+    named_across = rollout(
+        nodesPerServer=2,
+        vllm={"dataParallelSize": 8, "expertParallelSize": 16, "all2allBackend": "deepep_low_latency"},
+    )
+    assert resolve_all2all(named) == resolve_all2all(named_across) == "deepep_low_latency"
     assert resolve_all2all(rollout(vllm={"dataParallelSize": 4})) is None  # no expert parallelism
     assert resolve_all2all(rollout(vllm={"expertParallelSize": 2}, tensorParallelSize=2)) is None  # no DP
     assert resolve_all2all(rollout(engine="torch", vllm={})) is None

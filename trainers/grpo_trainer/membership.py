@@ -85,8 +85,7 @@ class EndpointSliceSource:
         for item in slices.items:
             port = next((p.port for p in item.ports or [] if p.port), self.port)
             for ep in item.endpoints or []:
-                # `ready` unset means ready (the API's convention); terminating endpoints are not.
-                if ep.conditions is not None and ep.conditions.ready is False:
+                if not _serving(ep.conditions):
                     continue
                 if ep.hostname:
                     urls.add(f"http://{ep.hostname}.{self.service_dns}:{port}")
@@ -94,6 +93,17 @@ class EndpointSliceSource:
                     host = ep.addresses[0]
                     urls.add(f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}")
         return sorted(urls)
+
+
+def _serving(conditions: Any) -> bool:
+    """Whether an endpoint's pod passes its readiness probe. `serving` is that, even where the Service
+    publishes not-ready addresses (the Service of servers spanning nodes, whose workers must resolve
+    their leader before it is ready), where `ready` is always true; without `serving` (older API
+    servers), `ready`. Unset means ready (the API's convention); terminating pods are neither."""
+    if conditions is None:
+        return True
+    serving = getattr(conditions, "serving", None)
+    return (serving if serving is not None else conditions.ready) is not False
 
 
 class Follower:

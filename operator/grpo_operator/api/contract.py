@@ -20,6 +20,15 @@ CONTRACT_MOUNT = "/etc/grpo"
 ENV_CONTRACT = "GRPO_CONTRACT"
 ENV_POD_INDEX = "GRPO_POD_INDEX"
 ENV_TOKEN = "GRPO_TOKEN"
+# A rollout server spanning nodes (rollout.nodesPerServer > 1): the leader pod's own address, where
+# vLLM's data-parallel coordinator binds (ZMQ binds an IP, not a DNS name); its worker pods reach it
+# at the LeaderWorkerSet's LWS_LEADER_ADDRESS and know their place from LWS_WORKER_INDEX.
+ENV_DP_ADDRESS = "GRPO_DP_ADDRESS"
+ENV_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
+ENV_WORKER_INDEX = "LWS_WORKER_INDEX"
+# where the leader's vLLM data-parallel coordinator listens (ParallelConfig.data_parallel_rpc_port's
+# default in vLLM 0.32.0, config/parallel.py:160), named here so leader and workers agree on it
+VLLM_DP_RPC_PORT = 29550
 
 # Exit codes of the trainer launcher, read by the operator and the local runtime alike.
 EXIT_CONFIG = 3  # a configuration error no restart can fix (bad contract, bad dataset row)

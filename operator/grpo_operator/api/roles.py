@@ -439,6 +439,30 @@ class RolloutSpec(RoleCommon):
                 "rollout.vllm.dataParallelSize needs rollout.engine vllm",
                 ".vllm.dataParallelSize",
             ),
+            (
+                "self.nodesPerServer == 1 || self.engine == 'vllm'",
+                "rollout.nodesPerServer above 1 needs rollout.engine vllm (a server spanning nodes is "
+                "one vLLM engine with data parallelism across them)",
+                ".nodesPerServer",
+            ),
+            (
+                "self.nodesPerServer == 1 || has(self.instanceType)",
+                "rollout.nodesPerServer above 1 needs rollout.instanceType: a server takes whole GPU nodes",
+                ".nodesPerServer",
+            ),
+            (
+                "self.vllm.dataParallelSize % self.nodesPerServer == 0",
+                "rollout.vllm.dataParallelSize must be a multiple of rollout.nodesPerServer: each node of "
+                "a server runs dataParallelSize / nodesPerServer engines of tensorParallelSize GPUs",
+                ".vllm.dataParallelSize",
+            ),
+            (
+                "self.vllm.all2allBackend != 'deepep_v2' || self.nodesPerServer > 1",
+                "rollout.vllm.all2allBackend deepep_v2 is DeepEP v2 for expert parallelism across EFA "
+                "nodes; inside one node (nodesPerServer 1) leave it auto (vLLM's allgather_reducescatter) "
+                "or name another",
+                ".vllm.all2allBackend",
+            ),
             podspec.sidecars_need_images("rollout"),
         )
     )
@@ -474,7 +498,19 @@ class RolloutSpec(RoleCommon):
         default=1,
         ge=1,
         le=64,
-        description="tensorParallelSize: optional, default 1, [1, 64]. GPUs per rollout server.",
+        description="tensorParallelSize: optional, default 1, [1, 64]. GPUs of one model replica, inside one "
+        "node; a server holds tensorParallelSize x vllm.dataParallelSize GPUs.",
+    )
+    nodes_per_server: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="nodesPerServer: optional, default 1, [1, 64]. Nodes one rollout server spans, one pod "
+        "each: above 1 a server is a LeaderWorkerSet group (needs the LeaderWorkerSet controller, "
+        "leaderworkerset.x-k8s.io) whose leader pod serves the API and whose worker pods run vLLM's headless "
+        "data-parallel engines; the server's tensorParallelSize x vllm.dataParallelSize GPUs must be "
+        "nodesPerServer whole nodes of instanceType. A lost pod restarts its own group only. replicas, "
+        "minReplicas, maxReplicas and kubectl scale count servers, not pods.",
     )
     max_batch_size: int = Field(
         default=256,
@@ -538,6 +574,20 @@ class RolloutSpec(RoleCommon):
         return self.tensor_parallel_size * self.vllm.data_parallel_size
 
     @property
+    def gpus_per_node(self) -> int:
+        """GPUs each pod of a server holds: all of them, or a server's share of its nodes."""
+        return self.gpus_per_server // self.nodes_per_server
+
+    @property
+    def data_parallel_local(self) -> int:
+        """vLLM engines (data-parallel ranks) each pod of a server runs."""
+        return self.vllm.data_parallel_size // self.nodes_per_server
+
+    @property
+    def spans_nodes(self) -> bool:
+        return self.nodes_per_server > 1
+
+    @property
     def streams_weights(self) -> bool:
         """Whether weights go over the collective transport: unless `http` is asked, since every
         engine applies streamed buckets (the torch engine in place, vLLM through its reload path)
@@ -579,17 +629,17 @@ def stream_receive_reserve(senders: int, bucket_bytes: int) -> int:
     return 2 * stream_bucket_bytes(senders, bucket_bytes) + NCCL_COMM_BYTES
 
 
-def resolve_all2all(rollout: "RolloutSpec", nodes_per_server: int = 1) -> str | None:
-    """The all2all backend a rollout server's vLLM runs (pure; `nodes_per_server` until servers span
-    nodes): the one asked for, or for `auto` deepep_v2 where expert parallelism crosses nodes and
-    vLLM's own default inside one node. None for the torch engine, and where vLLM moves no tokens
-    between GPUs: its all2all kernels need expert parallelism over data-parallel ranks
+def resolve_all2all(rollout: "RolloutSpec") -> str | None:
+    """The all2all backend a rollout server's vLLM runs (pure): the one asked for, or for `auto`
+    deepep_v2 where expert parallelism crosses nodes (rollout.nodesPerServer > 1) and vLLM's own
+    default inside one node. None for the torch engine, and where vLLM moves no tokens between GPUs:
+    its all2all kernels need expert parallelism over data-parallel ranks
     (`FusedMoEParallelConfig.use_all2all_kernels`, fused_moe/config.py:1026-1029 of 0.32.0)."""
     vllm = rollout.vllm
     if rollout.engine != RolloutEngine.VLLM or vllm.expert_parallel_size <= 1 or vllm.data_parallel_size <= 1:
         return None
     if vllm.all2all_backend != VllmAll2AllBackend.AUTO:
         return str(vllm.all2all_backend)
-    if nodes_per_server > 1:
+    if rollout.spans_nodes:
         return str(VllmAll2AllBackend.DEEPEP_V2)
     return str(VLLM_DEFAULT_ALL2ALL)

@@ -11,7 +11,7 @@ from grpo_operator.api.contract import CONTRACT_FILE, RunContract
 from grpo_operator.api.job import GROUP, PLURAL, GRPOJob
 from grpo_operator.instance_types import InstanceTable
 from grpo_operator.instance_types import load as load_instance_types
-from grpo_operator.render import kueue, names, pods
+from grpo_operator.render import groups, kueue, names, pods
 from grpo_operator.render.contract import RenderError
 from grpo_operator.render.contract import contract as render_contract
 
@@ -88,6 +88,7 @@ def render(
     trainer_n = job.spec.trainer.replicas if running else 0
     rollout_n = job.spec.rollout.replicas if rollout_replicas is None else rollout_replicas
     rollout_n = rollout_n if running else 0
+    spans = job.spec.rollout.spans_nodes
 
     def meta(obj_name: str) -> dict:
         return {
@@ -108,9 +109,10 @@ def render(
         *_network_policies(
             name, uid, meta, metrics_from or [], streams=job.spec.rollout.streams_weights
         ),  # before any pod exists
+        *(groups.network_policies(name, uid, rollout_n, meta) if spans else []),
         _service(name, names.ROLE_TRAINER, names.TRAINER_PORT, "rendezvous", meta, publish_not_ready=True),
-        _service(name, names.ROLE_ROLLOUT, names.ROLLOUT_PORT, "http", meta, publish_not_ready=False),
-        _statefulset(name, names.ROLE_ROLLOUT, rollout_n, rollout_tpl, meta, on_delete=False),
+        _rollout_service(name, meta, spans=spans),
+        _rollout_servers(job, name, rollout_n, rollout_tpl, meta),
         _statefulset(name, names.ROLE_TRAINER, trainer_n, trainer_tpl, meta, on_delete=True),
         {
             "apiVersion": "policy/v1",
@@ -226,6 +228,24 @@ def _service(name: str, role: str, port: int, port_name: str, meta, *, publish_n
             "ports": [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}],
         },
     }
+
+
+def _rollout_service(name: str, meta, *, spans: bool) -> dict:
+    """The rollout servers' Service: ready pods only, or for servers spanning nodes their leaders, not
+    ready ones included (workers resolve the leader before it is ready; the trainer reads `serving`)."""
+    service = _service(name, names.ROLE_ROLLOUT, names.ROLLOUT_PORT, "http", meta, publish_not_ready=spans)
+    if spans:
+        service["spec"]["selector"] = groups.service_selector(name)
+    return service
+
+
+def _rollout_servers(job: GRPOJob, name: str, replicas: int, template: dict, meta) -> dict:
+    """A StatefulSet of one-pod servers, or a LeaderWorkerSet of servers spanning nodes."""
+    nodes = job.spec.rollout.nodes_per_server
+    if nodes == 1:
+        return _statefulset(name, names.ROLE_ROLLOUT, replicas, template, meta, on_delete=False)
+    leader, worker = groups.leader_template(template, name), groups.worker_template(template, name)
+    return groups.leaderworkerset(name, replicas, nodes, leader, worker, meta)
 
 
 def _statefulset(name: str, role: str, replicas: int, template: dict, meta, *, on_delete: bool) -> dict:

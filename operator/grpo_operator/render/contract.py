@@ -33,11 +33,16 @@ class LocalPorts:
     weight_sync_port: int | None = None  # rank 0's weight-sync store; None: weights over HTTP only
 
 
-def check_name(name: str) -> None:
+def check_name(name: str, *, spans_nodes: bool = False) -> None:
     if len(name) > names.MAX_JOB_NAME:
         raise RenderError(
             f"job name {name!r} has {len(name)} characters; at most {names.MAX_JOB_NAME} fit the "
             "StatefulSet pod labels"
+        )
+    if spans_nodes and len(name) > names.MAX_GROUPED_JOB_NAME:
+        raise RenderError(
+            f"job name {name!r} has {len(name)} characters; with rollout.nodesPerServer above 1 at most "
+            f"{names.MAX_GROUPED_JOB_NAME} fit the labels of the LeaderWorkerSet's per-server StatefulSets"
         )
 
 
@@ -103,7 +108,7 @@ def contract(
     `rollout_replicas`: the servers running (autoscaled, or capped by Kueue), else spec's count.
     `uid` (the GRPOJob's, or the local runtime's run id) keys the checkpoint folder, so a job
     recreated under the same name never resumes its predecessor's saves."""
-    check_name(name)
+    check_name(name, spans_nodes=job.spec.rollout.spans_nodes)
     table = instance_types or load_instance_types()
     spec = job.spec
     trainer, rollout = spec.trainer, spec.rollout

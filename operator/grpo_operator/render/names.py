@@ -15,6 +15,12 @@ LABEL_JOB_UID = "grpo.dev/job-uid"
 # the all2all backend a rollout pod's vLLM runs (rollout.vllm.all2allBackend resolved), for kubectl describe
 ANNOTATION_ALL2ALL = "grpo.dev/vllm-all2all-backend"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+# What the LeaderWorkerSet controller puts on a multi-node server's pods (leaderworkerset_types.go of
+# sigs.k8s.io/lws v0.8.0): its group (= server index) and its place in the group (0: the leader).
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LABEL_LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+LABEL_LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+LABEL_LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
 LABEL_POD_INDEX = "apps.kubernetes.io/pod-index"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 MANAGER = "grpo-operator"
@@ -33,6 +39,9 @@ CACHE_VOLUME = "model-cache"  # the emptyDir at spec.storage.cacheDir, on both r
 # A StatefulSet's pods carry `controller-revision-hash: <sts>-<10 chars>` (63 max), so the
 # StatefulSet name may have 52 characters; "-trainer" leaves 44 for the job name.
 MAX_JOB_NAME = 44
+# A multi-node server's worker StatefulSet is `<job>-rollout-<server>` (LeaderWorkerSet), servers up
+# to 4095: 52 - len("-rollout-4095") leaves 39.
+MAX_GROUPED_JOB_NAME = 39
 
 
 def workload(job: str) -> str:
@@ -47,6 +56,11 @@ def statefulset(job: str, role: str) -> str:
 
 def pod(job: str, role: str, index: int) -> str:
     return f"{statefulset(job, role)}-{index}"
+
+
+def group_network_policy(job: str, group: int) -> str:
+    """The NetworkPolicy that lets the pods of one multi-node rollout server reach each other."""
+    return f"{statefulset(job, ROLE_ROLLOUT)}-group-{group}"
 
 
 def contract_configmap(job: str) -> str:

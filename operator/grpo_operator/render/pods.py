@@ -66,13 +66,22 @@ def hardware(job: GRPOJob, role: str, table: InstanceTable) -> Hardware:
             raise RenderError(f"network.efa is 'required' but {what}; use an EFA type (p4d, p5, p5en, p6...)")
         gpus, efa = node_gpus, node_efa
     else:
-        per_server = job.spec.rollout.gpus_per_server  # tensorParallelSize x vllm.dataParallelSize
-        if itype and node_gpus and per_server > node_gpus:
+        rollout = job.spec.rollout
+        per_server = rollout.gpus_per_server  # tensorParallelSize x vllm.dataParallelSize
+        nodes = rollout.nodes_per_server
+        if itype and nodes > 1 and per_server != nodes * node_gpus:
+            raise RenderError(
+                f"rollout.tensorParallelSize x vllm.dataParallelSize = {per_server} GPUs per server, but "
+                f"rollout.nodesPerServer {nodes} x {node_gpus} GPUs of {itype.name} = {nodes * node_gpus}: "
+                "a server spanning nodes takes them whole"
+            )
+        if itype and node_gpus and per_server > node_gpus and nodes == 1:
             raise RenderError(
                 f"rollout.tensorParallelSize x vllm.dataParallelSize = {per_server} exceeds the "
-                f"{node_gpus} GPUs of {itype.name}"
+                f"{node_gpus} GPUs of {itype.name}: set rollout.nodesPerServer "
+                f"{-(-per_server // node_gpus)} for a server spanning nodes"
             )
-        gpus = min(per_server, node_gpus)
+        gpus = min(rollout.gpus_per_node, node_gpus)
         efa = node_efa if node_gpus and gpus == node_gpus else 0
     return Hardware(itype, gpus, 0 if mode == EFAMode.DISABLED else efa)
 

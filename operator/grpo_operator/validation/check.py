@@ -10,7 +10,9 @@ cel-python on the defaulted object; transition rules (`oldSelf`) only when an ol
 given. Rules are read from the CRD, never re-implemented here. Beyond the server's verdicts, a
 valid job is held to the memory plan when its model's config.json is reachable from here
 (`memory_problems`): a trainer that cannot fit on its GPUs is an error, as the trainer refuses it
-at start, with the same message.
+at start, with the same message; and to the renderer's own checks against the instance-type table
+(`render_problems`: a layout that does not fill its nodes, deepep_v2 without EFA...), which CEL
+cannot see and the operator would fail the job with.
 """
 
 import functools
@@ -21,7 +23,7 @@ from typing import Any
 
 import pydantic
 
-from grpo_operator import crd, instance_types, memory_plan
+from grpo_operator import crd, instance_types, memory_plan, render
 from grpo_operator.api import job
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.validation import escalation
@@ -119,6 +121,44 @@ def escalation_warnings(text: str, file: str = "<stdin>") -> list[Problem]:
     return out
 
 
+def render_problems(text: str, file: str = "<stdin>") -> list[Problem]:
+    """What the operator's renderer refuses in each GRPOJob of `text` (`render.validate`, against the
+    instance-type table), at the line of the field its message starts with (`rollout.nodesPerServer
+    ...`), else of the spec."""
+    docs, _ = load_documents(text, file)
+    table = instance_types.load()
+    out = []
+    for doc in docs:
+        if not is_grpojob(doc.data):
+            continue
+        try:
+            parsed = job.GRPOJob.model_validate(doc.data)
+        except pydantic.ValidationError:
+            continue  # validate_text says why
+        meta = doc.data.get("metadata") or {}
+        name = str(meta.get("name") or meta.get("generateName") or "job")
+        try:
+            render.validate(
+                parsed, name=name, namespace=str(meta.get("namespace") or "default"), instance_types=table
+            )
+        except render.RenderError as e:
+            where = _field_of(str(e), doc.data.get("spec") or {})
+            out.append(Problem(file, doc.line(where), dotted(where), str(e)))
+    return out
+
+
+def _field_of(message: str, spec: dict) -> Path_:
+    """The spec path a render message starts with (`rollout.vllm.all2allBackend deepep_v2 ...`), as
+    far as the manifest has it; `spec` when it names none."""
+    path: tuple[str, ...] = ("spec",)
+    node: Any = spec
+    for part in message.split(" ", 1)[0].rstrip(":,").split("."):
+        if not isinstance(node, dict) or part not in node:
+            break
+        path, node = (*path, part), node[part]
+    return path
+
+
 def memory_problems(
     text: str, file: str = "<stdin>", model_config: Path | None = None
 ) -> tuple[list[Problem], list[Problem]]:
@@ -206,6 +246,9 @@ def validate_file(
     old_text = Path(old).read_text(encoding="utf-8") if old is not None else None
     problems = validate_text(text, str(path), old_text, str(old))
     valid = not problems
+    if valid:
+        problems += render_problems(text, str(path))
+        valid = not problems
     if warnings is not None and valid:
         warnings += escalation_warnings(text, str(path))
         errors, memory = memory_problems(text, str(path), model_config)

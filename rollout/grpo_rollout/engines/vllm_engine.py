@@ -39,7 +39,7 @@ import threading
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +114,18 @@ def vllm_options(spec: "GRPOJobSpec") -> VllmOptions:
     )
 
 
+def spanning(opts: VllmOptions, spec: "GRPOJobSpec", address: str, rpc_port: int) -> VllmOptions:
+    """One pod's part of a server spanning nodes (rollout.nodesPerServer > 1): its
+    dataParallelSize / nodesPerServer engines, meeting at the leader's `address`:`rpc_port` (the
+    leader's own IP where it binds, the leader's DNS name where a worker connects)."""
+    return replace(
+        opts,
+        data_parallel_size_local=spec.rollout.data_parallel_local,
+        data_parallel_address=address,
+        data_parallel_rpc_port=rpc_port,
+    )
+
+
 def memory_utilization(opts: VllmOptions, device_bytes: int | None) -> float:
     """What vLLM is given of each GPU: gpuMemoryUtilization less the streamed weights' reserve
     (receive buffers and communicators, allocated after vLLM sized its KV cache); unchanged on a
@@ -129,6 +141,14 @@ def memory_utilization(opts: VllmOptions, device_bytes: int | None) -> float:
             "raise gpuMemoryUtilization, or set rollout.weightSync.transport: http"
         )
     return left
+
+
+def gpu_bytes() -> int | None:
+    """One GPU's memory where vLLM runs on CUDA (the weight stream's reserve is a share of it), else
+    None (vLLM's CPU build has no fixed budget)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.get_device_total_memory() if current_platform.device_type == "cuda" else None
 
 
 def engine_args(config: EngineConfig, device_bytes: int | None = None) -> dict[str, Any]:
@@ -443,8 +463,7 @@ class VllmEngine:
         self._first_error = vllm_errors.capture(Path(tempfile.mkdtemp(prefix="grpo-vllm-")))
         self.loop = LoopThread()
 
-        gpu_bytes = current_platform.get_device_total_memory() if self.device == "cuda" else None
-        args = engine_args(config, gpu_bytes)
+        args = engine_args(config, gpu_bytes())
         if self.device == "cpu":
             from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
