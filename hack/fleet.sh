@@ -6,7 +6,8 @@
 
 # One line per node: name instance-type zone nodegroup network-node-layer-1/2/3.
 # Layer 1 is the spine shared by the whole AZ, layer 3 the leaf closest to the node; gangs
-# that share a leaf are closest. One p5 sits in a second AZ so placement can be checked.
+# that share a leaf are closest. One p5 sits in a second AZ so placement can be checked. Eight
+# p5en hold rollout servers spanning two nodes (LeaderWorkerSet groups) beside a one-node job.
 fleet_nodes() {
   cat <<'EOF'
 p5-0 p5.48xlarge us-west-2a gpu-p5 nn-1a00 nn-2a01 nn-3a01
@@ -20,6 +21,12 @@ p5-7 p5.48xlarge us-west-2a gpu-p5 nn-1a00 nn-2a02 nn-3a04
 p5-b-0 p5.48xlarge us-west-2b gpu-p5-b nn-1b00 nn-2b01 nn-3b01
 p5en-0 p5en.48xlarge us-west-2a gpu-p5en nn-1a00 nn-2a03 nn-3a05
 p5en-1 p5en.48xlarge us-west-2a gpu-p5en nn-1a00 nn-2a03 nn-3a05
+p5en-2 p5en.48xlarge us-west-2a gpu-p5en nn-1a00 nn-2a03 nn-3a07
+p5en-3 p5en.48xlarge us-west-2a gpu-p5en nn-1a00 nn-2a03 nn-3a07
+p5en-4 p5en.48xlarge us-west-2a gpu-p5en nn-1a00 nn-2a05 nn-3a08
+p5en-5 p5en.48xlarge us-west-2a gpu-p5en nn-1a00 nn-2a05 nn-3a08
+p5en-6 p5en.48xlarge us-west-2a gpu-p5en nn-1a00 nn-2a05 nn-3a09
+p5en-7 p5en.48xlarge us-west-2a gpu-p5en nn-1a00 nn-2a05 nn-3a09
 cpu-0 m7i.8xlarge us-west-2a cpu nn-1a00 nn-2a04 nn-3a06
 cpu-1 m7i.8xlarge us-west-2a cpu nn-1a00 nn-2a04 nn-3a06
 cpu-2 m7i.8xlarge us-west-2a cpu nn-1a00 nn-2a04 nn-3a06

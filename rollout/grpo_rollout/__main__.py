@@ -22,9 +22,7 @@ import ipaddress
 import logging
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 from grpo_operator import storage
@@ -108,7 +106,9 @@ def service_config(contract: RunContract, args: argparse.Namespace) -> tuple[Ser
                 f"rollout: spec.rollout.nodesPerServer is {spec.rollout.nodes_per_server} but "
                 f"${ENV_DP_ADDRESS} (this pod's IP, where vLLM's data-parallel coordinator binds) is not set"
             )
-        engine = _spanning(engine, spec, address, args.dp_rpc_port)
+        from grpo_rollout.engines import vllm_headless  # vLLM servers only
+
+        engine = vllm_headless.spanning(engine, spec, address, args.dp_rpc_port)
     config = ServiceConfig(
         server_id=f"{contract.job_name}-rollout-{args.pod_index}",
         engine=str(spec.rollout.engine),
@@ -121,13 +121,6 @@ def service_config(contract: RunContract, args: argparse.Namespace) -> tuple[Ser
         max_turns=spec.rollout.max_turns,
     )
     return config, port
-
-
-def _spanning(engine: Any, spec: GRPOJobSpec, address: str, rpc_port: int) -> Any:
-    """The vLLM engine config of one pod of a server spanning nodes (`vllm_engine.spanning`)."""
-    from grpo_rollout.engines.vllm_engine import spanning  # vLLM servers only
-
-    return replace(engine, vllm=spanning(engine.vllm, spec, address, rpc_port))
 
 
 def headless(args: argparse.Namespace, contract: RunContract) -> int:
@@ -151,12 +144,11 @@ def headless(args: argparse.Namespace, contract: RunContract) -> int:
             f"(rollout.nodesPerServer {nodes})"
         )
     from grpo_rollout.engines import vllm_headless
-    from grpo_rollout.engines.vllm_engine import engine_args, gpu_bytes
 
     config, _ = service_config(contract, args)
-    engine = _spanning(config.engine_config, spec, args.leader_address, args.dp_rpc_port)
+    engine = vllm_headless.spanning(config.engine_config, spec, args.leader_address, args.dp_rpc_port)
     local = spec.rollout.data_parallel_local
-    argv = vllm_headless.headless_argv(engine_args(engine, gpu_bytes()), args.worker_index * local, local)
+    argv = vllm_headless.worker_argv(engine, args.worker_index * local, local)
     logging.getLogger("grpo_rollout").info(
         "headless engines %d..%d of %s: %s",
         args.worker_index * local,

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from grpo_operator.api.contract import RunContract
 from grpo_trainer.weight_sync import StreamSender, owned_items
 from grpo_wire.client import RolloutClient, bucketize
 from grpo_wire.protocol import Prompt, PromptResult, Sampling, WeightStreamRequest
@@ -272,6 +273,63 @@ def test_every_data_parallel_engine_is_a_member_of_its_own_and_takes_the_streame
     dp_server.model, dp_server.version = new, 1
     for seed in (5, 6, 7):  # concurrent prompts of each call spread over both engines
         assert_serves(dp_server, seed)
+
+
+def test_a_server_spanning_two_pods_serves_as_the_operator_renders_it_and_takes_a_version_on_both(
+    vllm_python: Path, tmp_path: Path
+) -> None:
+    """rollout.nodesPerServer 2 as its pods run it (issue 36): the leader pod's command
+    (`python -m grpo_rollout serve`, told its address as GRPO_DP_ADDRESS) runs engine 0 and vLLM's
+    coordinator, the worker pod's (`python -m grpo_rollout headless`, told the leader's address and its
+    worker index as the LeaderWorkerSet tells it) runs engine 1 from the same run contract. The server
+    counts both engines' workers as weight-stream members, a streamed version goes live only with both,
+    and every prompt then samples it. A dense model: vLLM's CPU build has no `all_gatherv` for an MoE
+    model's data-parallel all2all."""
+    model_dir = build_tiny_model(tmp_path / "model", arch="qwen2", hidden=128, heads=4)  # head width 32
+    port, rpc_port = free_port(), free_port()
+    vllm = {"enforceEager": True, "maxModelLen": 256, "dataParallelSize": 2, "gpuMemoryUtilization": 0.2}
+    path = write_contract(tmp_path / "job.json", model_dir, ports=[port], engine="vllm", vllm=vllm)
+    contract = RunContract.model_validate_json(path.read_text())
+    rollout = contract.spec.rollout.model_copy(update={"nodes_per_server": 2})
+    contract = contract.model_copy(update={"spec": contract.spec.model_copy(update={"rollout": rollout})})
+    path.write_text(contract.model_dump_json(by_alias=True))
+    assert RunContract.model_validate_json(path.read_text()).spec.rollout.nodes_per_server == 2
+    pod = ("--dp-rpc-port", str(rpc_port))
+    leader_log, worker_log = tmp_path / "leader.log", tmp_path / "worker.log"
+    leader = start_server(
+        path, port, TOKEN, python=str(vllm_python), env=VLLM_ENV | {"GRPO_DP_ADDRESS": "127.0.0.1"},
+        log_path=leader_log, args=pod,
+    )  # fmt: skip
+    worker_env = dict(os.environ, **VLLM_ENV, GRPO_CONTRACT=str(path), GRPO_POD_INDEX="0", HF_HUB_OFFLINE="1")
+    worker_env |= {"LWS_LEADER_ADDRESS": "127.0.0.1", "LWS_WORKER_INDEX": "1"}
+    worker = subprocess.Popen(
+        [str(vllm_python), "-m", "grpo_rollout", "headless", *pod], env=worker_env,
+        stdout=worker_log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            wait_ready(url, leader, timeout=600)
+        except (RuntimeError, TimeoutError) as e:
+            logs = {p.name: p.read_text(errors="replace")[-3000:] for p in (leader_log, worker_log)}
+            raise RuntimeError(f"{e}\n{logs}") from None
+        live = Live(url, load(model_dir), 0, leader_log)
+
+        async def members() -> int:
+            async with RolloutClient([url], TOKEN) as client:
+                return (await client.health())[url].stream_members
+
+        assert asyncio.run(members()) == 2  # engine 1's worker, in the worker pod, is a member
+        new = moved(live.model, seed=901)
+        result = stream(live, new, 1)
+        assert result.live == {url: 1} and not result.failed, result
+        live.model, live.version = new, 1
+        for seed in (5, 6):  # prompts spread over both engines: every one samples the new weights
+            assert_serves(live, seed)
+        assert "headless engines 1..1 of test-rollout-0" in worker_log.read_text()
+    finally:
+        stop_server(worker)
+        stop_server(leader)
 
 
 def test_multi_turn_episodes_run_on_the_vllm_engine_with_the_environments_turns_masked(

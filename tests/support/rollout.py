@@ -106,9 +106,11 @@ def start_server(
     log_path: str | Path | None = None,
     python: str | None = None,
     env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> subprocess.Popen:
     """Start `python -m grpo_rollout serve` as a real child process on 127.0.0.1:port, under
-    `python` (default: this interpreter; the vllm tests use the vllm venv's) with `env` added."""
+    `python` (default: this interpreter; the vllm tests use the vllm venv's) with `env` added and
+    `args` after the command's own."""
     child_env = dict(
         os.environ, GRPO_CONTRACT=str(contract), GRPO_TOKEN=token, HF_HUB_OFFLINE="1", GRPO_POD_INDEX="0"
     )
@@ -119,7 +121,7 @@ def start_server(
         )
     cmd = [python or sys.executable, "-m", "grpo_rollout", "serve"]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--threads", "1", "--drain-seconds", str(drain_seconds)]
+    cmd += ["--threads", "1", "--drain-seconds", str(drain_seconds), *args]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 (owned by the child)
     # a session of its own: `stop_server` ends what it forked too (vLLM's engine cores and workers,
     # several GiB, outlived a killed server and starved the rest of the suite)

@@ -289,3 +289,28 @@ def test_the_rollout_stream_reserve_is_the_same_at_4_and_16_trainer_nodes():
         rows[nodes] = rollout.parts["weight_stream"].bytes
     # the same but for two 16-byte control blocks per trainer rank (the relay's stop flags): 3 KiB
     assert 0 <= rows[16] - rows[4] == 2 * 16 * (128 - 32) and rows[16] <= 1 << 30, rows
+
+
+def test_the_seeds_48_p5en_fit_with_rollout_servers_spanning_four_nodes():
+    """examples/p5en-deepseek-v3.yaml, the seed's own scale (issue 36): 16 trainer nodes at EP 128 and
+    8 rollout servers of 4 nodes each. Both roles fit the H200; each rollout GPU holds the dense weights
+    and 8 of the 256 experts (TP 1 x DP 32), where a one-node server needed 156 GiB per GPU."""
+    job = example(ROOT / "examples" / "p5en-deepseek-v3.yaml")
+    h200 = instance_types.BUILTIN.get("p5en.48xlarge").gpu_memory_bytes
+    p = memory_plan.plan_job(config("deepseek-v3"), job.spec, trainer_gpu_bytes=h200, rollout_gpu_bytes=h200)
+    assert job.spec.rollout.nodes_per_server * job.spec.rollout.replicas == 32
+    assert job.spec.trainer.replicas == 16
+    assert p.trainer.fits and p.rollout.fits, (p.trainer.total / GIB, p.rollout.total / GIB)
+    shape = memory_plan.shapes.from_config(config("deepseek-v3"))
+    assert p.rollout.parts["weights"].bytes == 2 * (shape.dense_total + shape.expert_total // 32)
+    assert p.rollout.parts["weights"].bytes < 72 * GIB
+    # microBatchSize 8 does not fit, and the plan names the largest that does
+    raw = yaml.safe_load((ROOT / "examples" / "p5en-deepseek-v3.yaml").read_text())
+    raw["spec"]["algorithm"]["microBatchSize"] = 8
+    eight = memory_plan.plan_job(
+        config("deepseek-v3"),
+        GRPOJob.model_validate(raw).spec,
+        trainer_gpu_bytes=h200,
+        rollout_gpu_bytes=h200,
+    )
+    assert not eight.trainer.fits and "algorithm.microBatchSize 5 (was 8)" in eight.trainer.advice

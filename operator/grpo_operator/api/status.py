@@ -59,6 +59,7 @@ class Reason(StrEnum):
     SPEC_ACCEPTED = "SpecAccepted"
     RECOVERED = "Recovered"
     RECONCILE_FAILED = "ReconcileFailed"
+    API_NOT_SERVED = "APINotServed"  # a child's kind whose CRD the cluster lacks (LeaderWorkerSet, PodGroup)
     # Stated by the trainer when it exits with a configuration error (`TRAINER_STATED`).
     RESUME_FROM_NOT_FOUND = "ResumeFromNotFound"
     RESUME_FROM_UNREADABLE = "ResumeFromUnreadable"

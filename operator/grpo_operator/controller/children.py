@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 
 from grpo_operator import render
 from grpo_operator.api.job import KIND
+from grpo_operator.api.status import Reason
 from grpo_operator.controller.kube import Kube
+from grpo_operator.render import names
 
 HASH_ANNOTATION = "grpo.dev/applied-hash"
 
@@ -31,12 +33,27 @@ class AppliedMemory:
     applied: dict[str, str] = field(default_factory=dict)  # child key → hash
     verified_at: float = float("-inf")
     token_uid: str = ""  # the job incarnation whose token Secret is known to exist
+    served: set[str] = field(default_factory=set)  # third-party API versions seen served
 
 
 class ChildConflict(RuntimeError):
     """A child's name is taken by an object this job does not control: nothing was applied."""
 
     reason = "ChildConflict"
+
+
+class ApiNotServed(RuntimeError):
+    """A child's kind is not served by this cluster (its CRD is not installed): nothing was applied."""
+
+    reason = Reason.API_NOT_SERVED
+
+
+# Kinds of other projects a job may render, and what makes a job need them
+THIRD_PARTY = {
+    names.LWS_API_VERSION: "rollout.nodesPerServer above 1 runs each rollout server as a LeaderWorkerSet "
+    "group: install the LeaderWorkerSet controller (kubernetes-sigs/lws; docs/install-eks.md), or set "
+    "rollout.nodesPerServer 1",
+}
 
 
 def owned_by(live: dict, uid: str) -> bool:
@@ -97,6 +114,7 @@ class ChildApplier:
         uid = body["metadata"]["uid"]
         verify = time.monotonic() - memory.verified_at > self.verify_seconds
         todo: list[tuple[str, dict, str]] = []
+        self._check_apis(rendered, memory)
         for child in rendered.children:
             obj, digest = with_hash(child)
             key = child_key(child)
@@ -118,6 +136,19 @@ class ChildApplier:
         if memory.token_uid != uid:
             self._ensure_token(body["metadata"])
             memory.token_uid = uid
+
+    def _check_apis(self, rendered: render.Rendered, memory: AppliedMemory) -> None:
+        """Every third-party kind the job renders is served here, before anything is applied: a
+        missing CRD is said on the job (ApiNotServed, naming the field that needs it), and the pass is
+        retried with backoff until it is installed. Asked once per job until it is there."""
+        for api_version in sorted({c["apiVersion"] for c in rendered.children} & THIRD_PARTY.keys()):
+            if api_version in memory.served:
+                continue
+            if not self.kube.serves(api_version):
+                kinds = sorted({c["kind"] for c in rendered.children if c["apiVersion"] == api_version})
+                why = THIRD_PARTY[api_version]
+                raise ApiNotServed(f"{', '.join(kinds)} ({api_version}) is not served by this cluster: {why}")
+            memory.served.add(api_version)
 
     def _ensure_token(self, meta: dict) -> None:
         """Create the job's token Secret unless it is there: its name carries the job's uid, so

@@ -28,6 +28,7 @@ PLURALS = {
     "Role": "roles",
     "RoleBinding": "rolebindings",
     "StatefulSet": "statefulsets",
+    "LeaderWorkerSet": "leaderworkersets",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "NetworkPolicy": "networkpolicies",
     "PodGroup": "podgroups",
@@ -100,6 +101,16 @@ class Kube:
             "PATCH", url, body=obj, query=query, content_type="application/apply-patch+yaml", kind=obj["kind"]
         )
 
+    def serves(self, api_version: str) -> bool:
+        """Whether the API server serves this group/version (discovery; a CRD not installed: no)."""
+        try:
+            self.request("GET", f"/apis/{api_version}")
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
     def create(self, obj: dict) -> bool:
         """Create unless it exists; True when created."""
         meta = obj["metadata"]
@@ -167,14 +178,13 @@ class Kube:
             if e.status != 404:
                 raise
 
-    def scale_statefulset(self, namespace: str, name: str, replicas: int) -> None:
-        """Set replicas with a merge patch (the RBAC the chart grants; the next apply forces them)."""
-        url = path("apps/v1", "StatefulSet", namespace, name)
+    def scale(self, api_version: str, kind: str, namespace: str, name: str, replicas: int) -> None:
+        """Set a StatefulSet's or LeaderWorkerSet's replicas with a merge patch (the RBAC the chart
+        grants; the next apply forces them); one that is not there (or an API not served) is a no-op."""
+        url = path(api_version, kind, namespace, name)
         try:
             body = {"spec": {"replicas": replicas}}
-            self.request(
-                "PATCH", url, body=body, content_type="application/merge-patch+json", kind="StatefulSet"
-            )
+            self.request("PATCH", url, body=body, content_type="application/merge-patch+json", kind=kind)
         except ApiException as e:
             if e.status != 404:
                 raise

@@ -69,9 +69,17 @@ def verdict(
     return None
 
 
+def is_group_worker(pod: dict) -> bool:
+    """A worker pod of a rollout server spanning nodes (LeaderWorkerSet worker index above 0): part of
+    its server, which its leader stands for in the counts."""
+    index = (pod.get("metadata", {}).get("labels") or {}).get(names.LABEL_LWS_WORKER_INDEX, "0")
+    return index != "0"
+
+
 @dataclass
 class RoleSummary:
-    """Pods of one role in the current attempt."""
+    """Pods of one role in the current attempt; for the rollout, servers (a group counts by its leader,
+    which is ready only once its workers' engines joined)."""
 
     existing: int = 0
     scheduled: int = 0
@@ -121,6 +129,9 @@ def summarize(
             if role == names.ROLE_ROLLOUT and failed:
                 obs.failed_rollout_pods.append(meta["name"])
         if meta.get("deletionTimestamp"):
+            continue
+        if role == names.ROLE_ROLLOUT and is_group_worker(pod):
+            summary.unschedulable = summary.unschedulable or _unschedulable(pod)
             continue
         summary.existing += 1
         summary.scheduled += bool((pod.get("spec") or {}).get("nodeName"))

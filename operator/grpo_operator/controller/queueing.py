@@ -85,8 +85,9 @@ class Queueing:
         if not memory.flavors:
             assigned = gate.admission.flavors
             memory.flavors = {role: self._flavor(assigned.get(role, [])) for role in kueue.ROLES}
-        wanted = job.spec.rollout.replicas
-        cap = min(wanted, gate.admission.counts.get(names.ROLE_ROLLOUT, wanted))
+        wanted, nodes = job.spec.rollout.replicas, job.spec.rollout.nodes_per_server
+        # Kueue counts pods: a server spanning nodes needs all of its own
+        cap = min(wanted, gate.admission.counts.get(names.ROLE_ROLLOUT, wanted * nodes) // nodes)
         warnings = () if cap == wanted else (
             f"rollout.replicas {wanted} is more than the {cap} Kueue admitted: the rest start when "
             "the job is admitted again (suspend and resume it)",
@@ -119,7 +120,10 @@ class Queueing:
                 self.kube.delete(kueue.API_VERSION, "Workload", namespace, wl_name)
             return
         spec = job.spec
-        counts = {names.ROLE_TRAINER: spec.trainer.replicas, names.ROLE_ROLLOUT: spec.rollout.replicas}
+        counts = {
+            names.ROLE_TRAINER: spec.trainer.replicas,
+            names.ROLE_ROLLOUT: spec.rollout.replicas * spec.rollout.nodes_per_server,  # pods, not servers
+        }
         if workload is None:
             if not standing.blocked:  # else the status says why
                 self.kube.create(self._workload(body, rendered, standing.queue, counts, gate.priority))
@@ -138,8 +142,7 @@ class Queueing:
         priority: kueue.Priority | None,
     ) -> dict:
         meta = body["metadata"]
-        sets = [c for c in rendered.children if c["kind"] == "StatefulSet"]
-        templates = {c["metadata"]["name"]: c["spec"]["template"] for c in sets}
+        templates = {c["metadata"]["name"]: _pod_template(c) for c in rendered.children}
         return kueue.workload(
             name=meta["name"],
             namespace=meta["namespace"],
@@ -172,3 +175,13 @@ class Queueing:
         if found is None:
             raise LookupError(f"{kind} {name!r} does not exist; create it or fix the job")
         return kueue.Priority(group, kind, name, int(found.get("value", 0)))
+
+
+def _pod_template(child: dict) -> dict | None:
+    """The pods a child makes: a StatefulSet's template, or a LeaderWorkerSet's leader template (its
+    workers ask for the same whole node); None for any other kind."""
+    if child["kind"] == "StatefulSet":
+        return child["spec"]["template"]
+    if child["kind"] == "LeaderWorkerSet":
+        return child["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    return None

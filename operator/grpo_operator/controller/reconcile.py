@@ -65,6 +65,14 @@ class Snapshot:
     gate: Gate | None  # a queued job's Kueue standing
 
 
+# What a Failed job's pods are stopped through: the one that exists of each role's kinds
+STOPPABLE = (
+    ("apps/v1", "StatefulSet", names.ROLE_TRAINER),
+    ("apps/v1", "StatefulSet", names.ROLE_ROLLOUT),
+    (names.LWS_API_VERSION, "LeaderWorkerSet", names.ROLE_ROLLOUT),
+)
+
+
 class Reconciler:
     def __init__(
         self,
@@ -183,8 +191,10 @@ class Reconciler:
             if any(not p["metadata"].get("deletionTimestamp") for p in snap.pods):
                 # The spec no longer renders (say an edit named an unknown instance type): a
                 # Failed job must not keep GPUs, so stop what the last good spec started.
-                for role in (names.ROLE_TRAINER, names.ROLE_ROLLOUT):
-                    self.kube.scale_statefulset(meta["namespace"], names.statefulset(meta["name"], role), 0)
+                for api_version, kind, role in STOPPABLE:
+                    self.kube.scale(
+                        api_version, kind, meta["namespace"], names.statefulset(meta["name"], role), 0
+                    )
             return None
         rendered = self._render(body, job, memory, decision, snap.gate)
         self.children.apply(rendered, memory.children, body)

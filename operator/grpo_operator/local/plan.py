@@ -259,6 +259,11 @@ def build_plan(job_file: Path, workdir: Path, pvc: Mapping[str, Path] | None = N
     except PlanError as e:
         raise PlanError(f"{job_file}: {e}") from None
     name = job.metadata.get("name") or job_file.stem
+    if job.spec.rollout.spans_nodes:  # the local runtime runs one process per pod, each on this machine
+        raise PlanError(
+            f"{job_file}: spec.rollout.nodesPerServer is {job.spec.rollout.nodes_per_server}: servers "
+            "spanning nodes run only in a cluster (LeaderWorkerSet groups); set nodesPerServer 1 to run here"
+        )
     ports = render.LocalPorts(
         trainer_master_port=free_port(),
         rollout_ports=tuple(free_port() for _ in range(job.spec.rollout.replicas)),

@@ -12,7 +12,26 @@ It serves no HTTP: the leader's client sends its engines their requests.
 
 import argparse
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from grpo_rollout.engines.vllm_engine import VllmEngineConfig, engine_args, gpu_bytes
+from grpo_rollout.engines.vllm_engine import spanning as spanning_options
+
+if TYPE_CHECKING:
+    from grpo_operator.api.spec import GRPOJobSpec
+
+
+def spanning(config: VllmEngineConfig, spec: "GRPOJobSpec", address: str, rpc_port: int) -> VllmEngineConfig:
+    """The engine config of one pod of a server spanning nodes (`vllm_engine.spanning`): the leader's
+    with its own address, a worker's with the leader's."""
+    return replace(config, vllm=spanning_options(config.vllm, spec, address, rpc_port))
+
+
+def worker_argv(config: VllmEngineConfig, start_rank: int, size_local: int) -> list[str]:
+    """A worker pod's vLLM arguments: the leader's engine arguments (one GPU's memory for the stream
+    reserve, as the leader reads it) with this pod's engines."""
+    return headless_argv(engine_args(config, gpu_bytes()), start_rank, size_local)
 
 
 def headless_argv(args: dict[str, Any], start_rank: int, size_local: int) -> list[str]:
