@@ -83,6 +83,7 @@ def signatures() -> None:
     assert want <= engine_args, f"AsyncEngineArgs lacks {want - engine_args}"
     all2all_backends()
     expert_placements()
+    pod_arguments()
     # what `vllm_stream.held_experts` reads of a worker's config to know its experts
     from vllm.config.model import ModelConfig
     from vllm.config.parallel import ParallelConfig
@@ -117,6 +118,57 @@ def expert_placements() -> None:
                 theirs = [e for e in range(experts) if int(expert_map[e]) >= 0]
                 ours = expert_placement(rank, ep, experts, strategy)
                 assert ours == theirs, (strategy, experts, ep, rank, ours, theirs)
+
+
+def pod_arguments() -> None:
+    """The pods of a server spanning nodes, as the operator renders them for the seed's example
+    (examples/p5en-deepseek-v3.yaml: 4 p5en per server, TP 1 x DP 32 x EP 32): the leader's engine
+    arguments are `AsyncEngineArgs` fields, and each worker's headless argv, parsed by vLLM's own
+    `serve` parser and turned into `AsyncEngineArgs` as `vllm serve --headless` does, is the same engine
+    with its own 8 engines from 8 x its worker index, joining the leader on the DP RPC port."""
+    import dataclasses
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+    from grpo_operator.api.contract import VLLM_DP_RPC_PORT
+    from grpo_operator.api.job import GRPOJob
+    from grpo_rollout.engines import vllm_headless
+    from grpo_rollout.engines.vllm_engine import VllmEngineConfig, engine_args, vllm_options
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    root = Path(__file__).resolve().parents[2]
+    spec = GRPOJob.model_validate(
+        yaml.safe_load((root / "examples" / "p5en-deepseek-v3.yaml").read_text())
+    ).spec
+    model = tempfile.mkdtemp(prefix="dsv3-")  # the config alone: vLLM resolves a local model folder
+    shutil.copy(root / "tests" / "data" / "model-configs" / "deepseek-v3.config.json", f"{model}/config.json")
+    config = VllmEngineConfig(model_path=model, tensor_parallel_size=1, vllm=vllm_options(spec))
+    leader = vllm_headless.spanning(config, spec, "10.0.0.5", VLLM_DP_RPC_PORT)
+    fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    args = engine_args(leader, 141 << 30)
+    assert set(args) <= fields, f"not AsyncEngineArgs fields: {set(args) - fields}"
+    AsyncEngineArgs(**args)
+    assert (args["data_parallel_size"], args["data_parallel_size_local"]) == (32, 8), args
+    assert args["enable_expert_parallel"] and args["all2all_backend"] == "deepep_v2", args
+    leader_dns = "deepseek-v3-p5en-rollout-0.deepseek-v3-p5en-rollout.ml"  # LWS_LEADER_ADDRESS
+    worker = vllm_headless.spanning(config, spec, leader_dns, VLLM_DP_RPC_PORT)
+    for index in (1, 2, 3):
+        argv = vllm_headless.headless_argv(engine_args(worker, 141 << 30), 8 * index, 8)
+        parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+        assert parsed.headless and parsed.model_tag == model, argv
+        parsed.model = parsed.model_tag
+        got = AsyncEngineArgs.from_cli_args(parsed)
+        same = ("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel", "all2all_backend",
+                "gpu_memory_utilization", "max_model_len", "max_num_seqs", "worker_extension_cls",
+                "seed")  # fmt: skip
+        assert {k: getattr(got, k) for k in same} == {k: args[k] for k in same}, (got, args)
+        assert (got.data_parallel_size_local, got.data_parallel_start_rank) == (8, 8 * index)
+        assert got.data_parallel_address == leader_dns
+        assert got.data_parallel_rpc_port == VLLM_DP_RPC_PORT
 
 
 def all2all_backends() -> None:
