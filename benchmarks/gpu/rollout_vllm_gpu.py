@@ -21,6 +21,12 @@ Checks (each a row):
 7. versions: through the rollout server's service (the engine above is the one it started): four
    generate requests in flight while version 1 (the second model) is pushed; each answer names one
    version, the push waits for them, and a request needing version 1 gets the second model.
+8. deepep_v2 (issue 36): vLLM's DeepEP v2 all2all inside one node. With 2+ GPUs a `VllmEngine` of
+   data-parallel size = expert-parallel size = the GPUs (up to 8), `all2all_backend="deepep_v2"`,
+   generates 2 samples for each of 8 prompts with finite log-probs. vLLM runs an all2all backend
+   only where experts are spread over data-parallel ranks, so one GPU is "skipped" with that reason
+   and what it can show: whether vLLM's own gate (`deep_ep_v2_unavailable_reason`: DeepEP with
+   `ElasticBuffer`, NCCL >= 2.30.4 for GIN) passes in this image. Across EFA nodes is not here.
 """
 
 from __future__ import annotations
@@ -111,6 +117,50 @@ async def versions(service, bucket: bytes) -> tuple[list, object, object]:
     answers = await asyncio.gather(*running)
     after = await service.generate(request("after", min_version=1))
     return answers, pushed, after
+
+
+def deepep_v2_row(model_dir: Path) -> dict:
+    """Check 8: vLLM's deepep_v2 all2all on this node's GPUs (see the module docstring)."""
+    import torch
+    from vllm.utils.import_utils import deep_ep_v2_unavailable_reason
+
+    gpus = min(torch.cuda.device_count(), 8)
+    gate = deep_ep_v2_unavailable_reason()
+    shown = {"gpus": gpus, "vllm_gate": gate or "passes (DeepEP ElasticBuffer, NCCL >= 2.30.4)"}
+    if gpus < 2:
+        why = (
+            f"{gpus} GPU: vLLM runs an all2all backend only with experts spread over 2+ data-parallel ranks "
+            "(FusedMoEParallelConfig.use_all2all_kernels, fused_moe/config.py:1026-1029 of 0.32.0)"
+        )
+        return {"result": "skipped", "why": why, **shown}
+    if gate is not None:
+        return {"result": "FAIL", "why": f"vLLM refuses deepep_v2 in this image: {gate}", **shown}
+    from grpo_rollout.engines.vllm_engine import VllmEngine, VllmEngineConfig, VllmOptions
+    from grpo_wire.protocol import Sampling
+
+    opts = VllmOptions(
+        gpu_memory_utilization=0.5, max_model_len=512, enforce_eager=True,
+        data_parallel_size=gpus, expert_parallel=True, all2all_backend="deepep_v2",
+    )  # fmt: skip
+    engine = VllmEngine(VllmEngineConfig(model_path=str(model_dir), dtype="bfloat16", vllm=opts))
+    try:
+        t0 = time.monotonic()
+        out = engine.generate(
+            [f"{i} + {i} = " for i in range(8)], 2, Sampling(max_new_tokens=24), lambda: False
+        )
+        samples = [s for ps in out for s in ps.samples]
+        finite = all(
+            len(s.logprobs) == len(s.token_ids) and all(map(math.isfinite, s.logprobs)) for s in samples
+        )
+        ok = len(samples) == 16 and finite
+        return {
+            "result": "pass" if ok else "FAIL",
+            "samples": len(samples),
+            "seconds": round(time.monotonic() - t0, 1),
+            **shown,
+        }
+    finally:
+        engine.llm.shutdown()
 
 
 def main() -> int:
@@ -216,6 +266,11 @@ def main() -> int:
         row = compare(engine, second, prompts[:2])
         ok = consistent and after.weight_version == 1 and row.pop("ok")
         check("versions", ok, answered=[a.weight_version for a in answers], live=pushed.live_version, **row)
+        engine.llm.shutdown()  # its GPU memory goes back before check 8 starts its own engines
+        service.close()
+        engine = service = None
+        rows.append({"check": "deepep_v2", **deepep_v2_row(first)})
+        print(rows[-1], flush=True)
     except Exception:
         check("run", False, error=traceback.format_exc()[-2000:])
     finally:
