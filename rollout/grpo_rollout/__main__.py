@@ -33,6 +33,7 @@ from grpo_operator.api.contract import (
     ENV_POD_INDEX,
     ENV_TOKEN,
     ENV_WORKER_INDEX,
+    GROUP_LINK_PORT,
     VLLM_DP_RPC_PORT,
     RunContract,
     write_termination_message,
@@ -60,6 +61,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         c.add_argument("--device", default="auto", help="torch engine device: auto, cpu, cuda, cuda:N")
         c.add_argument("--dtype", default=None, help="override spec.model.dtype (e.g. float32 on CPU)")
         c.add_argument("--dp-rpc-port", type=int, default=VLLM_DP_RPC_PORT, help=argparse.SUPPRESS)  # tests
+        c.add_argument("--group-link-port", type=int, default=GROUP_LINK_PORT, help=argparse.SUPPRESS)
         c.add_argument("--log-level", default="INFO")
     s.add_argument("--host", default=None, help="default: loopback for a loopback endpoint, else 0.0.0.0")
     s.add_argument("--port", type=int, default=None, help="default: this pod's endpoint port in the contract")
@@ -108,7 +110,7 @@ def service_config(contract: RunContract, args: argparse.Namespace) -> tuple[Ser
             )
         from grpo_rollout.engines import vllm_headless  # vLLM servers only
 
-        engine = vllm_headless.spanning(engine, spec, address, args.dp_rpc_port)
+        engine = vllm_headless.spanning(engine, spec, address, args.dp_rpc_port, args.group_link_port)
     config = ServiceConfig(
         server_id=f"{contract.job_name}-rollout-{args.pod_index}",
         engine=str(spec.rollout.engine),
@@ -143,9 +145,15 @@ def headless(args: argparse.Namespace, contract: RunContract) -> int:
             f"rollout: worker index {args.worker_index} is not in 1..{nodes - 1} "
             f"(rollout.nodesPerServer {nodes})"
         )
+    from grpo_rollout import group_link
     from grpo_rollout.engines import vllm_headless
 
     config, _ = service_config(contract, args)
+    try:  # before any engine starts: the leader knows this pod from here on, and this pod its leader
+        link = group_link.join(args.leader_address, args.group_link_port, args.worker_index)
+    except TimeoutError as e:
+        raise SystemExit(f"rollout: {e}") from None
+    group_link.exit_with_leader(link)
     engine = vllm_headless.spanning(config.engine_config, spec, args.leader_address, args.dp_rpc_port)
     local = spec.rollout.data_parallel_local
     argv = vllm_headless.worker_argv(engine, args.worker_index * local, local)

@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -283,10 +284,12 @@ def test_a_server_spanning_two_pods_serves_as_the_operator_renders_it_and_takes_
     coordinator, the worker pod's (`python -m grpo_rollout headless`, told the leader's address and its
     worker index as the LeaderWorkerSet tells it) runs engine 1 from the same run contract. The server
     counts both engines' workers as weight-stream members, a streamed version goes live only with both,
-    and every prompt then samples it. A dense model: vLLM's CPU build has no `all_gatherv` for an MoE
-    model's data-parallel all2all."""
+    and every prompt then samples it. When the worker pod's process dies, the leader exits as a dead
+    engine naming it (vLLM's client alone never noticed: the server stayed ready and the next stream
+    hung), so the LeaderWorkerSet restarts the group. A dense model: vLLM's CPU build has no
+    `all_gatherv` for an MoE model's data-parallel all2all."""
     model_dir = build_tiny_model(tmp_path / "model", arch="qwen2", hidden=128, heads=4)  # head width 32
-    port, rpc_port = free_port(), free_port()
+    port, rpc_port, link_port = free_port(), free_port(), free_port()
     vllm = {"enforceEager": True, "maxModelLen": 256, "dataParallelSize": 2, "gpuMemoryUtilization": 0.2}
     path = write_contract(tmp_path / "job.json", model_dir, ports=[port], engine="vllm", vllm=vllm)
     contract = RunContract.model_validate_json(path.read_text())
@@ -294,7 +297,7 @@ def test_a_server_spanning_two_pods_serves_as_the_operator_renders_it_and_takes_
     contract = contract.model_copy(update={"spec": contract.spec.model_copy(update={"rollout": rollout})})
     path.write_text(contract.model_dump_json(by_alias=True))
     assert RunContract.model_validate_json(path.read_text()).spec.rollout.nodes_per_server == 2
-    pod = ("--dp-rpc-port", str(rpc_port))
+    pod = ("--dp-rpc-port", str(rpc_port), "--group-link-port", str(link_port))
     leader_log, worker_log = tmp_path / "leader.log", tmp_path / "worker.log"
     leader = start_server(
         path, port, TOKEN, python=str(vllm_python), env=VLLM_ENV | {"GRPO_DP_ADDRESS": "127.0.0.1"},
@@ -327,6 +330,9 @@ def test_a_server_spanning_two_pods_serves_as_the_operator_renders_it_and_takes_
         for seed in (5, 6):  # prompts spread over both engines: every one samples the new weights
             assert_serves(live, seed)
         assert "headless engines 1..1 of test-rollout-0" in worker_log.read_text()
+        os.killpg(worker.pid, signal.SIGKILL)  # the worker pod is lost
+        assert leader.wait(timeout=60) == 4  # EXIT_ENGINE_DEAD: a container restart, so a group restart
+        assert "worker pod 1 of this server (127.0.0.1) is gone" in leader_log.read_text()
     finally:
         stop_server(worker)
         stop_server(leader)

@@ -29,6 +29,8 @@ ENV_WORKER_INDEX = "LWS_WORKER_INDEX"
 # where the leader's vLLM data-parallel coordinator listens (ParallelConfig.data_parallel_rpc_port's
 # default in vLLM 0.32.0, config/parallel.py:160), named here so leader and workers agree on it
 VLLM_DP_RPC_PORT = 29550
+# where the leader takes one TCP link from each worker pod, the group's liveness (grpo_rollout.group_link)
+GROUP_LINK_PORT = 29551
 
 # Exit codes of the trainer launcher, read by the operator and the local runtime alike.
 EXIT_CONFIG = 3  # a configuration error no restart can fix (bad contract, bad dataset row)

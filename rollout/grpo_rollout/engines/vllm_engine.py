@@ -47,6 +47,7 @@ import numpy as np
 from grpo_operator.api.roles import resolve_all2all, stream_receive_reserve
 from grpo_wire.protocol import Routing, Sampling, WeightStreamRequest
 
+from grpo_rollout import group_link
 from grpo_rollout.engines import vllm_cpu, vllm_errors
 from grpo_rollout.engines.base import ENGINES, BucketPiece, EngineConfig, EngineDead, PromptSamples, Sample
 from grpo_rollout.engines.hf_names import CheckpointNames
@@ -88,6 +89,10 @@ class VllmOptions:
     data_parallel_size_local: int | None = None
     data_parallel_address: str | None = None
     data_parallel_rpc_port: int | None = None
+    # the leader of a server spanning pods: how many worker pods link to it, and on which port
+    # (`grpo_rollout.group_link`): a link that closes is this engine's failure
+    group_workers: int = 0
+    group_link_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -114,15 +119,20 @@ def vllm_options(spec: "GRPOJobSpec") -> VllmOptions:
     )
 
 
-def spanning(opts: VllmOptions, spec: "GRPOJobSpec", address: str, rpc_port: int) -> VllmOptions:
+def spanning(
+    opts: VllmOptions, spec: "GRPOJobSpec", address: str, rpc_port: int, link_port: int | None = None
+) -> VllmOptions:
     """One pod's part of a server spanning nodes (rollout.nodesPerServer > 1): its
     dataParallelSize / nodesPerServer engines, meeting at the leader's `address`:`rpc_port` (the
-    leader's own IP where it binds, the leader's DNS name where a worker connects)."""
+    leader's own IP where it binds, the leader's DNS name where a worker connects); the leader also
+    takes its worker pods' links on `link_port`."""
     return replace(
         opts,
         data_parallel_size_local=spec.rollout.data_parallel_local,
         data_parallel_address=address,
         data_parallel_rpc_port=rpc_port,
+        group_workers=spec.rollout.nodes_per_server - 1 if link_port is not None else 0,
+        group_link_port=link_port,
     )
 
 
@@ -453,6 +463,12 @@ class VllmEngine:
 
         self._vllm = vllm
         self.opts = config.vllm if isinstance(config, VllmEngineConfig) else VllmOptions()
+        # a leader's worker pods link to it before their engines join vLLM's (group_link)
+        self.links = (
+            group_link.Links(self.opts.group_workers, self.opts.group_link_port or 0)
+            if (self.opts.group_workers)
+            else None
+        )
         if self.opts.routed_experts and (refusal := routed_experts_refusal(HAS_TRITON)):
             raise RuntimeError(refusal)
         self.names = CheckpointNames(config.model_path)
@@ -485,7 +501,10 @@ class VllmEngine:
     # -- liveness --------------------------------------------------------------------------------
 
     def failure(self) -> str | None:
-        """Why the engine core is dead, or None while it lives (`EngineHealth`)."""
+        """Why the engine core is dead, or None while it lives (`EngineHealth`); in a server spanning
+        pods, also a worker pod that is gone (vLLM's client does not notice engines elsewhere)."""
+        if self.links is not None and (lost := self.links.failure()):
+            return lost
         if not self.llm.errored:
             return None
         return death_message(vllm_errors.read(self._first_error), core_exit_codes(self.llm))

@@ -22,10 +22,12 @@ if TYPE_CHECKING:
     from grpo_operator.api.spec import GRPOJobSpec
 
 
-def spanning(config: VllmEngineConfig, spec: "GRPOJobSpec", address: str, rpc_port: int) -> VllmEngineConfig:
+def spanning(
+    config: VllmEngineConfig, spec: "GRPOJobSpec", address: str, rpc_port: int, link_port: int | None = None
+) -> VllmEngineConfig:
     """The engine config of one pod of a server spanning nodes (`vllm_engine.spanning`): the leader's
-    with its own address, a worker's with the leader's."""
-    return replace(config, vllm=spanning_options(config.vllm, spec, address, rpc_port))
+    with its own address and the port its worker pods link to, a worker's with the leader's address."""
+    return replace(config, vllm=spanning_options(config.vllm, spec, address, rpc_port, link_port))
 
 
 def worker_argv(config: VllmEngineConfig, start_rank: int, size_local: int) -> list[str]:
