@@ -42,6 +42,7 @@ from tests.support.ports import free_port
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "grpo-operator"
 EXAMPLE = ROOT / "examples" / "p5-qwen3-30b-a3b.yaml"
+LWS = ("leaderworkerset.x-k8s.io", "v1")
 FSX = ROOT / "examples" / "eks" / "fsx-lustre.yaml"
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"}
 # (verb, group, resource) the chart grants that one lifecycle run cannot reach, and why.
@@ -310,7 +311,8 @@ def operator_run(
     wait_for,
 ) -> Iterator[OperatorRun]:
     """The chart installed into `namespace` and the operator running as its ServiceAccount.
-    The param is the watch scope, `+kueue` adding `kueue.enabled=true`."""
+    The param is the watch scope, `+kueue` adding `kueue.enabled=true`, `+lws`
+    `leaderWorkerSet.enabled=true`."""
     scope, _, feature = request.param.partition("+")
     release = f"rbac-{uuid.uuid4().hex[:6]}"
     metrics_port = free_port()
@@ -324,6 +326,8 @@ def operator_run(
         sets.append(f"watch.namespaces={{{namespace}}}")
     if feature == "kueue":
         sets.append("kueue.enabled=true")
+    if feature == "lws":
+        sets.append("leaderWorkerSet.enabled=true")
     set_args = [a for s in sets for a in ("--set", s)]
     # The chart's CRDs as they are in this checkout (the cluster may hold an older GRPOJob CRD).
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
@@ -393,9 +397,11 @@ def fsx_volume(namespace: str) -> str:
     return f"fsx-{namespace}"[:63]
 
 
-def apply_example(namespace: str, kubectl, labels: dict[str, str] | None = None) -> dict[str, Any]:
+def apply_example(
+    namespace: str, kubectl, labels: dict[str, str] | None = None, rollout: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The FSx claim (a PV unique to this test), the PriorityClass and the p5 job (with extra
-    `labels`, such as Kueue's queue name)."""
+    `labels`, such as Kueue's queue name, and `rollout` fields over the example's)."""
     pv, pvc = (d for d in yaml.safe_load_all(FSX.read_text()) if d)
     pv["metadata"]["name"] = fsx_volume(namespace)
     pvc["spec"]["volumeName"] = pv["metadata"]["name"]
@@ -409,8 +415,9 @@ def apply_example(namespace: str, kubectl, labels: dict[str, str] | None = None)
         "description": "GPU training jobs (examples/p5-qwen3-30b-a3b.yaml)",
     }
     kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all([pv, pvc, priority]))
-    if labels:
-        job["metadata"].setdefault("labels", {}).update(labels)
+    if labels or rollout:
+        job["metadata"].setdefault("labels", {}).update(labels or {})
+        job["spec"]["rollout"].update(rollout or {})
         kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=yaml.safe_dump(job))
     else:
         kubectl("apply", "--server-side", "-n", namespace, "-f", str(EXAMPLE))
@@ -704,3 +711,36 @@ def test_the_chart_kueue_rules_are_what_a_queued_job_uses(
     used = {(c.verb, c.group, c.resource) for c in operator_run.proxy.calls}
     kueue_rules = {g for g in operator_run.granted if g[1] == KUEUE[0]}
     assert len(kueue_rules) == 8 and not kueue_rules - used, sorted(kueue_rules - used)
+
+
+@pytest.mark.parametrize("operator_run", ["namespaces+lws"], indirect=True)
+def test_the_chart_lws_rules_are_what_servers_spanning_nodes_use(
+    operator_run: OperatorRun,
+    namespace: str,
+    kubectl,
+    k8s_api: client.ApiClient,
+    wait_for: Callable[..., Any],
+    lws_controller: Path | None,
+) -> None:
+    """With leaderWorkerSet.enabled the operator, under the chart's identity, runs the p5 job with
+    2-node rollout servers (rollout.nodesPerServer) as a LeaderWorkerSet: no request is refused and
+    every LeaderWorkerSet rule the chart grants is used."""
+    spanning = {
+        "instanceType": "p5en.48xlarge", "nodesPerServer": 2, "tensorParallelSize": 1, "replicas": 2,
+        "minReplicas": 1, "vllm": {"dataParallelSize": 16, "expertParallelSize": 16},
+    }  # fmt: skip
+    job = apply_example(namespace, kubectl, rollout=spanning)
+    name = job["metadata"]["name"]
+    try:
+        wait_running(operator_run, k8s_api, wait_for, namespace, name)
+        custom = client.CustomObjectsApi(k8s_api)
+        lws = custom.get_namespaced_custom_object(
+            LWS[0], LWS[1], namespace, "leaderworkersets", f"{name}-rollout"
+        )
+        assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+    except TimeoutError as e:
+        pytest.fail(f"{e}\n{operator_run.diagnose()}")
+    assert not operator_run.refused(), f"the chart lacks permissions: {operator_run.diagnose()}"
+    used = {(c.verb, c.group, c.resource) for c in operator_run.proxy.calls}
+    lws_rules = {g for g in operator_run.granted if g[1] == LWS[0]}
+    assert len(lws_rules) == 3 and not lws_rules - used, sorted(lws_rules - used)
