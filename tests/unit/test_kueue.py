@@ -192,3 +192,25 @@ def test_finished_status_keeps_transition_times_of_unchanged_conditions():
         kinds["Finished"]["status"] == "True"
         and kinds["Finished"]["lastTransitionTime"] == "2026-01-01T13:00:00Z"
     )
+
+
+def test_the_operators_workload_carries_each_roles_template_and_counts_pods_of_spanning_servers():
+    """What `Queueing` sends: a template per role taken from the rendered children (never the PDB or
+    Service that share a StatefulSet's name), and for servers spanning nodes the leader's template
+    and servers x nodesPerServer pods."""
+    from grpo_operator.controller.queueing import Queueing, pod_counts
+
+    from tests.support.render import job, rendered
+
+    body = {"metadata": {"name": "moe", "namespace": "team", "uid": "uid-1"}}
+    spanning = {"replicas": 3, "instanceType": "p5en.48xlarge", "nodesPerServer": 2, "tensorParallelSize": 1}
+    spanning["vllm"] = {"dataParallelSize": 16, "expertParallelSize": 16}
+    for spec, rollout_pods in ((job(), 2), (job(rollout=spanning), 6)):
+        counts = pod_counts(spec.spec)
+        assert counts == {"trainer": 2, "rollout": rollout_pods}
+        wl = Queueing._workload(body, rendered(spec), "team-a", counts, None)
+        sets = {ps["name"]: ps for ps in wl["spec"]["podSets"]}
+        assert sets["rollout"]["count"] == rollout_pods
+        for role in ("trainer", "rollout"):
+            container = sets[role]["template"]["spec"]["containers"][0]
+            assert container["name"] == role and container["resources"]["limits"]["nvidia.com/gpu"] == "8"

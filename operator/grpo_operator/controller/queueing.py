@@ -14,6 +14,7 @@ from datetime import datetime
 
 from grpo_operator import render
 from grpo_operator.api.job import GRPOJob
+from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.api.status import TERMINAL_PHASES, Phase
 from grpo_operator.controller import admission
 from grpo_operator.controller.kube import Kube
@@ -120,10 +121,7 @@ class Queueing:
                 self.kube.delete(kueue.API_VERSION, "Workload", namespace, wl_name)
             return
         spec = job.spec
-        counts = {
-            names.ROLE_TRAINER: spec.trainer.replicas,
-            names.ROLE_ROLLOUT: spec.rollout.replicas * spec.rollout.nodes_per_server,  # pods, not servers
-        }
+        counts = pod_counts(spec)
         if workload is None:
             if not standing.blocked:  # else the status says why
                 self.kube.create(self._workload(body, rendered, standing.queue, counts, gate.priority))
@@ -142,7 +140,8 @@ class Queueing:
         priority: kueue.Priority | None,
     ) -> dict:
         meta = body["metadata"]
-        templates = {c["metadata"]["name"]: _pod_template(c) for c in rendered.children}
+        pods = [(c["metadata"]["name"], _pod_template(c)) for c in rendered.children]
+        templates = {name: template for name, template in pods if template is not None}  # a PDB shares a name
         return kueue.workload(
             name=meta["name"],
             namespace=meta["namespace"],
@@ -175,6 +174,15 @@ class Queueing:
         if found is None:
             raise LookupError(f"{kind} {name!r} does not exist; create it or fix the job")
         return kueue.Priority(group, kind, name, int(found.get("value", 0)))
+
+
+def pod_counts(spec: GRPOJobSpec) -> dict[str, int]:
+    """The pods each role asks Kueue for: a server spanning nodes is that many pods."""
+    rollout = spec.rollout
+    return {
+        names.ROLE_TRAINER: spec.trainer.replicas,
+        names.ROLE_ROLLOUT: rollout.replicas * rollout.nodes_per_server,
+    }
 
 
 def _pod_template(child: dict) -> dict | None:
