@@ -107,6 +107,12 @@ def test_servers_spanning_two_nodes_are_groups_that_restart_alone_scale_and_go(
     pods = wait_for(lambda: groups_ready(cluster, "wide", 3), what="3 groups of 2 ready", timeout=120)
     assert {"wide-rollout-2", "wide-rollout-2-1"} <= set(pods)
     assert lws(cluster, "wide")["spec"]["replicas"] == 3
+    scale = cluster.custom.get_namespaced_custom_object_scale(GROUP, VERSION, cluster.ns, PLURAL, "wide")
+    assert scale["status"]["replicas"] == 3  # servers, for an HPA or KEDA, selecting one pod each
+    assert (
+        scale["status"]["selector"]
+        == f"grpo.dev/job=wide,grpo.dev/role=rollout,{names.LABEL_LWS_WORKER_INDEX}=0"
+    )
     wait_for(lambda: cluster.status("wide").get("rollout", {}).get("readyText") == "3/3", what="3/3 servers")
     policies = (
         client.NetworkingV1Api(cluster.core.api_client).list_namespaced_network_policy(cluster.ns).items

@@ -139,9 +139,8 @@ class Reconciler:
         )
         status.recovered(decision.status, now)
         if decision.status.rollout is not None:  # what the scale subresource's HPA/KEDA select on
-            decision.status.rollout.selector = names.label_selector(
-                body["metadata"]["name"], names.ROLE_ROLLOUT
-            )
+            spans = snap.job is not None and snap.job.spec.rollout.spans_nodes
+            decision.status.rollout.selector = names.server_selector(body["metadata"]["name"], spans=spans)
         if decision.gang_restart:
             # Record the new attempt first: a crash after this line still restarts the gang.
             self._write_status(body, decision.status)

@@ -112,6 +112,13 @@ def label_selector(job: str, role: str | None = None) -> str:
     return ",".join(f"{k}={v}" for k, v in sel.items())
 
 
+def server_selector(job: str, *, spans: bool = False) -> str:
+    """A pod per rollout server, as a label selector (the scale subresource's, for an HPA or KEDA):
+    the rollout pods, or of servers spanning nodes their leaders."""
+    leaders = f",{LABEL_LWS_WORKER_INDEX}=0" if spans else ""
+    return label_selector(job, ROLE_ROLLOUT) + leaders
+
+
 def owner_reference(job: str, uid: str) -> dict[str, object]:
     """Owner reference to the GRPOJob: deleting the job garbage-collects the child."""
     return {
