@@ -12,6 +12,9 @@ from tests.support import example_mutations
 
 ROOT = Path(__file__).resolve().parents[2]
 INVALID = sorted((ROOT / "tests" / "fixtures" / "invalid").glob("*.yaml"))
+# Valid to the API server, refused by the operator's renderer against the instance-type table, which
+# `validate` runs offline too: the same first line names the field.
+RENDER_REFUSED = sorted((ROOT / "tests" / "fixtures" / "render-refused").glob("*.yaml"))
 UPDATES = sorted((ROOT / "tests" / "fixtures" / "updates").glob("*.new.yaml"))
 # GRPOJob examples only: the EKS infrastructure files are checked by tests/unit/test_examples.py.
 EXAMPLES = sorted(p for p in (ROOT / "examples").rglob("*.yaml") if "kind: GRPOJob" in p.read_text())
@@ -60,6 +63,14 @@ def test_corpus_is_large_and_distinct() -> None:
 def test_invalid_manifest_is_rejected_naming_the_field(path: Path) -> None:
     problems = validation.validate_file(path)
     assert problems, f"{path.name} was accepted"
+    fragment = expected(path)
+    assert any(fragment in str(p) for p in problems), f"{fragment!r} not in {[str(p) for p in problems]}"
+
+
+@pytest.mark.parametrize("path", RENDER_REFUSED, ids=lambda p: p.stem)
+def test_what_the_renderer_refuses_is_refused_offline_naming_the_field(path: Path) -> None:
+    assert not validation.validate_text(path.read_text(), str(path)), "the API server's checks pass"
+    problems = validation.validate_file(path)
     fragment = expected(path)
     assert any(fragment in str(p) for p in problems), f"{fragment!r} not in {[str(p) for p in problems]}"
 

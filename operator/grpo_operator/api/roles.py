@@ -451,7 +451,7 @@ class RolloutSpec(RoleCommon):
                 ".nodesPerServer",
             ),
             (
-                "self.vllm.dataParallelSize % self.nodesPerServer == 0",
+                "self.nodesPerServer < 1 || self.vllm.dataParallelSize % self.nodesPerServer == 0",
                 "rollout.vllm.dataParallelSize must be a multiple of rollout.nodesPerServer: each node of "
                 "a server runs dataParallelSize / nodesPerServer engines of tensorParallelSize GPUs",
                 ".vllm.dataParallelSize",
