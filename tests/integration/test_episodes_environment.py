@@ -80,7 +80,7 @@ def test_a_local_job_learns_from_the_environments_reward_alone(tmp_path: Path, t
     wrote are masked, and the tiny model's addition gets better under it."""
     from tests.support.local_runtime import job_manifest, run_job
 
-    manifest = job_manifest(tiny_model, maxSteps=40, groupSize=8, promptsPerStep=16, microBatchSize=64)
+    manifest = job_manifest(tiny_model, maxSteps=80, groupSize=8, promptsPerStep=16, microBatchSize=64)
     manifest["spec"]["dataset"]["path"] = str(tiny_model / "addition-train.jsonl")
     manifest["spec"]["reward"] = {"functions": []}
     manifest["spec"]["environment"] = {"class": "are_you_sure:AreYouSure"}
@@ -88,7 +88,7 @@ def test_a_local_job_learns_from_the_environments_reward_alone(tmp_path: Path, t
     run = run_job(tmp_path, manifest, files={"are_you_sure.py": ENVIRONMENT})
     assert run.finish(timeout=900) == 0, run.output()
     summary = run.summary()
-    assert summary["steps"] == 40 and summary["restarts"] == 0, summary
+    assert summary["steps"] == 80 and summary["restarts"] == 0, summary
     assert summary["turns_mean"] == pytest.approx(2.0, abs=0.05), summary  # asked twice, nearly always
     assert 0.0 < summary["masked_token_fraction"] < 1.0, summary
     rewards = [s["reward_mean"] for s in run.steps()]
