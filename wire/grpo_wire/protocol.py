@@ -11,6 +11,9 @@ Endpoints (all JSON except the weight body):
   POST /weights/stream  WeightStreamRequest -> WeightUpdateResponse, the version itself arriving over
                   a torch.distributed group (`grpo_wire.weight_stream`; bearer token)
   GET  /health    -> HealthResponse (200 ready, 503 loading/draining/failed; no token, for probes)
+A reward model server (spec.reward.model, `grpo_rollout.reward_model`) answers, to the rollout servers:
+  POST /score     ScoreRequest -> ScoreResponse (bearer token)
+  GET  /health    -> HealthResponse (engine "reward-classifier" / "reward-generative")
   GET  /metrics   Prometheus text (no token)
 Every error is an ErrorResponse with a machine-readable `code`. One of them is permanent for the
 server that sends it: `engine_dead` (HTTP 500, health state `failed`): its engine cannot serve any
@@ -33,6 +36,7 @@ MAX_PROMPTS_PER_REQUEST = 1024
 MAX_SEQUENCES_PER_REQUEST = 16384  # prompts * n
 MAX_GROUP_SIZE = 1024
 MAX_CHAT_MESSAGES = 256
+MAX_SCORE_ITEMS = 1024  # completions per /score request (reward.model.batchSize at most)
 MAX_PROMPT_CHARS = 65536
 MAX_NEW_TOKENS = 131072
 MAX_GENERATE_BODY_BYTES = 16 * 1024 * 1024
@@ -449,6 +453,28 @@ ErrorCode = Literal[
     "internal",
 ]
 ENGINE_DEAD: ErrorCode = "engine_dead"  # permanent for the server process that answers it
+
+
+class ScoreItem(WireModel):
+    """One completion to score, with its prompt and its row's columns (what a judge's prompt names)."""
+
+    prompt: str | list[ChatMessage] = Field(description="prompt: the text, or the chat, that was answered.")
+    completion: str = Field(description="completion: the model's answer, decoded.")
+    columns: dict[str, Any] = Field(default_factory=dict, description="columns: the row's reward columns.")
+
+
+class ScoreRequest(Versioned):
+    request_id: str = Field(min_length=1, max_length=128)
+    items: list[ScoreItem] = Field(min_length=1, max_length=MAX_SCORE_ITEMS)
+
+
+class ScoreResponse(Versioned):
+    """One score per item, in order; an item that could not be scored (a judge's text without a
+    score) has score 0.0 and its `errors` entry says why."""
+
+    scores: list[float]
+    errors: list[str | None]
+    model: str = Field(description="model: the reward model's path, for the details.")
 
 
 class ErrorResponse(Versioned):
