@@ -14,9 +14,9 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator
 
+from grpo_operator.api import podspec
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_operator.api.base import MAX_SECONDS, MAX_SEED, ApiModel, cel, immutable
-from grpo_operator.api import podspec
 from grpo_operator.api.roles import ROLLOUT_IMAGE, RoleCommon, RolloutSpec, TrainerSpec
 from grpo_operator.api.storage import StorageSpec
 from grpo_operator.api.tracking import TrackingSpec
