@@ -19,6 +19,12 @@ Every error is an ErrorResponse with a machine-readable `code`. One of them is p
 server that sends it: `engine_dead` (HTTP 500, health state `failed`): its engine cannot serve any
 more, it exits at once and only a new process (a restarted pod) serves again; a client re-sends
 elsewhere and never to that process. Every other 5xx/409/429 means "not now, maybe later".
+Two are about the job's reward model (spec.reward.model), answered by /score and passed on by
+/generate: `reward_misconfigured` (HTTP 422, permanent for the job: the model cannot score as
+configured, e.g. a judge prompt naming a column the rows lack, a classifier with more than one output;
+the message names the spec field) and `reward_unavailable` (HTTP 502 from /generate: no reward model
+server scored the completions within 3 x spec.reward.model.timeoutSeconds; a retry may succeed once a
+replacement is up).
 """
 
 import base64
@@ -450,9 +456,13 @@ ErrorCode = Literal[
     "weight_version_refused",
     "weight_stream_cancelled",
     "engine_dead",
+    "reward_misconfigured",
+    "reward_unavailable",
     "internal",
 ]
 ENGINE_DEAD: ErrorCode = "engine_dead"  # permanent for the server process that answers it
+REWARD_MISCONFIGURED: ErrorCode = "reward_misconfigured"  # permanent for the job (HTTP 422)
+REWARD_UNAVAILABLE: ErrorCode = "reward_unavailable"  # no reward model server answered in time (HTTP 502)
 
 
 class ScoreItem(WireModel):
