@@ -342,7 +342,10 @@ class RewardModelSpec(RoleCommon):
         "text, is the score; a text without a match scores 0 and is counted as a parse failure.",
     )
     max_new_tokens: int = Field(
-        default=512, ge=1, le=32768, description="maxNewTokens: optional, generative only, default 512."
+        default=512,
+        ge=1,
+        le=32768,
+        description="maxNewTokens: optional, generative only, default 512, [1, 32768].",
     )
     weight: float = Field(
         default=1.0,
