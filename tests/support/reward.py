@@ -53,7 +53,11 @@ def start_reward_server(
 ) -> subprocess.Popen:
     """`python -m grpo_rollout reward` as the reward pod `index` of `contract` (its endpoint's port)."""
     env = dict(
-        os.environ, GRPO_CONTRACT=str(contract), GRPO_TOKEN=token, GRPO_POD_INDEX=str(index), HF_HUB_OFFLINE="1"
+        os.environ,
+        GRPO_CONTRACT=str(contract),
+        GRPO_TOKEN=token,
+        GRPO_POD_INDEX=str(index),
+        HF_HUB_OFFLINE="1",
     )
     cmd = [sys.executable, "-m", "grpo_rollout", "reward", "--threads", "1", "--drain-seconds", "2"]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 (owned by the child)

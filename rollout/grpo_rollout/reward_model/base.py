@@ -41,6 +41,21 @@ class RewardModel(Protocol):
 KINDS: Registry[Any] = Registry("reward model kind", home="grpo_rollout.reward_model")
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def torch_placement(config: LoadConfig) -> tuple[Any, Any]:
+    """(device, dtype) of torch for `config`: auto picks CUDA when there is one."""
+    import torch  # only a loading kind needs it
+
+    if config.dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {config.dtype!r}; choose one of {list(DTYPES)}")
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device), getattr(torch, config.dtype)
+
+
 def load(kind: str, config: LoadConfig, spec: Any) -> RewardModel:
     return KINDS.get(kind)(config, spec)
 

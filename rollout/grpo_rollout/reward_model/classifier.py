@@ -11,7 +11,14 @@ from typing import Any
 
 from grpo_wire.protocol import ScoreItem
 
-from grpo_rollout.reward_model.base import KINDS, LoadConfig, Misconfigured, conversation, prompt_text
+from grpo_rollout.reward_model.base import (
+    KINDS,
+    LoadConfig,
+    Misconfigured,
+    conversation,
+    prompt_text,
+    torch_placement,
+)
 
 FIELD = "spec.reward.model.path"
 
@@ -35,16 +42,14 @@ class Classifier:
         import torch
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-        from grpo_rollout.engines.torch_engine import DTYPES, resolve_device
-
         check_single_output(config.path, AutoConfig.from_pretrained(config.path))
         self.batch_size: int = spec.batch_size
-        self.device = resolve_device(config.device)
+        self.device, dtype = torch_placement(config)
         self.tokenizer = AutoTokenizer.from_pretrained(config.path)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "right"
-        model = AutoModelForSequenceClassification.from_pretrained(config.path, dtype=DTYPES[config.dtype])
+        model = AutoModelForSequenceClassification.from_pretrained(config.path, dtype=dtype)
         if model.config.pad_token_id is None:  # the head reads each row's last non-pad token
             model.config.pad_token_id = self.tokenizer.pad_token_id
         self.model = model.to(self.device).eval()

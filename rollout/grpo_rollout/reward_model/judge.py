@@ -13,7 +13,7 @@ from typing import Any
 
 from grpo_wire.protocol import ScoreItem
 
-from grpo_rollout.reward_model.base import KINDS, LoadConfig, Misconfigured, prompt_text
+from grpo_rollout.reward_model.base import KINDS, LoadConfig, Misconfigured, prompt_text, torch_placement
 
 FIELD = "spec.reward.model.prompt"
 PREVIEW_CHARS = 200
@@ -74,8 +74,6 @@ class Judge:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from grpo_rollout.engines.torch_engine import DTYPES, resolve_device
-
         if not spec.prompt:
             raise Misconfigured(f"{FIELD} is required for a generative judge")
         check_template(spec.prompt)
@@ -83,12 +81,12 @@ class Judge:
         self.pattern = re.compile(spec.score_pattern)
         self.max_new_tokens: int = spec.max_new_tokens
         self.batch_size: int = spec.batch_size
-        self.device = resolve_device(config.device)
+        self.device, dtype = torch_placement(config)
         self.tokenizer = AutoTokenizer.from_pretrained(config.path)
         self.tokenizer.padding_side = "left"  # generation continues every row from its last token
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(config.path, dtype=DTYPES[config.dtype])
+        model = AutoModelForCausalLM.from_pretrained(config.path, dtype=dtype)
         self.model = model.to(self.device).eval()
         self._torch = torch
 
