@@ -5,9 +5,12 @@ The classifier is the product's tiny builder (`grpo-operator tiny-model --reward
 weights); the judge is the tiny policy (`tests.support.rollout.build_tiny_model`).
 """
 
+import json
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +65,35 @@ def start_reward_server(
     cmd = [sys.executable, "-m", "grpo_rollout", "reward", "--threads", "1", "--drain-seconds", "2"]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 (owned by the child)
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def http(method: str, url: str, body: bytes | None = None, token: str | None = None) -> tuple[int, Any]:
+    """(status, parsed JSON or text) of one plain HTTP call, with the bearer `token` if given."""
+    req = urllib.request.Request(url, data=body, method=method)
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode()
+
+
+def score(url: str, items: list[dict[str, Any]], token: str) -> tuple[int, Any]:
+    """POST /score of `items` (ScoreItem dicts)."""
+    body = json.dumps({"request_id": "t", "items": items}).encode()
+    return http("POST", f"{url}/score", body, token)
+
+
+def metric(url: str, name: str) -> float:
+    """The value of one unlabelled sample of a server's /metrics (0.0 when absent)."""
+    _, text = http("GET", f"{url}/metrics")
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
