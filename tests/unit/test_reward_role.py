@@ -166,3 +166,8 @@ def test_failed_reward_pod_is_deleted_without_a_gang_restart():
 def test_a_stopped_job_scales_the_reward_servers_too():
     assert ("apps/v1", "StatefulSet", names.ROLE_REWARD) in reconcile.STOPPABLE
     assert GRPOJobStatus.model_fields["reward"].default is None
+
+
+def test_an_unknown_reward_instance_type_names_its_field():
+    with pytest.raises(render.RenderError, match=r"^reward\.model\.instanceType: "):
+        rendered(reward_job(instanceType="p9.imaginary"))

@@ -69,7 +69,8 @@ def hardware(job: GRPOJob, role: str, table: InstanceTable) -> Hardware:
         try:
             itype = table.get(spec.instance_type)
         except UnknownInstanceType as e:
-            raise RenderError(f"{role}.instanceType: {e}") from None
+            field = "reward.model" if role == names.ROLE_REWARD else role
+            raise RenderError(f"{field}.instanceType: {e}") from None
     node_gpus, node_efa = (itype.gpus, itype.efa) if itype else (0, 0)
     if role == names.ROLE_TRAINER:
         if mode == EFAMode.REQUIRED and node_efa == 0:
