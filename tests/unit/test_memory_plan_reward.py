@@ -72,3 +72,25 @@ def test_cli_prints_the_reward_role(tmp_path: Path, capsys: pytest.CaptureFixtur
     main(["plan", str(job), *map(str, policy), "--json"])  # no reward config at hand: a note, no row
     out, err = capsys.readouterr()
     assert "reward" not in json.loads(out) and "--reward-model-config" in err
+
+
+def test_validate_warns_of_a_reward_server_that_cannot_fit(tmp_path: Path) -> None:
+    from grpo_operator.validation.check import memory_problems
+
+    (tmp_path / "rm").mkdir()
+    (tmp_path / "rm" / "config.json").write_text(
+        json.dumps(LLAMA_RM | {"architectures": ["LlamaForCausalLM"]})
+    )
+    text = (
+        "apiVersion: grpo.dev/v1alpha1\nkind: GRPOJob\nmetadata: {name: j}\nspec:\n"
+        "  model: {path: s3://bucket/policy, dtype: bfloat16}\n  dataset: {path: s3://bucket/d.jsonl}\n"
+        "  reward:\n    model: {path: rm, instanceType: p5.48xlarge, kind: generative,\n"
+        "            prompt: 'Rate {completion}', batchSize: 512}\n"
+    )
+    _, warnings = memory_problems(text, str(tmp_path / "job.yaml"))
+    (problem,) = [w for w in warnings if w.path == "spec.reward.model"]
+    assert "reward: " in problem.message and "does NOT fit" in problem.message
+    fits = text.replace("batchSize: 512", "batchSize: 1")
+    assert not [
+        w for w in memory_problems(fits, str(tmp_path / "job.yaml"))[1] if w.path == "spec.reward.model"
+    ]
