@@ -2,12 +2,15 @@
 spec.reward.model.path and what it found; a one-output model scores one finite logit per item."""
 
 import math
+import subprocess
+import sys
 
 import pytest
 from grpo_operator.api.spec import RewardModelSpec
 from grpo_rollout.reward_model.base import LoadConfig, Misconfigured, load
 from grpo_trainer.tiny_model import TinyConfig, build_reward_classifier, build_tokenizer
 from grpo_wire.protocol import ScoreItem
+from transformers import AutoConfig
 
 CFG = TinyConfig(hidden=32, layers=1, max_positions=128)
 
@@ -51,3 +54,14 @@ def test_one_finite_score_per_item_and_batching_does_not_change_it(classifier_di
     assert (
         model.text(items[1]) == "<|user|>a longer question here<|end|><|assistant|>and a long answer<|end|>"
     )
+
+
+@pytest.mark.slow
+def test_the_cli_writes_a_tiny_reward_classifier_the_server_loads(tmp_path):
+    out = tmp_path / "rm"
+    cmd = [sys.executable, "-m", "grpo_operator.cli", "tiny-model", str(out), "--reward-classifier"]
+    subprocess.run(cmd, check=True, timeout=300, capture_output=True)
+    assert AutoConfig.from_pretrained(out).num_labels == 1
+    model = load("classifier", LoadConfig(str(out), "cpu"), RewardModelSpec(path=str(out)))
+    scores, _ = model.score([ScoreItem(prompt="1+1=", completion="2")])
+    assert len(scores) == 1 and math.isfinite(scores[0])
