@@ -10,6 +10,7 @@ termination message) when the model cannot load or is misconfigured.
 import argparse
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -58,7 +59,9 @@ def service_for(
     return service, endpoint, port
 
 
-def run(args: argparse.Namespace, contract: RunContract, token: str, host_for) -> int:
+def run(
+    args: argparse.Namespace, contract: RunContract, token: str, host_for: Callable[[str | None], str]
+) -> int:
     """Serve until SIGTERM; `host_for(endpoint)` picks the listen address (the rollout's rule)."""
     service, endpoint, port = service_for(contract, args.pod_index, args)
     if args.threads:
