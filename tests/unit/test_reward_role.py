@@ -171,3 +171,16 @@ def test_a_stopped_job_scales_the_reward_servers_too():
 def test_an_unknown_reward_instance_type_names_its_field():
     with pytest.raises(render.RenderError, match=r"^reward\.model\.instanceType: "):
         rendered(reward_job(instanceType="p9.imaginary"))
+
+
+def test_a_reward_model_removed_from_a_live_job_stops_its_servers_once():
+    scaled = []
+    kube = SimpleNamespace(scale=lambda *args: scaled.append(args))
+    rec = reconcile.Reconciler(kube, table=None)
+    meta = {"name": "moe", "namespace": "team"}
+    had = GRPOJobStatus.model_validate({"reward": {"replicas": 2, "ready": 2, "readyText": "2/2"}})
+    rec._stop_removed_reward(meta, had, job())
+    assert scaled == [("apps/v1", "StatefulSet", "team", "moe-reward", 0)]
+    rec._stop_removed_reward(meta, GRPOJobStatus(), job())  # status.reward cleared: nothing more
+    rec._stop_removed_reward(meta, had, reward_job())  # still served: nothing
+    assert len(scaled) == 1

@@ -198,6 +198,7 @@ class Reconciler:
             return None
         rendered = self._render(body, job, memory, decision, snap.gate)
         self.children.apply(rendered, memory.children, body)
+        self._stop_removed_reward(meta, snap.old, job)
         self._delete_stale(meta["namespace"], snap.pods, decision, snap.obs)
         if snap.gate is not None:
             self.queueing.sync(body, job, rendered, snap.gate, decision, snap.pods, now)
@@ -236,6 +237,14 @@ class Reconciler:
         )
         out.warnings.extend(place.warnings)
         return out
+
+    def _stop_removed_reward(self, meta: dict, old: GRPOJobStatus, job: GRPOJob) -> None:
+        """spec.reward.model removed from a live job (its status still counts reward servers): the
+        reward StatefulSet is scaled to zero, once, so its GPUs go back; the role's other children stay
+        until the job is deleted (the operator patches children, it never deletes them)."""
+        if old.reward is not None and job.spec.reward.model is None:
+            sts = names.statefulset(meta["name"], names.ROLE_REWARD)
+            self.kube.scale("apps/v1", "StatefulSet", meta["namespace"], sts, 0)
 
     def _delete_stale(
         self, namespace: str, pods: list[dict], decision: status.Decision, obs: observe.Observation
