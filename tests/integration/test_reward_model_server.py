@@ -76,7 +76,7 @@ def test_each_replica_scores_each_item_once_the_same_and_counts_them(pair, class
 
 def test_a_replica_killed_mid_run_loses_no_item(pair):
     urls, procs = pair
-    items = [ScoreItem(prompt=f"{i}+{i}=", completion=str(2 * i) * (1 + i % 5)) for i in range(300)]
+    items = [ScoreItem(prompt=f"{i}+{i}=", completion=str(2 * i) * (1 + i % 5)) for i in range(600)]
     client = RewardModelClient(ModelClientConfig(tuple(urls), TOKEN, batch_size=2, timeout_s=10))
     alone, _ = RewardModelClient(ModelClientConfig((urls[1],), TOKEN, batch_size=2, timeout_s=10)).score(
         items[:6]
