@@ -148,6 +148,7 @@ _COLUMNS: tuple[tuple[str, str, str, int], ...] = (
     ("Tokens/s", "number", ".status.progress.tokensPerSecond", 1),
     ("Eval", "number", ".status.progress.evalReward", 1),
     ("Model", "string", ".spec.model.path", 1),
+    ("RewardModels", "string", ".status.reward.readyText", 1),  # empty without spec.reward.model
 )
 
 

@@ -1,5 +1,6 @@
 """`python -m grpo_rollout serve`: the rollout pod's command (rendered by the operator, run locally too);
-`python -m grpo_rollout headless`: a worker pod's, in a server spanning nodes (rollout.nodesPerServer > 1).
+`python -m grpo_rollout headless`: a worker pod's, in a server spanning nodes (rollout.nodesPerServer > 1);
+`python -m grpo_rollout reward`: a reward pod's (spec.reward.model), see `grpo_rollout.reward_model.command`.
 
 Reads the run contract from $GRPO_CONTRACT (an s3:// model is fetched into the pod's model cache
 first, `grpo_operator.storage`), this pod's index from $GRPO_POD_INDEX and the per-job
@@ -42,6 +43,7 @@ from grpo_operator.api.spec import GRPOJobSpec
 from grpo_wire.chat import ChatSettings
 
 from grpo_rollout.engines.base import EngineDead, engine_config
+from grpo_rollout.reward_model import command as reward_command
 from grpo_rollout.server import serve
 from grpo_rollout.service import EnvironmentSettings, RolloutService, ServiceConfig, ToolSettings
 
@@ -69,6 +71,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     s.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
     h.add_argument("--worker-index", type=int, default=int(os.environ.get(ENV_WORKER_INDEX, "0")))
     h.add_argument("--leader-address", default=os.environ.get(ENV_LEADER_ADDRESS))
+    r = sub.add_parser(
+        "reward", help="serve the reward model (spec.reward.model) of the job in $GRPO_CONTRACT"
+    )
+    r.add_argument(
+        "--contract", default=os.environ.get(ENV_CONTRACT), help=f"job.json (default ${ENV_CONTRACT})"
+    )
+    r.add_argument("--pod-index", type=int, default=int(os.environ.get(ENV_POD_INDEX, "0")))
+    r.add_argument("--log-level", default="INFO")
+    reward_command.add_arguments(r)
     return p.parse_args(argv)
 
 
@@ -116,6 +127,8 @@ def service_config(contract: RunContract, args: argparse.Namespace) -> tuple[Ser
         engine=str(spec.rollout.engine),
         engine_config=engine,
         reward=spec.reward,
+        reward_endpoints=tuple(contract.reward.endpoints) if contract.reward is not None else (),
+        reward_token=os.environ.get(ENV_TOKEN, ""),
         drain_seconds=getattr(args, "drain_seconds", 0.0),
         chat=ChatSettings.of(spec.dataset),
         tools=tool_settings(spec),
@@ -202,9 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.contract:
         raise SystemExit(f"rollout: no run contract; set ${ENV_CONTRACT} or pass --contract")
     token = os.environ.get(ENV_TOKEN)
-    if not token and args.command == "serve":
-        raise SystemExit(f"rollout: ${ENV_TOKEN} is not set; the per-job token guards /generate and /weights")
+    if not token and args.command in ("serve", "reward"):
+        raise SystemExit(
+            f"rollout: ${ENV_TOKEN} is not set; the per-job token guards /generate, /weights and /score"
+        )
     contract = RunContract.model_validate_json(Path(args.contract).read_text())
+    if args.command == "reward":
+        return reward_command.run(args, contract, token, listen_host)
     if args.command == "headless":
         return headless(args, contract)
     config, port = service_config(contract, args)

@@ -54,6 +54,7 @@ from grpo_rollout.errors import ServiceError, loading
 from grpo_rollout.gate import Gate
 from grpo_rollout.metrics import RolloutMetrics
 from grpo_rollout.receiver import WeightReceiver
+from grpo_rollout.rewards.model_client import ModelClientConfig, RewardModelClient
 from grpo_rollout.rewards.scorer import RewardScorer
 from grpo_rollout.tools.parsers import get_parser
 from grpo_rollout.tools.runner import ToolRunner
@@ -93,6 +94,8 @@ class ServiceConfig:
     engine: str
     engine_config: EngineConfig
     reward: RewardSpec
+    reward_endpoints: tuple[str, ...] = ()  # contract.reward.endpoints: spec.reward.model's servers
+    reward_token: str = ""  # the job's token, which the reward servers check too
     drain_seconds: float = 25.0  # under Kubernetes' default 30 s grace period
     chat: ChatSettings = field(default_factory=ChatSettings)  # how prompts meet the model's chat template
     tools: ToolSettings | None = None  # spec.tools: multi-turn episodes (`grpo_rollout.episodes`)
@@ -129,7 +132,9 @@ class RolloutService:
         """Load the engine and check reward plugins; failures propagate and stop the server."""
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
-        self.scorer = await loop.run_in_executor(self._reward_pool, RewardScorer, self.config.reward)
+        self.scorer = await loop.run_in_executor(
+            self._reward_pool, RewardScorer, self.config.reward, None, self._reward_model()
+        )
         tools = self.config.tools
         runner = None
         if tools is not None:  # tools are loaded and described in the sandbox, never in this process
@@ -176,6 +181,20 @@ class RolloutService:
         self.engine = engine
         self.metrics.weight_version.set(self.weights.live_version)
         log.info("%s ready: engine %s in %.1fs", self.config.server_id, engine.name, time.monotonic() - t0)
+
+    def _reward_model(self) -> RewardModelClient | None:
+        """The client of spec.reward.model's servers; None without a reward model."""
+        model = self.config.reward.model
+        if model is None:
+            return None
+        return RewardModelClient(
+            ModelClientConfig(
+                self.config.reward_endpoints,
+                self.config.reward_token,
+                batch_size=model.batch_size,
+                timeout_s=model.timeout_seconds,
+            )
+        )
 
     def health(self) -> HealthResponse:
         return HealthResponse(

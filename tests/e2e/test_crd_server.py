@@ -109,7 +109,8 @@ def test_get_shows_printer_columns_defaults_and_scale(
     assert lines[0].split() == ["NAME", "PHASE", "STEP", "REWARD", "TRAINERS", "ROLLOUTS", "AGE"]
     assert lines[1].split()[:6] == ["minimal", "Running", "12", "0.75", "1/1", "0/1"]
     wide = kubectl("get", "grpo", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split()[-4:] == ["RESTARTS", "TOKENS/S", "EVAL", "MODEL"]
+    assert wide[0].split()[-5:] == ["RESTARTS", "TOKENS/S", "EVAL", "MODEL", "REWARDMODELS"]
+    # the last column is blank without spec.reward.model
     assert wide[1].split()[-4:] == ["1", "4321.5", "0.6", "s3://my-models/Qwen3-30B-A3B"]
     assert "minimal" in kubectl("get", "ml", "-n", namespace).stdout  # the category
 

@@ -162,6 +162,34 @@ ESCALATIONS = [
         _pod("rollout", {"volumes": [{"name": "share", "nfs": {"server": "10.0.0.1", "path": "/"}}]}),
         (f"{R}.volumes[share].nfs",),
     ),
+    Case(
+        "reward-model-host-path",
+        {
+            "spec": {
+                "reward": {
+                    "model": {
+                        "path": "/models/rm",
+                        "template": {
+                            "metadata": {
+                                "annotations": {
+                                    "container.apparmor.security.beta.kubernetes.io/side": "unconfined"
+                                }
+                            },
+                            "spec": {
+                                "hostNetwork": True,
+                                "volumes": [{"name": "h", "hostPath": {"path": "/"}}],
+                            },
+                        },
+                    }
+                }
+            }
+        },
+        (
+            "spec.reward.model.template.spec.hostNetwork",
+            "spec.reward.model.template.spec.volumes[h].hostPath",
+            "spec.reward.model.template.metadata.annotations",
+        ),
+    ),
 ]
 # Several at once, in both roles: every one is named, in the policy's order.
 MANY = Case(

@@ -194,7 +194,7 @@ def prometheus_label(label: str) -> str:
     return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
 
 
-def test_pod_monitor_scrapes_trainer_rank_0_and_every_rollout_server_as_rendered() -> None:
+def test_pod_monitor_scrapes_trainer_rank_0_and_every_rollout_and_reward_server_as_rendered() -> None:
     assert not [d for d in chart() if d["kind"] == "PodMonitor"], "opt-in: needs prometheus-operator's CRDs"
     (monitor,) = [d for d in chart("metrics.podMonitor.enabled=true") if d["kind"] == "PodMonitor"]
     spec = monitor["spec"]
@@ -204,11 +204,12 @@ def test_pod_monitor_scrapes_trainer_rank_0_and_every_rollout_server_as_rendered
             "spec": {
                 "model": {"path": "/m"},
                 "dataset": {"path": "/d"},
-                "reward": {"functions": [{"builtin": "math"}]},
+                "reward": {"functions": [{"builtin": "math"}], "model": {"path": "/rm"}},
             }
         }
     )
     rendered = render.render(job, name="j", namespace="ml", uid="u")
+    http = {names.ROLE_ROLLOUT: names.ROLLOUT_PORT, names.ROLE_REWARD: names.REWARD_PORT}
     endpoints = {e["port"]: e for e in spec["podMetricsEndpoints"]}
     for sts in (c for c in rendered.children if c["kind"] == "StatefulSet"):
         labels = sts["spec"]["template"]["metadata"]["labels"]
@@ -222,7 +223,7 @@ def test_pod_monitor_scrapes_trainer_rank_0_and_every_rollout_server_as_rendered
         assert ports[scraped] == (
             names.TRAINER_METRICS_PORT
             if labels[names.LABEL_ROLE] == names.ROLE_TRAINER
-            else names.ROLLOUT_PORT
+            else http[labels[names.LABEL_ROLE]]
         )
     keep = endpoints["metrics"]["relabelings"][0]
     assert keep == {"sourceLabels": [prometheus_label(names.LABEL_POD_INDEX)], "regex": "0", "action": "keep"}

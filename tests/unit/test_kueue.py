@@ -38,7 +38,7 @@ def templates(**kw) -> dict[str, dict]:
             for c in out.children
             if c["kind"] == "StatefulSet" and c["metadata"]["name"] == names.statefulset("q", role)
         )
-        for role in kueue.ROLES
+        for role in (names.ROLE_TRAINER, names.ROLE_ROLLOUT)
     }
 
 

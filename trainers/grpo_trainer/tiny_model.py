@@ -19,6 +19,11 @@ seed gives the same files on the same machine.
 `save_untrained(DIR, TinyConfig(...))` writes the same kind of directory without the warm-up or the
 dataset (random weights, any size, `qwen2` or tied embeddings too): what the tests and the GPU
 benchmarks load when they check mechanics (sampling, log-probs, weight sync, export), not answers.
+
+`save_reward_classifier(DIR, TinyConfig(...))` (`--reward-classifier`) writes a tiny sequence-classification
+reward model instead (a dense Qwen2 with one output, num_labels 1, over the same tokenizer and chat
+template, random weights): what spec.reward.model (kind classifier) serves in tests and the local demo.
+The tiny policy itself can serve as a generative judge (kind generative).
 """
 
 import argparse
@@ -36,6 +41,7 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2ForSequenceClassification,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
 )
@@ -152,6 +158,35 @@ def save_untrained(out: Path, cfg: TinyConfig, dtype: torch.dtype = torch.float3
     return out
 
 
+def build_reward_classifier(cfg: TinyConfig, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
+    """A random dense Qwen2 sequence classifier with one output (the score) over `tokenizer`'s
+    vocabulary; pad_token_id set, so batches of any length find each row's last token."""
+    torch.manual_seed(cfg.seed)
+    return Qwen2ForSequenceClassification(
+        Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=cfg.hidden,
+            intermediate_size=2 * cfg.hidden,
+            num_hidden_layers=cfg.layers,
+            num_attention_heads=cfg.heads,
+            num_key_value_heads=cfg.kv_heads,
+            max_position_embeddings=cfg.max_positions,
+            num_labels=1,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=None,
+        )
+    )
+
+
+def save_reward_classifier(out: Path, cfg: TinyConfig, dtype: torch.dtype = torch.float32) -> Path:
+    """Write `build_reward_classifier(cfg)` and the tokenizer to `out` (a reward model directory)."""
+    tok = build_tokenizer()
+    build_reward_classifier(cfg, tok).to(dtype).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 def addition_rows() -> list[dict[str, str]]:
     return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
 
@@ -260,8 +295,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--experts", type=int, default=TinyConfig.experts)
     parser.add_argument("--target-accuracy", type=float, default=TinyConfig.target_accuracy)
     parser.add_argument("--head-dim", type=int, default=TinyConfig.head_dim)
+    parser.add_argument(
+        "--reward-classifier", action="store_true", help="write a tiny reward classifier instead"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.reward_classifier:
+        out = save_reward_classifier(args.dir, TinyConfig(seed=args.seed))
+        print(json.dumps({"dir": str(out), "kind": "classifier", "num_labels": 1}))
+        return 0
     cfg = TinyConfig(
         seed=args.seed, experts=args.experts, target_accuracy=args.target_accuracy, head_dim=args.head_dim
     )

@@ -11,11 +11,20 @@ Endpoints (all JSON except the weight body):
   POST /weights/stream  WeightStreamRequest -> WeightUpdateResponse, the version itself arriving over
                   a torch.distributed group (`grpo_wire.weight_stream`; bearer token)
   GET  /health    -> HealthResponse (200 ready, 503 loading/draining/failed; no token, for probes)
+A reward model server (spec.reward.model, `grpo_rollout.reward_model`) answers, to the rollout servers:
+  POST /score     ScoreRequest -> ScoreResponse (bearer token)
+  GET  /health    -> HealthResponse (engine "reward-classifier" / "reward-generative")
   GET  /metrics   Prometheus text (no token)
 Every error is an ErrorResponse with a machine-readable `code`. One of them is permanent for the
 server that sends it: `engine_dead` (HTTP 500, health state `failed`): its engine cannot serve any
 more, it exits at once and only a new process (a restarted pod) serves again; a client re-sends
 elsewhere and never to that process. Every other 5xx/409/429 means "not now, maybe later".
+Two are about the job's reward model (spec.reward.model), answered by /score and passed on by
+/generate: `reward_misconfigured` (HTTP 422, permanent for the job: the model cannot score as
+configured, e.g. a judge prompt naming a column the rows lack, a classifier with more than one output;
+the message names the spec field) and `reward_unavailable` (HTTP 502 from /generate: no reward model
+server scored the completions within 3 x spec.reward.model.timeoutSeconds; a retry may succeed once a
+replacement is up).
 """
 
 import base64
@@ -33,6 +42,7 @@ MAX_PROMPTS_PER_REQUEST = 1024
 MAX_SEQUENCES_PER_REQUEST = 16384  # prompts * n
 MAX_GROUP_SIZE = 1024
 MAX_CHAT_MESSAGES = 256
+MAX_SCORE_ITEMS = 1024  # completions per /score request (reward.model.batchSize at most)
 MAX_PROMPT_CHARS = 65536
 MAX_NEW_TOKENS = 131072
 MAX_GENERATE_BODY_BYTES = 16 * 1024 * 1024
@@ -446,9 +456,35 @@ ErrorCode = Literal[
     "weight_version_refused",
     "weight_stream_cancelled",
     "engine_dead",
+    "reward_misconfigured",
+    "reward_unavailable",
     "internal",
 ]
 ENGINE_DEAD: ErrorCode = "engine_dead"  # permanent for the server process that answers it
+REWARD_MISCONFIGURED: ErrorCode = "reward_misconfigured"  # permanent for the job (HTTP 422)
+REWARD_UNAVAILABLE: ErrorCode = "reward_unavailable"  # no reward model server answered in time (HTTP 502)
+
+
+class ScoreItem(WireModel):
+    """One completion to score, with its prompt and its row's columns (what a judge's prompt names)."""
+
+    prompt: str | list[ChatMessage] = Field(description="prompt: the text, or the chat, that was answered.")
+    completion: str = Field(description="completion: the model's answer, decoded.")
+    columns: dict[str, Any] = Field(default_factory=dict, description="columns: the row's reward columns.")
+
+
+class ScoreRequest(Versioned):
+    request_id: str = Field(min_length=1, max_length=128)
+    items: list[ScoreItem] = Field(min_length=1, max_length=MAX_SCORE_ITEMS)
+
+
+class ScoreResponse(Versioned):
+    """One score per item, in order; an item that could not be scored (a judge's text without a
+    score) has score 0.0 and its `errors` entry says why."""
+
+    scores: list[float]
+    errors: list[str | None]
+    model: str = Field(description="model: the reward model's path, for the details.")
 
 
 class ErrorResponse(Versioned):

@@ -87,6 +87,13 @@ class RolloutTopology(ApiModel):
     endpoints: list[str] = Field(description="endpoints: base URL of each server, by pod index.")
 
 
+class RewardTopology(ApiModel):
+    service: str = Field(description="service: headless Service of the reward model servers.")
+    replicas: int = Field(ge=0, description="replicas: reward model servers at render time.")
+    port: int = Field(ge=1, le=65535, description="port: HTTP port of each server.")
+    endpoints: list[str] = Field(description="endpoints: base URL of each server, by pod index.")
+
+
 class RunContract(ApiModel):
     version: int = Field(default=CONTRACT_VERSION, description="version: contract format version.")
     job_name: str = Field(description="jobName: the GRPOJob's name.")
@@ -95,6 +102,9 @@ class RunContract(ApiModel):
     spec: GRPOJobSpec = Field(description="spec: the validated spec, defaults filled in.")
     trainer: TrainerTopology = Field(description="trainer: resolved trainer topology.")
     rollout: RolloutTopology = Field(description="rollout: resolved rollout topology.")
+    reward: RewardTopology | None = Field(
+        default=None, description="reward: the reward model servers (spec.reward.model), else absent."
+    )
     checkpoint_dir: str = Field(
         description="checkpointDir: where this job's checkpoints live inside the pod."
     )

@@ -18,7 +18,7 @@ _DATA = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
 SOURCE: str = _DATA["source"]  # k8s.io/kubernetes@<version> and the document it was resolved from
 # Container names the operator renders (render.names.ROLE_*): an override entry with that name
 # changes the rendered container, any other entry is a sidecar and needs an image of its own.
-MAIN_CONTAINERS = {"trainer": "trainer", "rollout": "rollout"}
+MAIN_CONTAINERS = {"trainer": "trainer", "rollout": "rollout", "reward": "reward"}
 
 
 def schema() -> dict[str, Any]:

@@ -14,9 +14,10 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator
 
+from grpo_operator.api import podspec
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_operator.api.base import MAX_SECONDS, MAX_SEED, ApiModel, cel, immutable
-from grpo_operator.api.roles import RolloutSpec, TrainerSpec
+from grpo_operator.api.roles import ROLLOUT_IMAGE, RoleCommon, RolloutSpec, TrainerSpec
 from grpo_operator.api.storage import StorageSpec
 from grpo_operator.api.tracking import TrackingSpec
 
@@ -261,6 +262,122 @@ class EnvironmentSpec(ApiModel):
     )
 
 
+class RewardModelKind(StrEnum):
+    CLASSIFIER = "classifier"
+    GENERATIVE = "generative"
+
+
+class RewardModelEngine(StrEnum):
+    TORCH = "torch"
+
+
+# The judge's score in its text: the last match of scorePattern wins (judges reason, then score).
+DEFAULT_SCORE_PATTERN = r"(-?[0-9]+(?:\.[0-9]+)?)"
+
+
+class RewardModelSpec(RoleCommon):
+    """A reward model served as a role of its own (`<job>-reward` pods): a sequence-classification
+    reward model, or a generative judge asked through `prompt` and read through `scorePattern`.
+    The rollout servers send it their completions in batches; its score joins reward.functions by
+    `weight`."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "self.kind != 'generative' || has(self.prompt)",
+                "reward.model.prompt is required for a generative judge: how the judge is asked, from "
+                "{prompt}, {completion} and the row's columns",
+                ".prompt",
+            ),
+            (
+                "self.kind == 'generative' || !has(self.prompt)",
+                "reward.model.prompt is for a generative judge (kind generative); a classifier scores "
+                "the prompt and completion through its own chat template",
+                ".prompt",
+            ),
+            podspec.sidecars_need_images("reward"),
+        )
+    )
+    image: str = Field(
+        default=ROLLOUT_IMAGE,
+        min_length=1,
+        max_length=512,
+        description=f"image: optional, default {ROLLOUT_IMAGE} (torch, transformers). Container image.",
+    )
+    path: str = Field(
+        min_length=1,
+        max_length=MAX_URI,
+        pattern=URI_PATTERN,
+        description=f"path: required. The reward model, Hugging Face format: {URI_HELP}. A classifier is an "
+        "AutoModelForSequenceClassification with one output (e.g. Skywork-Reward); a judge a causal LM.",
+    )
+    kind: RewardModelKind = Field(
+        default=RewardModelKind.CLASSIFIER,
+        description="kind: optional, default classifier. classifier: the model's single logit on the "
+        "chat-formatted prompt and completion is the score. generative: the model writes a judgement "
+        "from `prompt` and the last match of `scorePattern` in it is the score.",
+    )
+    engine: RewardModelEngine = Field(
+        default=RewardModelEngine.TORCH,
+        description="engine: optional, default torch. torch: transformers on the pod's GPU (or CPU).",
+    )
+    replicas: int = Field(
+        default=1, ge=1, le=64, description="replicas: optional, default 1, [1, 64]. Reward model servers."
+    )
+    prompt: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16384,
+        description="prompt: generative only, required there. The judge's user message, a Python format "
+        "string over {prompt}, {completion} and the row's columns (spec.dataset.columns), e.g. 'Rate the "
+        "answer from 0 to 10 ... Question: {prompt} Answer: {completion} Reference: {answer}'. A name "
+        "the row lacks is an error on the first batch naming this field.",
+    )
+    score_pattern: str = Field(
+        default=DEFAULT_SCORE_PATTERN,
+        min_length=1,
+        max_length=512,
+        description="scorePattern: optional, generative only, default the last number in the text. A "
+        "regular expression whose first group (else whole match), at its last match in the judge's "
+        "text, is the score; a text without a match scores 0 and is counted as a parse failure.",
+    )
+    max_new_tokens: int = Field(
+        default=512,
+        ge=1,
+        le=32768,
+        description="maxNewTokens: optional, generative only, default 512, [1, 32768].",
+    )
+    weight: float = Field(
+        default=1.0,
+        ge=-1000,
+        le=1000,
+        description="weight: optional, default 1.0, [-1000, 1000]. Factor of the model's score in the "
+        "summed reward, beside reward.functions.",
+    )
+    batch_size: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description="batchSize: optional, default 16, [1, 1024]. Completions per request to a reward server.",
+    )
+    timeout_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        le=3600,
+        description="timeoutSeconds: optional, default 120, (0, 3600]. One batch's limit on one server; "
+        "past it the batch goes to another server.",
+    )
+
+    @field_validator("score_pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as e:
+            raise ValueError(f"scorePattern is not a regular expression: {e}") from None
+        return value
+
+
 class RewardSpec(ApiModel):
     functions: list[RewardFunction] = Field(
         default_factory=list,
@@ -273,6 +390,11 @@ class RewardSpec(ApiModel):
         gt=0,
         le=600,
         description="timeoutSeconds: optional, default 10, (0, 600]. A reward call past it scores 0.",
+    )
+    model: RewardModelSpec | None = Field(
+        default=None,
+        description="model: optional. A reward model or LLM judge served as a role of its own "
+        "(<job>-reward), its score added by weight to the functions'.",
     )
 
 
@@ -402,8 +524,10 @@ class GRPOJobSpec(ApiModel):
                 ".checkpoint.path",
             ),
             (
-                "has(self.environment) || (has(self.reward.functions) && size(self.reward.functions) > 0)",
-                "reward.functions needs at least one entry unless spec.environment scores the episodes",
+                "has(self.environment) || has(self.reward.model) || "
+                "(has(self.reward.functions) && size(self.reward.functions) > 0)",
+                "reward.functions needs at least one entry unless reward.model or spec.environment scores "
+                "the completions",
                 ".reward.functions",
             ),
         )

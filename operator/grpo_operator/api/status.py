@@ -238,6 +238,10 @@ class GRPOJobStatus(ApiModel):
     restarts: int = Field(default=0, le=MAX_COUNT, description="restarts: trainer gang restarts so far.")
     trainer: ReplicaStatus | None = Field(default=None, description="trainer: trainer pod readiness.")
     rollout: ReplicaStatus | None = Field(default=None, description="rollout: rollout pod readiness.")
+    reward: ReplicaStatus | None = Field(
+        default=None,
+        description="reward: reward model server readiness (spec.reward.model); unset without one.",
+    )
     rollout_scaling: RolloutScalingStatus | None = Field(
         default=None,
         description="rolloutScaling: the rollout autoscaler's last move, with rollout.autoscaling.",

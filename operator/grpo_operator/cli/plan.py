@@ -1,14 +1,19 @@
-"""`grpo-operator plan FILE [--model-config config.json] [--json]`: will the job fit in GPU memory?
+"""`grpo-operator plan FILE [--model-config config.json] [--reward-model-config config.json] [--json]`:
+will the job fit in GPU memory?
 
 Prints, per GPU, the trainer's parameters, gradients, optimizer state, activations, logits,
 weight-sync buffers and reference model, and the rollout's weights and KV-cache room, each with its
 formula, against the GPU memory of the roles' instance types (`grpo_operator.instance_types`). The
 arithmetic is `grpo_operator.memory_plan`; docs/memory-plan.md explains it. The model's config.json
-comes from `--model-config` or from `spec.model.path` when that is a local directory. Exit status 0
+comes from `--model-config` or from `spec.model.path` when that is a local directory. With
+spec.reward.model, a reward role row too: one reward model server's weights, activations and runtime
+(and a judge's KV cache) on its one GPU, from `--reward-model-config` or the reward model's local
+directory (left out, with a note, when neither is at hand). Exit status 0
 when everything fits (or there is no fixed budget), 1 when a role does not fit, 2 on bad input.
 """
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -29,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", type=Path, help="a GRPOJob manifest (the first GRPOJob of the file)")
     parser.add_argument(
         "--model-config", type=Path, help="the model's config.json (default: MODEL_PATH/config.json)"
+    )
+    parser.add_argument(
+        "--reward-model-config",
+        type=Path,
+        help="spec.reward.model's config.json (default: its path's config.json, when a local directory)",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument(
@@ -90,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
             prompt_tokens=args.prompt_tokens,
             activation_checkpointing=AC_CHOICES[args.activation_checkpointing],
         )
+        plan = with_reward(plan, job.spec, table, args)
     except (OSError, ValueError, ValidationError, KeyError) as e:
         print(f"{args.file}: {e}", file=sys.stderr)
         return 2
@@ -100,7 +111,32 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         show(plan, str(source), hints)
-    return 1 if False in (plan.trainer.fits, plan.rollout.fits) else 0
+    fits = (plan.trainer.fits, plan.rollout.fits, plan.reward.fits if plan.reward else None)
+    return 1 if False in fits else 0
+
+
+def with_reward(
+    plan: memory_plan.Plan, spec: GRPOJobSpec, table: instance_types.InstanceTable, args: argparse.Namespace
+) -> memory_plan.Plan:
+    """The plan with the reward role's row, when the job serves a reward model whose config is here."""
+    model = spec.reward.model
+    if model is None:
+        return plan
+    source = args.reward_model_config or memory_plan.find_config(model.path, args.file.parent)
+    if source is None:
+        print(
+            f"note: reward model {model.path} is not a local directory with a config.json: "
+            "pass --reward-model-config config.json to plan the reward role",
+            file=sys.stderr,
+        )
+        return plan
+    row = memory_plan.plan_reward(
+        json.loads(source.read_text()),
+        spec,
+        gpu_bytes=gpu_bytes(table, model.instance_type),
+        prompt_tokens=args.prompt_tokens,
+    )
+    return dataclasses.replace(plan, reward=row)
 
 
 def fitting_modes(
@@ -125,7 +161,7 @@ def show(plan: memory_plan.Plan, source: str, hints: list[str]) -> None:
         f"[bold]{m.model_type}[/] from {source}: {m.total / 1e9:.2f} B parameters "
         f"({m.expert_total / 1e9:.2f} B routed experts, {m.dense_total / 1e9:.2f} B dense)"
     )
-    for role in (plan.trainer, plan.rollout):
+    for role in (plan.trainer, plan.rollout, *([plan.reward] if plan.reward else [])):
         console.print(_table(role, Table))
         for note in role.notes:
             console.print(f"  note: {note}")

@@ -76,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2
     pods = f"{len(plan.rollout)} rollout server(s), {len(plan.trainer)} trainer pod(s)"
+    if plan.reward:
+        pods = f"{len(plan.reward)} reward model server(s), {pods}"
     console.print(f"{plan.name}: {pods}; logs in {workdir}")
     result = Supervisor(plan, console, health_timeout_s=args.health_timeout, job_file=args.file).run()
 

@@ -1,5 +1,8 @@
 """`grpo-operator tiny-model DIR [--task addition|calculator]`: build a tiny MoE model, tokenizer and dataset.
 
+`--reward-classifier` builds a tiny sequence-classification reward model instead (spec.reward.model,
+kind classifier); the tiny policy itself serves as a generative judge.
+
 A thin shell: it runs `python -m grpo_trainer.tiny_model DIR` in a subprocess, because the
 operator package must not import torch (the operator image carries none). Needs the
 `trainer` extra installed in the same interpreter.
@@ -35,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="attention head width (default 16); vLLM's CPU attention takes 32, 64, 80, 96, 112, 128, ... "
         "(`make demo ENGINE=vllm` builds with 32)",
     )
+    parser.add_argument(
+        "--reward-classifier",
+        action="store_true",
+        help="write a tiny sequence-classification reward model (one output, random weights, the same "
+        "tokenizer) instead of the policy, for spec.reward.model with kind classifier",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,4 +51,7 @@ def run(args: argparse.Namespace) -> int:
     cmd += ["--target-accuracy", str(args.target_accuracy)]
     if args.head_dim is not None:
         cmd += ["--head-dim", str(args.head_dim)]
+    if args.reward_classifier:
+        cmd = [sys.executable, "-m", "grpo_trainer.tiny_model", args.dir, "--seed", str(args.seed)]
+        cmd += ["--reward-classifier"]
     return subprocess.call(cmd)

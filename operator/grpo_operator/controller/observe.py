@@ -92,9 +92,12 @@ class RoleSummary:
 class Observation:
     trainer: RoleSummary = field(default_factory=RoleSummary)
     rollout: RoleSummary = field(default_factory=RoleSummary)
+    reward: RoleSummary = field(default_factory=RoleSummary)  # spec.reward.model's servers
     verdicts: list[Verdict] = field(default_factory=list)
     stale_trainer_pods: list[str] = field(default_factory=list)
     failed_rollout_pods: list[str] = field(default_factory=list)
+    # Failed reward model server pods: deleted, their StatefulSet makes them again (no gang restart).
+    failed_reward_pods: list[str] = field(default_factory=list)
 
 
 def _is_ready(pod: dict) -> bool:
@@ -121,13 +124,16 @@ def summarize(
             if not meta.get("deletionTimestamp"):
                 obs.stale_trainer_pods.append(meta["name"])
             continue
-        summary = obs.trainer if role == names.ROLE_TRAINER else obs.rollout
+        summaries = {names.ROLE_TRAINER: obs.trainer, names.ROLE_REWARD: obs.reward}
+        summary = summaries.get(role, obs.rollout)
         v = verdict(pod, lost_nodes)
         if v is not None:
             obs.verdicts.append(v)
             failed = v.kind == VerdictKind.FAILED and not meta.get("deletionTimestamp")
             if role == names.ROLE_ROLLOUT and failed:
                 obs.failed_rollout_pods.append(meta["name"])
+            elif role == names.ROLE_REWARD and failed:
+                obs.failed_reward_pods.append(meta["name"])
         if meta.get("deletionTimestamp"):
             continue
         if role == names.ROLE_ROLLOUT and is_group_worker(pod):

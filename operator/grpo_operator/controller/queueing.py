@@ -147,7 +147,7 @@ class Queueing:
             namespace=meta["namespace"],
             uid=meta["uid"],
             queue=queue,
-            templates={role: templates[names.statefulset(meta["name"], role)] for role in kueue.ROLES},
+            templates={role: templates[names.statefulset(meta["name"], role)] for role in counts},
             counts=counts,
             priority=priority,
         )
@@ -177,12 +177,16 @@ class Queueing:
 
 
 def pod_counts(spec: GRPOJobSpec) -> dict[str, int]:
-    """The pods each role asks Kueue for: a server spanning nodes is that many pods."""
+    """The pods each role asks Kueue for: a server spanning nodes is that many pods; the reward
+    model servers (spec.reward.model) are a pod set of their own."""
     rollout = spec.rollout
-    return {
+    counts = {
         names.ROLE_TRAINER: spec.trainer.replicas,
         names.ROLE_ROLLOUT: rollout.replicas * rollout.nodes_per_server,
     }
+    if spec.reward.model is not None:
+        counts[names.ROLE_REWARD] = spec.reward.model.replicas
+    return counts
 
 
 def _pod_template(child: dict) -> dict | None:

@@ -70,6 +70,7 @@ STOPPABLE = (
     ("apps/v1", "StatefulSet", names.ROLE_TRAINER),
     ("apps/v1", "StatefulSet", names.ROLE_ROLLOUT),
     (names.LWS_API_VERSION, "LeaderWorkerSet", names.ROLE_ROLLOUT),
+    ("apps/v1", "StatefulSet", names.ROLE_REWARD),  # spec.reward.model's servers, if any
 )
 
 
@@ -197,6 +198,7 @@ class Reconciler:
             return None
         rendered = self._render(body, job, memory, decision, snap.gate)
         self.children.apply(rendered, memory.children, body)
+        self._stop_removed_reward(meta, snap.old, job)
         self._delete_stale(meta["namespace"], snap.pods, decision, snap.obs)
         if snap.gate is not None:
             self.queueing.sync(body, job, rendered, snap.gate, decision, snap.pods, now)
@@ -236,10 +238,19 @@ class Reconciler:
         out.warnings.extend(place.warnings)
         return out
 
+    def _stop_removed_reward(self, meta: dict, old: GRPOJobStatus, job: GRPOJob) -> None:
+        """spec.reward.model removed from a live job (its status still counts reward servers): the
+        reward StatefulSet is scaled to zero, once, so its GPUs go back; the role's other children stay
+        until the job is deleted (the operator patches children, it never deletes them)."""
+        if old.reward is not None and job.spec.reward.model is None:
+            sts = names.statefulset(meta["name"], names.ROLE_REWARD)
+            self.kube.scale("apps/v1", "StatefulSet", meta["namespace"], sts, 0)
+
     def _delete_stale(
         self, namespace: str, pods: list[dict], decision: status.Decision, obs: observe.Observation
     ) -> None:
-        """Delete trainer pods of older attempts (a gang restart) and failed rollout pods."""
+        """Delete trainer pods of older attempts (a gang restart) and failed rollout and reward model
+        server pods (their StatefulSets make them again; the gang runs on)."""
         attempt, running = decision.status.restarts, decision.running
         for pod in pods:
             meta = pod["metadata"]
@@ -248,8 +259,8 @@ class Reconciler:
                 continue  # already going; pods of deleted nodes would wait for the pod GC
             role = meta.get("labels", {}).get(names.LABEL_ROLE)
             stale = role == names.ROLE_TRAINER and observe.pod_attempt(pod) != attempt
-            failed_rollout = running and meta["name"] in obs.failed_rollout_pods
-            if stale or failed_rollout or (gone and meta.get("deletionTimestamp")):
+            failed_server = running and meta["name"] in (*obs.failed_rollout_pods, *obs.failed_reward_pods)
+            if stale or failed_server or (gone and meta.get("deletionTimestamp")):
                 why = f"of attempt {observe.pod_attempt(pod)}" if stale else "failed or node gone"
                 log.info("deleting pod %s/%s (%s, now attempt %s)", namespace, meta["name"], why, attempt)
                 self.kube.delete_pod(namespace, meta["name"], uid=meta.get("uid"), force=gone)

@@ -112,6 +112,14 @@ def _replicas(spec: GRPOJobSpec, obs: Observation) -> tuple[ReplicaStatus, Repli
     )
 
 
+def _reward_replicas(spec: GRPOJobSpec, obs: Observation) -> ReplicaStatus | None:
+    """The reward model servers' readiness; None for a job without spec.reward.model."""
+    if spec.reward.model is None:
+        return None
+    n = spec.reward.model.replicas
+    return ReplicaStatus(replicas=n, ready=obs.reward.ready, ready_text=f"{obs.reward.ready}/{n}")
+
+
 def decide(
     *,
     spec: GRPOJobSpec | None,
@@ -170,6 +178,7 @@ def _decide_running(
 ) -> Decision:
     """Suspended, queued, past its deadline, finished, failed, restarting or progressing."""
     status.trainer, status.rollout = _replicas(spec, obs)
+    status.reward = _reward_replicas(spec, obs)
     status.rollout_all2all_backend = resolve_all2all(spec.rollout)
     if spec.run_policy.suspend:
         return _suspended(old, status, now)
@@ -275,14 +284,19 @@ def _where(spec: GRPOJobSpec, status: GRPOJobStatus, v: Verdict) -> str:
 def _progress_phase(
     spec: GRPOJobSpec, old: GRPOJobStatus, status: GRPOJobStatus, obs: Observation, now: datetime
 ) -> None:
-    """Pending → Starting → Running, staying Restarting until the new gang is all ready."""
+    """Pending → Starting → Running, staying Restarting until the new gang is all ready. Like the
+    rollout, the reward model servers (spec.reward.model) need one ready server: rollouts score there."""
     t, r = spec.trainer.replicas, spec.rollout.replicas
+    m = spec.reward.model.replicas if spec.reward.model is not None else 0
     trainers_ready = obs.trainer.ready >= t
     rollout_ok = r == 0 or obs.rollout.ready > 0
+    reward_ok = m == 0 or obs.reward.ready > 0
     set_condition(status, ConditionType.CREATED, True, Reason.CHILDREN_CREATED, "children applied", now)
-    if trainers_ready and rollout_ok:
+    if trainers_ready and rollout_ok and reward_ok:
         status.phase = Phase.RUNNING
         status.message = f"{obs.trainer.ready}/{t} trainer and {obs.rollout.ready}/{r} rollout pods ready"
+        if m:
+            status.message += f", {obs.reward.ready}/{m} reward model servers ready"
         set_condition(status, ConditionType.RUNNING, True, Reason.ALL_READY, status.message, now)
         restarting = next((c for c in status.conditions if c.type == ConditionType.RESTARTING), None)
         if restarting is not None and restarting.status == "True":
@@ -292,14 +306,16 @@ def _progress_phase(
     if old.phase == Phase.RESTARTING:
         status.phase = Phase.RESTARTING
         return
-    scheduled = obs.trainer.scheduled >= t and obs.rollout.scheduled >= r
+    scheduled = obs.trainer.scheduled >= t and obs.rollout.scheduled >= r and obs.reward.scheduled >= m
     status.phase = Phase.STARTING if scheduled else Phase.PENDING
     reason = Reason.PODS_STARTING if scheduled else Reason.PODS_PENDING
     status.message = (
         f"trainer {obs.trainer.ready}/{t} ready ({obs.trainer.scheduled} scheduled), "
         f"rollout {obs.rollout.ready}/{r} ready ({obs.rollout.scheduled} scheduled)"
     )
-    blocked = obs.trainer.unschedulable or obs.rollout.unschedulable
+    if m:
+        status.message += f", reward {obs.reward.ready}/{m} ready ({obs.reward.scheduled} scheduled)"
+    blocked = obs.trainer.unschedulable or obs.rollout.unschedulable or obs.reward.unschedulable
     if blocked:  # pods pending forever should say why, not stay silent
         status.message += f"; unschedulable {blocked}"
     set_condition(status, ConditionType.RUNNING, False, reason, status.message, now)

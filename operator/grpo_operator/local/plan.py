@@ -22,7 +22,7 @@ import socket
 import sys
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,7 @@ class LocalPlan:
     rollout: list[PodCommand]
     trainer: list[PodCommand]
     health_path: str
+    reward: list[PodCommand] = field(default_factory=list)  # spec.reward.model's servers, started first
 
 
 def load_job(path: Path) -> GRPOJob:
@@ -153,6 +154,8 @@ def localize(job: GRPOJob, *, base: Path, workdir: Path, pvc: Mapping[str, Path]
             spec.model.reference_path, base, "spec.model.referencePath", pvc=pvc
         )
     spec.dataset.path = _local_path(spec.dataset.path, base, "spec.dataset.path", pvc=pvc)
+    if spec.reward.model is not None:
+        spec.reward.model.path = _local_path(spec.reward.model.path, base, "spec.reward.model.path", pvc=pvc)
     if spec.dataset.eval is not None:
         spec.dataset.eval.path = _local_path(spec.dataset.eval.path, base, "spec.dataset.eval.path", pvc=pvc)
     if "path" in job.spec.checkpoint.model_fields_set:
@@ -205,10 +208,12 @@ def _argv(container: dict[str, Any], role: str, engine: str) -> list[str]:
 
 
 def role_python(role: str, engine: str = "torch") -> str:
-    """The interpreter a role's pods run under: this one, or for rollout `$GRPO_ROLLOUT_PYTHON`
-    (the rollout image's packages differ from the trainer's: vLLM lives in a venv of its own,
-    `hack/vllm-venv.sh`); for the vllm engine without either, the checkout's `.venv-vllm`."""
-    chosen = os.environ.get(ENV_ROLLOUT_PYTHON) if role == names.ROLE_ROLLOUT else None
+    """The interpreter a role's pods run under: this one, or for rollout (and the reward model servers,
+    which run the rollout image) `$GRPO_ROLLOUT_PYTHON` (the rollout image's packages differ from the
+    trainer's: vLLM lives in a venv of its own, `hack/vllm-venv.sh`); for the vllm engine without
+    either, the checkout's `.venv-vllm`."""
+    rollout_image = role in (names.ROLE_ROLLOUT, names.ROLE_REWARD)
+    chosen = os.environ.get(ENV_ROLLOUT_PYTHON) if rollout_image else None
     if not chosen:
         return vllm_python() if role == names.ROLE_ROLLOUT and engine == "vllm" else sys.executable
     if not os.access(chosen, os.X_OK):
@@ -242,7 +247,7 @@ def role_pythonpath(python: str) -> list[str]:
 
 def _role(obj: dict[str, Any]) -> str:
     role = obj["spec"]["selector"]["matchLabels"].get(names.LABEL_ROLE)
-    if role not in (names.ROLE_ROLLOUT, names.ROLE_TRAINER):
+    if role not in (names.ROLE_ROLLOUT, names.ROLE_TRAINER, names.ROLE_REWARD):
         raise PlanError(f"rendered StatefulSet {obj['metadata']['name']!r} has role {role!r}")
     return str(role)
 
@@ -268,6 +273,9 @@ def build_plan(job_file: Path, workdir: Path, pvc: Mapping[str, Path] | None = N
         trainer_master_port=free_port(),
         rollout_ports=tuple(free_port() for _ in range(job.spec.rollout.replicas)),
         weight_sync_port=free_port(),
+        reward_ports=tuple(
+            free_port() for _ in range(job.spec.reward.model.replicas if job.spec.reward.model else 0)
+        ),
     )
     try:
         run_id = local_run_id(workdir)
@@ -288,7 +296,11 @@ def build_plan(job_file: Path, workdir: Path, pvc: Mapping[str, Path] | None = N
     )
     base_env.setdefault("OMP_NUM_THREADS", "1")  # several ranks share the cores; one thread each
     base_env["PYTHONUNBUFFERED"] = "1"
-    pods: dict[str, list[PodCommand]] = {"rollout": [], "trainer": []}
+    pods: dict[str, list[PodCommand]] = {
+        names.ROLE_ROLLOUT: [],
+        names.ROLE_TRAINER: [],
+        names.ROLE_REWARD: [],
+    }
     health_path = "/health"
     for obj in children:
         if obj.get("kind") != "StatefulSet":
@@ -307,7 +319,8 @@ def build_plan(job_file: Path, workdir: Path, pvc: Mapping[str, Path] | None = N
             if role == "trainer":
                 env[ENV_PROGRESS_FILE] = str(progress_path)
             grace = min(float(pod_spec.get("terminationGracePeriodSeconds", 30)), MAX_LOCAL_GRACE_S)
-            argv = _argv(container, role, str(job.spec.rollout.engine))
+            engine = str(job.spec.rollout.engine) if role == names.ROLE_ROLLOUT else "torch"
+            argv = _argv(container, role, engine)
             if first := role_pythonpath(argv[0]):
                 env["PYTHONPATH"] = os.pathsep.join([*first, env["PYTHONPATH"]])
             pods[role].append(PodCommand(role, index, argv, env, workdir, grace))
@@ -322,4 +335,5 @@ def build_plan(job_file: Path, workdir: Path, pvc: Mapping[str, Path] | None = N
         rollout=pods["rollout"],
         trainer=pods["trainer"],
         health_path=health_path,
+        reward=pods[names.ROLE_REWARD],
     )

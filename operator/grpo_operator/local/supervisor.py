@@ -1,8 +1,9 @@
 """The local runtime's control loop: what the operator and the kubelet do, for local processes.
 
-Called by `grpo-operator run` (`grpo_operator.cli.run`). It starts the rollout servers,
-waits for their health endpoints, starts the trainer gang and follows rank 0's progress.
-Failure handling is the cluster's: a dead rollout server is replaced alone (the trainer
+Called by `grpo-operator run` (`grpo_operator.cli.run`). It starts the reward model servers
+(spec.reward.model) and then the rollout servers, waits for their health endpoints, starts the
+trainer gang and follows rank 0's progress.
+Failure handling is the cluster's: a dead rollout or reward model server is replaced alone (the trainer
 re-sends its prompts elsewhere); what a trainer process's exit means (restart the gang from
 its last checkpoint, fail for good, or done) is decided by `grpo_operator.lifecycle`, the
 policy the controller applies to pods. An edit of the job file's `spec.rollout.replicas` during
@@ -89,7 +90,9 @@ class Supervisor:
         self.state = RunState(max_steps=plan.job.spec.algorithm.max_steps)
         self.rollout: list[PodProcess] = []
         self.trainer: list[PodProcess] = []
+        self.reward: list[PodProcess] = []
         self._rollout_restarts = [0] * len(plan.rollout)
+        self._reward_restarts = [0] * len(plan.reward)
         self._signal: int | None = None
         self._endpoints = list(plan.contract.rollout.endpoints)  # what the contract file lists now
         self._leaving: list[tuple[PodProcess, float]] = []  # removed servers draining, until when
@@ -116,6 +119,7 @@ class Supervisor:
                     # draining rollout servers would refuse; then the servers drain an idle queue.
                     stop_all(self.trainer)
                     stop_all(self.rollout + [p for p, _ in self._leaving])
+                    stop_all(self.reward)  # last: draining rollout servers may still score
                     ended = Phase.FAILED if failure else Phase.SUCCEEDED
                     self.state.phase = INTERRUPTED if interrupted else ended
                     self.state.elapsed_s = time.monotonic() - start
@@ -136,7 +140,7 @@ class Supervisor:
     def _on_signal(self, signum: int, _frame: object) -> None:
         """First signal: stop gracefully (pods get their grace period). Second: kill them now."""
         if self._signal is not None:
-            for proc in self.trainer + self.rollout + [p for p, _ in self._leaving]:
+            for proc in self.trainer + self.rollout + self.reward + [p for p, _ in self._leaving]:
                 proc.signal_group(signal.SIGKILL)
         self._signal = signum
 
@@ -147,9 +151,13 @@ class Supervisor:
     def _run(self, view: ProgressView, start: float) -> None:
         if not self.plan.rollout:
             raise RunFailed("rollout.replicas is 0: no server would generate completions locally")
-        self.rollout = [PodProcess.start(c, self.logs, 0) for c in self.plan.rollout]
         self.state.phase = Phase.STARTING
-        self._wait_healthy(view, start)
+        if self.plan.reward:  # before the rollout servers, which score there from their first batch
+            self.reward = [PodProcess.start(c, self.logs, 0) for c in self.plan.reward]
+            reward = self.plan.contract.reward
+            self._wait_healthy(view, start, self.reward, reward.endpoints if reward else [], "reward model")
+        self.rollout = [PodProcess.start(c, self.logs, 0) for c in self.plan.rollout]
+        self._wait_healthy(view, start, self.rollout, self.plan.contract.rollout.endpoints, "rollout")
         self.trainer = self._start_gang(attempt=0)
         self.state.phase = Phase.RUNNING
         deadline = self.plan.job.spec.run_policy.active_deadline_seconds
@@ -159,7 +167,8 @@ class Supervisor:
             left = lifecycle.seconds_left(self.state.elapsed_s, deadline)
             if left is not None and left <= 0:
                 raise RunFailed(f"activeDeadlineSeconds ({deadline}) exceeded at step {self._step()}")
-            self._replace_dead_rollout(view)
+            self._replace_dead(view, self.rollout, self._rollout_restarts)
+            self._replace_dead(view, self.reward, self._reward_restarts)
             self._scale_rollout(view)
             view.update(self.state, self.progress.poll())
             for begun in self.progress.new_starts():
@@ -172,17 +181,18 @@ class Supervisor:
     def _step(self) -> int:
         return self.progress.latest.step if self.progress.latest else 0
 
-    def _wait_healthy(self, view: ProgressView, start: float) -> None:
-        """Block until every rollout server answers its health probe with 200."""
-        endpoints = self.plan.contract.rollout.endpoints
-        pending = set(range(len(self.rollout)))
+    def _wait_healthy(
+        self, view: ProgressView, start: float, procs: list[PodProcess], endpoints: list[str], what: str
+    ) -> None:
+        """Block until every server of `procs` (rollout or reward model) answers its health probe with 200."""
+        pending = set(range(len(procs)))
         deadline = time.monotonic() + self.health_timeout_s
         while pending:
             self._check_signal()
             self.state.elapsed_s = time.monotonic() - start
             view.update(self.state, [])
             for i in sorted(pending):
-                proc = self.rollout[i]
+                proc = procs[i]
                 if (code := proc.poll()) is not None:
                     name = proc.command.name
                     what = f"{_exit_text(code)} before it became healthy: {proc.why()}"
@@ -190,8 +200,8 @@ class Supervisor:
                 if self._healthy(endpoints[i]):
                     pending.discard(i)
             if time.monotonic() > deadline:
-                names = ", ".join(self.rollout[i].command.name for i in sorted(pending))
-                raise RunFailed(f"rollout servers not healthy after {self.health_timeout_s:.0f}s: {names}")
+                names = ", ".join(procs[i].command.name for i in sorted(pending))
+                raise RunFailed(f"{what} servers not healthy after {self.health_timeout_s:.0f}s: {names}")
             time.sleep(POLL_S)
 
     def _healthy(self, endpoint: str) -> bool:
@@ -204,21 +214,21 @@ class Supervisor:
     def _start_gang(self, attempt: int) -> list[PodProcess]:
         return [PodProcess.start(c, self.logs, attempt) for c in self.plan.trainer]
 
-    def _replace_dead_rollout(self, view: ProgressView) -> None:
-        """A rollout server that died is replaced alone, as its StatefulSet would."""
-        for i, proc in enumerate(self.rollout):
+    def _replace_dead(self, view: ProgressView, servers: list[PodProcess], restarts: list[int]) -> None:
+        """A rollout or reward model server that died is replaced alone, as its StatefulSet would."""
+        for i, proc in enumerate(servers):
             code = proc.poll()
             if code is None:
                 continue
             name = proc.command.name
-            if self._rollout_restarts[i] >= ROLLOUT_RESTART_LIMIT:
+            if restarts[i] >= ROLLOUT_RESTART_LIMIT:
                 what = f"{_exit_text(code)} after {ROLLOUT_RESTART_LIMIT} restarts: {proc.why()}"
                 raise RunFailed(f"{name} {what}", {name: (proc.log_path, proc.log_tail())})
             stop_all([proc], grace_s=2.0)  # whatever it forked goes with it
-            self._rollout_restarts[i] += 1
-            self.state.rollout_restarts += 1
+            restarts[i] += 1
+            self.state.rollout_restarts += proc.command.role == names.ROLE_ROLLOUT
             view.note(f"{name} {_exit_text(code)} at step {self._step()}; restarting it alone")
-            self.rollout[i] = PodProcess.start(proc.command, self.logs, self._rollout_restarts[i])
+            servers[i] = PodProcess.start(proc.command, self.logs, restarts[i])
 
     def _scale_rollout(self, view: ProgressView) -> None:
         """Follow `spec.rollout.replicas` in the job file: new servers start at the next indices

@@ -1,8 +1,9 @@
-"""`grpo-operator plan`'s arithmetic: per-GPU memory of a GRPOJob's trainer and rollout roles.
+"""`grpo-operator plan`'s arithmetic: per-GPU memory of a GRPOJob's trainer, rollout and reward roles.
 
 Pure (stdlib and `grpo_operator.api` only, so the trainer can run the very same plan at start-up
 in `grpo_trainer.memory`): a model's `config.json` (`shapes`) and the job (`inputs`) give the
-trainer's parts (`trainer`) and the rollout's (`rollout`), each as bytes with a formula, against
+trainer's parts (`trainer`) and the rollout's (`rollout`), and the reward model's config.json the
+reward model servers' (`reward`, spec.reward.model), each as bytes with a formula, against
 the GPU memory the caller passes (the CLI and `validate` from `grpo_operator.instance_types`, the
 trainer from its device). docs/memory-plan.md explains the formulas.
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_operator.api.spec import GRPOJobSpec
-from grpo_operator.memory_plan import rollout, trainer
+from grpo_operator.memory_plan import reward, rollout, trainer
 from grpo_operator.memory_plan.inputs import (
     DEFAULT_PROMPT_TOKENS,
     GIB,
@@ -46,6 +47,7 @@ class Plan:
     model: ModelShape
     trainer: RolePlan
     rollout: RolePlan
+    reward: RolePlan | None = None  # spec.reward.model's servers, when its config.json was at hand
 
     def to_json(self) -> dict[str, Any]:
         m = self.model
@@ -59,6 +61,7 @@ class Plan:
             },
             "trainer": self.trainer.to_json(),
             "rollout": self.rollout.to_json(),
+            **({"reward": self.reward.to_json()} if self.reward is not None else {}),
         }
 
 
@@ -84,6 +87,17 @@ def plan_job(
     if trained.fits is False and trainer_gpu_bytes is not None:
         trained = _with_advice(trained, trainer.largest_fitting(shape, t, trainer_gpu_bytes), t)
     return Plan(shape, trained, rollout.plan(shape, r, rollout_gpu_bytes))
+
+
+def plan_reward(
+    config: dict[str, Any],
+    spec: GRPOJobSpec,
+    *,
+    gpu_bytes: int | None,
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+) -> RolePlan:
+    """One reward model server of spec.reward.model, whose model is `config` (its config.json)."""
+    return reward.plan(reward.shape(config), spec, gpu_bytes, prompt_tokens=prompt_tokens)
 
 
 def _with_advice(plan: RolePlan, fitting: dict[str, int] | None, t: TrainerInputs) -> RolePlan:
@@ -118,6 +132,7 @@ __all__ = [
     "from_config",
     "inputs_from_spec",
     "plan_job",
+    "plan_reward",
     "plan_rollout",
     "plan_trainer",
     "resolve_sharding",

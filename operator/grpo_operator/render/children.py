@@ -49,7 +49,7 @@ def render(
     metrics_from: list[dict] | None = None,
 ) -> Rendered:
     """Render all children. `attempt` labels the trainer gang (bumped per gang restart);
-    `running=False` (suspended or finished) scales both StatefulSets to zero pods; `zone`
+    `running=False` (suspended or finished) scales every role to zero pods; `zone`
     pins the trainer gang to one availability zone chosen by the caller and `avoid_nodes` keeps it
     off nodes the caller saw lost (see pods).
     `flavors` (per role) add the node labels and tolerations of the Kueue ResourceFlavors a
@@ -79,12 +79,17 @@ def render(
     rollout_tpl, w2 = pods.pod_template(
         job, name=name, uid=uid, role=names.ROLE_ROLLOUT, attempt=attempt, table=table
     )
+    templates = {names.ROLE_TRAINER: trainer_tpl, names.ROLE_ROLLOUT: rollout_tpl}
+    if job.spec.reward.model is not None:
+        templates[names.ROLE_REWARD], w3 = pods.pod_template(
+            job, name=name, uid=uid, role=names.ROLE_REWARD, attempt=attempt, table=table
+        )
+        w2 += w3
     for role, placement in (flavors or {}).items():
-        if role == names.ROLE_TRAINER:
-            trainer_tpl, conflicts = kueue.with_flavor(trainer_tpl, placement)
-        else:
-            rollout_tpl, conflicts = kueue.with_flavor(rollout_tpl, placement)
-        w1 += [f"{role}: {c}" for c in conflicts]
+        if role in templates:
+            templates[role], conflicts = kueue.with_flavor(templates[role], placement)
+            w1 += [f"{role}: {c}" for c in conflicts]
+    trainer_tpl, rollout_tpl = templates[names.ROLE_TRAINER], templates[names.ROLE_ROLLOUT]
     trainer_n = job.spec.trainer.replicas if running else 0
     rollout_n = job.spec.rollout.replicas if rollout_replicas is None else rollout_replicas
     rollout_n = rollout_n if running else 0
@@ -107,7 +112,12 @@ def render(
         },
         *_rbac(job, name, meta),
         *_network_policies(
-            name, uid, meta, metrics_from or [], streams=job.spec.rollout.streams_weights
+            name,
+            uid,
+            meta,
+            metrics_from or [],
+            streams=job.spec.rollout.streams_weights,
+            reward=job.spec.reward.model is not None,
         ),  # before any pod exists
         *(groups.network_policies(name, uid, rollout_n, meta) if spans else []),
         _service(name, names.ROLE_TRAINER, names.TRAINER_PORT, "rendezvous", meta, publish_not_ready=True),
@@ -124,6 +134,8 @@ def render(
             },
         },
     ]
+    if names.ROLE_REWARD in templates:
+        out += _reward_servers(job, name, templates[names.ROLE_REWARD], meta, running=running)
     group = _pod_group(job, name, meta)
     if group:
         out.append(group)
@@ -142,6 +154,8 @@ def validate(job: GRPOJob, *, name: str, namespace: str, instance_types: Instanc
         )
     for role in (names.ROLE_TRAINER, names.ROLE_ROLLOUT):
         pods.hardware(job, role, instance_types)
+    if job.spec.reward.model is not None:
+        pods.hardware(job, names.ROLE_REWARD, instance_types)
 
 
 def children(job: GRPOJob, *, name: str, namespace: str, uid: str, **kwargs) -> list[dict]:
@@ -167,10 +181,14 @@ def token_secret(*, name: str, namespace: str, uid: str, token: str) -> dict:
 
 
 def _rbac(job: GRPOJob, name: str, meta) -> list[dict]:
-    """Two ServiceAccounts (IRSA annotations per role) and a Role for the trainer only,
-    limited by resourceNames to this job's status and contract, plus listing EndpointSlices."""
+    """A ServiceAccount per role (IRSA annotations per role; the reward role's with spec.reward.model)
+    and a Role for the trainer only, limited by resourceNames to this job's status and contract, plus
+    listing EndpointSlices."""
     accounts = []
-    for role, spec in ((names.ROLE_TRAINER, job.spec.trainer), (names.ROLE_ROLLOUT, job.spec.rollout)):
+    roles = [(names.ROLE_TRAINER, job.spec.trainer), (names.ROLE_ROLLOUT, job.spec.rollout)]
+    if job.spec.reward.model is not None:
+        roles.append((names.ROLE_REWARD, job.spec.reward.model))
+    for role, spec in roles:
         sa = {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
@@ -248,6 +266,27 @@ def _rollout_servers(job: GRPOJob, name: str, replicas: int, template: dict, met
     return groups.leaderworkerset(name, replicas, nodes, leader, worker, meta)
 
 
+def _reward_servers(job: GRPOJob, name: str, template: dict, meta, *, running: bool) -> list[dict]:
+    """spec.reward.model's servers: a StatefulSet of one-pod servers (replaced one by one, like the
+    rollout's), their headless Service (ready pods only: the rollout servers send batches to those),
+    and a PodDisruptionBudget that lets a drain take one server at a time."""
+    model = job.spec.reward.model
+    replicas = model.replicas if running and model is not None else 0
+    return [
+        _service(name, names.ROLE_REWARD, names.REWARD_PORT, "http", meta, publish_not_ready=False),
+        _statefulset(name, names.ROLE_REWARD, replicas, template, meta, on_delete=False),
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": meta(names.statefulset(name, names.ROLE_REWARD)),
+            "spec": {
+                "maxUnavailable": 1,
+                "selector": {"matchLabels": names.selector(name, names.ROLE_REWARD)},
+            },
+        },
+    ]
+
+
 def _statefulset(name: str, role: str, replicas: int, template: dict, meta, *, on_delete: bool) -> dict:
     """Parallel pod management; the trainer uses OnDelete so only the operator's gang
     restart replaces its pods, never a rolling update one rank at a time."""
@@ -267,7 +306,9 @@ def _statefulset(name: str, role: str, replicas: int, template: dict, meta, *, o
     }
 
 
-def _network_policies(name: str, uid: str, meta, metrics_from: list[dict], *, streams: bool) -> list[dict]:
+def _network_policies(
+    name: str, uid: str, meta, metrics_from: list[dict], *, streams: bool, reward: bool
+) -> list[dict]:
     """Ingress of each role's pods, selected with the job's uid label that only the operator
     sets. Trainer pods: any port (c10d rendezvous on TRAINER_PORT, gloo/NCCL on ephemeral
     ports), only from this job's trainer pods, and `metrics_from` to rank 0's /metrics on
@@ -275,7 +316,8 @@ def _network_policies(name: str, uid: str, meta, metrics_from: list[dict], *, st
     /metrics on the same port, `metrics_from`. Egress stays open: S3, the rollout servers, the
     API server. With the collective weight transport (`streams`) the two roles also reach each
     other on any port: rollout servers join rank 0's store on WEIGHT_SYNC_PORT, and gloo/NCCL
-    connect both ways on ephemeral ports."""
+    connect both ways on ephemeral ports. Reward model servers (`reward`): REWARD_PORT only, from
+    this job's rollout pods (the only callers of /score) and, for /metrics, `metrics_from`."""
 
     def pods(role: str) -> dict:
         return {"matchLabels": names.isolation_selector(name, uid, role)}
@@ -291,6 +333,13 @@ def _network_policies(name: str, uid: str, meta, metrics_from: list[dict], *, st
         trainer_ingress.append({"from": [{"podSelector": pods(names.ROLE_ROLLOUT)}]})
         rollout_ingress.append({"from": [{"podSelector": pods(names.ROLE_TRAINER)}]})
     ingress = {names.ROLE_TRAINER: trainer_ingress, names.ROLE_ROLLOUT: rollout_ingress}
+    if reward:
+        reward_port = [{"protocol": "TCP", "port": names.REWARD_PORT}]
+        ingress[names.ROLE_REWARD] = [
+            {"from": [{"podSelector": pods(names.ROLE_ROLLOUT)}], "ports": reward_port}
+        ]
+        if metrics_from:
+            ingress[names.ROLE_REWARD].append({"from": metrics_from, "ports": reward_port})
     return [
         {
             "apiVersion": "networking.k8s.io/v1",
@@ -298,7 +347,7 @@ def _network_policies(name: str, uid: str, meta, metrics_from: list[dict], *, st
             "metadata": meta(names.network_policy(name, role)),
             "spec": {"podSelector": pods(role), "policyTypes": ["Ingress"], "ingress": ingress[role]},
         }
-        for role in (names.ROLE_TRAINER, names.ROLE_ROLLOUT)
+        for role in ingress
     ]
 
 

@@ -7,7 +7,7 @@ in a cluster, 127.0.0.1 ports on one machine).
 
 from dataclasses import dataclass
 
-from grpo_operator.api.contract import RolloutTopology, RunContract, TrainerTopology
+from grpo_operator.api.contract import RewardTopology, RolloutTopology, RunContract, TrainerTopology
 from grpo_operator.api.job import API_VERSION, PLURAL, GRPOJob
 from grpo_operator.api.roles import resolve_all2all
 from grpo_operator.api.spec import GRPOJobSpec
@@ -25,12 +25,14 @@ class RenderError(ValueError):
 
 @dataclass(frozen=True)
 class LocalPorts:
-    """Loopback ports for the local runtime: rank 0's rendezvous and one per rollout server."""
+    """Loopback ports for the local runtime: rank 0's rendezvous, one per rollout server and one per
+    reward model server (spec.reward.model)."""
 
     trainer_master_port: int
     rollout_ports: tuple[int, ...]
     trainer_metrics_port: int | None = None  # rank 0's /metrics; None: no exporter
     weight_sync_port: int | None = None  # rank 0's weight-sync store; None: weights over HTTP only
+    reward_ports: tuple[int, ...] = ()
 
 
 def check_name(name: str, *, spans_nodes: bool = False) -> None:
@@ -128,6 +130,7 @@ def contract(
         endpoints = [f"http://127.0.0.1:{p}" for p in local_ports.rollout_ports]
         rollout_port = local_ports.rollout_ports[0] if local_ports.rollout_ports else names.ROLLOUT_PORT
         resolved_spec, status_url = spec, None
+        reward = _reward(job, name, namespace, local_ports.reward_ports)
     else:
         master_addr = names.pod_dns(name, names.ROLE_TRAINER, 0, namespace)
         master_port, rollout_port = names.TRAINER_PORT, names.ROLLOUT_PORT
@@ -141,6 +144,7 @@ def contract(
         status_url = (
             f"https://kubernetes.default.svc/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
         )
+        reward = _reward(job, name, namespace)
     return RunContract(
         job_name=name,
         namespace=namespace,
@@ -165,8 +169,37 @@ def contract(
             port=rollout_port,
             endpoints=endpoints,
         ),
+        reward=reward,
         checkpoint_dir=checkpoint_dir(resolved_spec.checkpoint.path, namespace=namespace, name=name, uid=uid),
         status_url=status_url,
+    )
+
+
+def _reward(
+    job: GRPOJob, name: str, namespace: str, local_ports: tuple[int, ...] | None = None
+) -> RewardTopology | None:
+    """The reward model servers (None without spec.reward.model): by pod DNS name behind their headless
+    Service, or on the loopback `local_ports`, one per replica."""
+    model = job.spec.reward.model
+    if model is None:
+        return None
+    if local_ports is None:
+        port = names.REWARD_PORT
+        endpoints = [
+            f"http://{names.pod_dns(name, names.ROLE_REWARD, i, namespace)}:{port}"
+            for i in range(model.replicas)
+        ]
+    elif len(local_ports) != model.replicas:
+        raise RenderError(
+            f"local_ports has {len(local_ports)} reward ports for {model.replicas} reward.model.replicas"
+        )
+    else:
+        port, endpoints = local_ports[0], [f"http://127.0.0.1:{p}" for p in local_ports]
+    return RewardTopology(
+        service=names.service_dns(name, names.ROLE_REWARD, namespace),
+        replicas=model.replicas,
+        port=port,
+        endpoints=endpoints,
     )
 
 
@@ -200,5 +233,15 @@ def _resolve_paths(job: GRPOJob) -> GRPOJobSpec:
     tracking = spec.tracking
     if tracking is not None and tracking.uri:
         tracking = tracking.model_copy(update={"uri": storage.resolve(tracking.uri)})
-    update = {"model": model, "dataset": dataset, "checkpoint": checkpoint, "tracking": tracking}
+    reward = spec.reward
+    if reward.model is not None:
+        served = reward.model.model_copy(update={"path": storage.resolve(reward.model.path)})
+        reward = reward.model_copy(update={"model": served})
+    update = {
+        "model": model,
+        "dataset": dataset,
+        "checkpoint": checkpoint,
+        "tracking": tracking,
+        "reward": reward,
+    }
     return spec.model_copy(update=update)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from grpo_operator.render import names
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"  # Workloads, ResourceFlavors, WorkloadPriorityClasses
-ROLES = (names.ROLE_TRAINER, names.ROLE_ROLLOUT)
+# The pod sets, in order; the reward role's only for a job with spec.reward.model (`counts` has it).
+ROLES = (names.ROLE_TRAINER, names.ROLE_ROLLOUT, names.ROLE_REWARD)
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def workload(
     counts: dict[str, int],
     priority: Priority | None = None,
 ) -> dict:
-    """The job's Workload: one pod set per role with its count and pod template (what Kueue
+    """The job's Workload: one pod set per role in `counts` with its count and pod template (what Kueue
     counts against quota and matches flavors with: resources, node selector, tolerations),
     and the priority Kueue orders and preempts by (set by a job integration, as here)."""
     out = {
@@ -69,6 +70,7 @@ def workload(
             "podSets": [
                 {"name": role, "count": counts[role], "template": copy.deepcopy(templates[role])}
                 for role in ROLES
+                if role in counts
             ],
         },
     }

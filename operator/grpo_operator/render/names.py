@@ -27,11 +27,13 @@ MANAGER = "grpo-operator"
 
 ROLE_TRAINER = "trainer"
 ROLE_ROLLOUT = "rollout"
+ROLE_REWARD = "reward"  # spec.reward.model's servers
 
 TRAINER_PORT = 29500
 TRAINER_METRICS_PORT = 9400  # rank 0's Prometheus /metrics (the container port `metrics`)
 WEIGHT_SYNC_PORT = 29600  # rank 0's weight-sync TCPStore, which rollout servers join (collective transport)
 ROLLOUT_PORT = 8000
+REWARD_PORT = 8100
 TOKEN_KEY = "token"
 PVC_MOUNT_ROOT = "/mnt/pvc"
 CACHE_VOLUME = "model-cache"  # the emptyDir at spec.storage.cacheDir, on both roles

@@ -1,4 +1,4 @@
-"""EFA-aware pod templates for the trainer gang and the rollout servers.
+"""EFA-aware pod templates for the trainer gang, the rollout servers and the reward model servers.
 
 Called by `render.children`. Sizes each pod from the instance-type table (`instance_types`):
 GPUs and EFA devices of the node, hugepages, IPC_LOCK, /dev/shm, EFA/NCCL env (GIN for DeepEP v2),
@@ -30,10 +30,25 @@ from grpo_operator.render.contract import RenderError
 COMMANDS = {
     names.ROLE_TRAINER: ["python", "-m", "grpo_trainer", "train"],
     names.ROLE_ROLLOUT: ["python", "-m", "grpo_rollout", "serve"],
+    names.ROLE_REWARD: ["python", "-m", "grpo_rollout", "reward"],
 }
 ZONE_KEY = "topology.kubernetes.io/zone"
 NETWORK_LAYER_KEYS = tuple(f"topology.k8s.aws/network-node-layer-{n}" for n in (3, 2, 1))
-GRACE_SECONDS = {names.ROLE_TRAINER: 60, names.ROLE_ROLLOUT: 120}
+GRACE_SECONDS = {names.ROLE_TRAINER: 60, names.ROLE_ROLLOUT: 120, names.ROLE_REWARD: 60}
+# The container port named `http` of each serving role (its readiness probe and Service port).
+HTTP_PORTS = {names.ROLE_ROLLOUT: names.ROLLOUT_PORT, names.ROLE_REWARD: names.REWARD_PORT}
+
+
+def role_spec(job: GRPOJob, role: str) -> RoleCommon:
+    """The spec of one role: spec.trainer, spec.rollout, or spec.reward.model (set: the caller renders
+    the reward role only for a job that has one)."""
+    if role == names.ROLE_TRAINER:
+        return job.spec.trainer
+    if role == names.ROLE_REWARD:
+        if job.spec.reward.model is None:
+            raise ValueError("the reward role is rendered only with spec.reward.model")
+        return job.spec.reward.model
+    return job.spec.rollout
 
 
 @dataclass(frozen=True)
@@ -47,14 +62,15 @@ class Hardware:
 
 def hardware(job: GRPOJob, role: str, table: InstanceTable) -> Hardware:
     """GPUs and EFA devices per pod of `role`; RenderError when the spec cannot be met."""
-    spec = job.spec.trainer if role == names.ROLE_TRAINER else job.spec.rollout
+    spec = role_spec(job, role)
     mode = job.spec.network.efa
     itype = None
     if spec.instance_type is not None:
         try:
             itype = table.get(spec.instance_type)
         except UnknownInstanceType as e:
-            raise RenderError(f"{role}.instanceType: {e}") from None
+            field = "reward.model" if role == names.ROLE_REWARD else role
+            raise RenderError(f"{field}.instanceType: {e}") from None
     node_gpus, node_efa = (itype.gpus, itype.efa) if itype else (0, 0)
     if role == names.ROLE_TRAINER:
         if mode == EFAMode.REQUIRED and node_efa == 0:
@@ -65,6 +81,10 @@ def hardware(job: GRPOJob, role: str, table: InstanceTable) -> Hardware:
             )
             raise RenderError(f"network.efa is 'required' but {what}; use an EFA type (p4d, p5, p5en, p6...)")
         gpus, efa = node_gpus, node_efa
+    elif role == names.ROLE_REWARD:
+        # A reward model server is one process on one GPU that answers HTTP: it needs no inter-node
+        # fabric (no EFA, no hugepages), and the rest of the node stays free for other pods.
+        return Hardware(itype, min(1, node_gpus), 0)
     else:
         rollout = job.spec.rollout
         per_server = rollout.gpus_per_server  # tensorParallelSize x vllm.dataParallelSize
@@ -106,14 +126,14 @@ def pod_template(
     `avoid_nodes` (trainer only): nodes the controller saw lost; a new attempt is never bound
     there, even by a scheduler whose cache still lists a node just deleted.
     """
-    spec = job.spec.trainer if role == names.ROLE_TRAINER else job.spec.rollout
+    spec = role_spec(job, role)
     hw = hardware(job, role, table)
     volumes, mounts = _volumes(job, name=name, role=role)
     container = {
         "name": role,
         "image": spec.image,
         "command": COMMANDS[role],
-        "env": _env(job, name=name, uid=uid, hw=hw),
+        "env": _env(job, name=name, uid=uid, hw=hw, role=role),
         "ports": _ports(role),
         "resources": _resources(job, spec, hw),
         "volumeMounts": mounts,
@@ -123,7 +143,7 @@ def pod_template(
     security = _security(job, hw)
     if security:
         container["securityContext"] = security
-    if role == names.ROLE_ROLLOUT:
+    if role in HTTP_PORTS:
         container["readinessProbe"] = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5}
     labels = {**names.job_labels(name), **names.isolation_selector(name, uid, role)}
     annotations: dict[str, str] = {}
@@ -158,10 +178,11 @@ def pod_template(
     user = {"spec": spec.template.spec or {}}
     if spec.template.metadata is not None:
         user["metadata"] = {k: v for k, v in spec.template.metadata.wire().items() if v}
-    return overrides.merge(template, user, f"{role}.template")
+    field_path = "reward.model.template" if role == names.ROLE_REWARD else f"{role}.template"
+    return overrides.merge(template, user, field_path)
 
 
-def _env(job: GRPOJob, *, name: str, uid: str, hw: Hardware) -> list[dict]:
+def _env(job: GRPOJob, *, name: str, uid: str, hw: Hardware, role: str) -> list[dict]:
     env = [
         {"name": ENV_CONTRACT, "value": f"{CONTRACT_MOUNT}/{CONTRACT_FILE}"},
         {
@@ -174,7 +195,7 @@ def _env(job: GRPOJob, *, name: str, uid: str, hw: Hardware) -> list[dict]:
         },
     ]
     env += _storage_env(job)
-    if hw.gpus or hw.efa:
+    if hw.efa or (hw.gpus and role != names.ROLE_REWARD):  # a reward server runs no collectives
         env.append({"name": "NCCL_SOCKET_IFNAME", "value": job.spec.network.socket_ifname})
     if hw.efa:
         env += [
@@ -246,7 +267,7 @@ def _ports(role: str) -> list[dict]:
             {"name": "metrics", "containerPort": names.TRAINER_METRICS_PORT, "protocol": "TCP"},
             {"name": "weight-sync", "containerPort": names.WEIGHT_SYNC_PORT, "protocol": "TCP"},
         ]
-    return [{"name": "http", "containerPort": names.ROLLOUT_PORT, "protocol": "TCP"}]
+    return [{"name": "http", "containerPort": HTTP_PORTS[role], "protocol": "TCP"}]
 
 
 def _resources(job: GRPOJob, spec: RoleCommon, hw: Hardware) -> dict:
@@ -284,6 +305,8 @@ def _security(job: GRPOJob, hw: Hardware) -> dict:
 def _volumes(job: GRPOJob, *, name: str, role: str) -> tuple[list[dict], list[dict]]:
     spec = job.spec
     uris = [spec.model.path]
+    if role == names.ROLE_REWARD and spec.reward.model is not None:
+        uris = [spec.reward.model.path]  # the reward model only: it never loads the policy
     if role == names.ROLE_TRAINER:
         uris += [
             spec.model.reference_path,

@@ -169,7 +169,9 @@ def memory_problems(
     message the trainer's start-up check (`grpo_trainer.memory`) raises for the same job: both call
     `memory_plan.plan_job` and `RolePlan.refusal`. A rollout that cannot fit is a warning: no
     start-up plan refuses it (vLLM measures its own KV-cache room). A job with GPU instance types but
-    no config.json reachable here gets a warning that the plan did not run and how to make it."""
+    no config.json reachable here gets a warning that the plan did not run and how to make it. A
+    reward model server (spec.reward.model) that cannot fit its GPU is a warning, when its config.json
+    is a local directory here."""
     docs, _ = load_documents(text, file)
     table = instance_types.load()
     errors: list[Problem] = []
@@ -181,6 +183,9 @@ def memory_problems(
             spec = job.GRPOJob.model_validate(doc.data).spec
         except pydantic.ValidationError:
             continue  # validate_text says why
+        if (refusal := _reward_refusal(spec, Path(file).parent, table)) is not None:
+            where = ("spec", "reward", "model")
+            warnings.append(Problem(file, doc.line(where), dotted(where), refusal))
         source = model_config or memory_plan.find_config(spec.model.path, Path(file).parent)
         try:
             plan = _plan(spec, source, table)
@@ -225,6 +230,20 @@ def _plan(
         )
     except (OSError, ValueError, TypeError, KeyError, ArithmeticError) as e:
         raise _NoPlan(f"no memory plan: {e}") from None
+
+
+def _reward_refusal(spec: GRPOJobSpec, base: Path, table: instance_types.InstanceTable) -> str | None:
+    """Why one reward model server cannot fit its GPU; None when it fits or cannot be planned here."""
+    model = spec.reward.model
+    source = memory_plan.find_config(model.path, base) if model is not None else None
+    if model is None or source is None:
+        return None
+    try:
+        gpu = _gpu_bytes(table, model.instance_type)
+        config = json.loads(source.read_text())
+        return memory_plan.plan_reward(config, spec, gpu_bytes=gpu).refusal()
+    except (OSError, ValueError, TypeError, KeyError, ArithmeticError, instance_types.UnknownInstanceType):
+        return None  # the render check names a bad instance type; an unreadable config plans nothing
 
 
 def _gpu_bytes(table: instance_types.InstanceTable, name: str | None) -> int | None:

@@ -7,11 +7,11 @@ one table of specs through both and requires the same messages in the same order
 controller (second line: a job that bypassed admission is Failed, never rendered) and
 `grpo-operator validate` (warnings). docs/security.md explains each rule.
 
-Every field that reaches a pod is covered: `spec.network.privileged`, and the pod template
-overrides `spec.{trainer,rollout}.template`, whose `spec` is merged onto the rendered pod field by
-field. The typed fields (`pvc://` URIs, `scheduling.priorityClassName`, tolerations, node
-selectors, `serviceAccountAnnotations`, `storage.endpointUrl`) are the job's own and allowed;
-the operator's own IPC_LOCK for EFA is not in the spec at all.
+Every field that reaches a pod is covered: `spec.network.privileged`, and the pod template overrides
+`spec.{trainer,rollout}.template` and `spec.reward.model.template`, whose `spec` is merged onto the
+rendered pod field by field. The typed fields (`pvc://` URIs, `scheduling.priorityClassName`,
+tolerations, node selectors, `serviceAccountAnnotations`, `storage.endpointUrl`) are the job's own
+and allowed; the operator's own IPC_LOCK for EFA is not in the spec at all.
 
 Two typed fields depend on who asks: `spec.storage.credentialsSecret` and
 `spec.tracking.credentialsSecret` name Secrets the pods read, each allowed when the requester may
@@ -101,10 +101,12 @@ def refusals(
     out = []
     if job.spec.network.privileged:
         out.append(f"spec.network.privileged: privileged containers need {PERMISSION}")
-    for role in ROLES:
-        template = getattr(job.spec, role).template
+    templates = [(f"spec.{role}.template", getattr(job.spec, role).template) for role in ROLES]
+    reward = job.spec.reward.model
+    templates.append(("spec.reward.model.template", reward.template if reward is not None else None))
+    for path, template in templates:
         if template is not None:
-            out += _template_refusals(f"spec.{role}.template", template)
+            out += _template_refusals(path, template)
     if may_get_secret is not None:
         out += [secret_refusal(f, name) for f, name in secret_reads(job) if not may_get_secret(name)]
     return out

@@ -1,11 +1,12 @@
 """The API server's OpenAPI checks for the parts of a GRPOJob the models keep as plain dicts.
 
 Used by `grpo_operator.validation.check` for the PodSpecs embedded in the CRD
-(`spec.{trainer,rollout}.template.spec`, generated from the Kubernetes OpenAPI by
-hack/podspec-schema.sh): the models hold them as dicts for the renderer, so the schema check
-of `schema.schema_problems` cannot see inside them. Here the CRD's structural schema is walked
-as kube-apiserver's validator walks it: types, int-or-string, enums, bounds, patterns,
-required and unknown fields, list-map and set uniqueness, with the server's paths and wording.
+(`spec.{trainer,rollout}.template.spec`, `spec.reward.model.template.spec`, generated from the
+Kubernetes OpenAPI by hack/podspec-schema.sh): the models hold them as dicts for the renderer, so
+the schema check of `schema.schema_problems` cannot see inside them. Here the CRD's structural
+schema is walked as kube-apiserver's validator walks it: types, int-or-string, enums, bounds,
+patterns, required and unknown fields, list-map and set uniqueness, with the server's paths and
+wording.
 """
 
 import json
@@ -18,6 +19,7 @@ from grpo_operator.validation.yaml_docs import Path_, dotted
 EMBEDDED: tuple[Path_, ...] = (
     ("spec", "trainer", "template", "spec"),
     ("spec", "rollout", "template", "spec"),
+    ("spec", "reward", "model", "template", "spec"),
 )
 _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool}
 

@@ -7,16 +7,22 @@ function that raises, hangs, returns the wrong number of scores or a NaN scores 
 samples 0 and says why in that sample's reward details; the server goes on.
 When a batch call raises, each sample is retried alone (within the same time budget) so one bad
 completion does not zero its whole batch.
+With spec.reward.model, the reward model servers score the same completions (`model_client`, on a
+thread of its own while the functions run) and join the sum by the model's weight, as the detail
+named "model". Unlike a function's, their failure is not scored 0: a misconfigured model, or one no
+server answers for, raises the client's `ServiceError`, which fails the /generate request.
 """
 
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from grpo_operator.api.spec import RewardSpec
-from grpo_wire.protocol import RewardDetail
+from grpo_wire.protocol import RewardDetail, ScoreItem
 
+from grpo_rollout.rewards.model_client import RewardModelClient
 from grpo_rollout.rewards.worker import PluginError, PluginTimeout, PluginWorker
 
 log = logging.getLogger(__name__)
@@ -26,10 +32,18 @@ class BadScores(Exception):
     """A reward function answered, but not with one number per completion."""
 
 
+MODEL_DETAIL = "model"  # the reward model's RewardDetail name
+
+
 class RewardScorer:
-    def __init__(self, spec: RewardSpec, worker: PluginWorker | None = None):
+    def __init__(
+        self, spec: RewardSpec, worker: PluginWorker | None = None, model: RewardModelClient | None = None
+    ):
         self.timeout = spec.timeout_seconds
         self._worker = worker or PluginWorker()
+        self.model = model
+        self.model_weight = spec.model.weight if spec.model is not None else 0.0
+        self._model_pool = ThreadPoolExecutor(1, thread_name_prefix="reward-model") if model else None
         # (name in the spec, weight): a built-in's name or 'module:function', both loaded by the worker
         self.functions: list[tuple[str, float]] = []
         for i, entry in enumerate(spec.functions):
@@ -44,6 +58,8 @@ class RewardScorer:
 
     def close(self) -> None:
         self._worker.kill()
+        if self._model_pool is not None:
+            self._model_pool.shutdown(wait=False, cancel_futures=True)
 
     def score(
         self, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]
@@ -52,11 +68,30 @@ class RewardScorer:
         total = len(completions)
         rewards = [0.0] * total
         details: list[list[RewardDetail]] = [[] for _ in range(total)]
+        asked = None
+        if self.model is not None and self._model_pool is not None and total:
+            items = [
+                ScoreItem(
+                    prompt=prompts[i],
+                    completion=completions[i],
+                    columns={k: v[i] for k, v in columns.items()},
+                )
+                for i in range(total)
+            ]
+            asked = self._model_pool.submit(self.model.score, items)
         for name, weight in self.functions:
             values, errors = self._run(name, prompts, completions, columns)
             for i in range(total):
                 rewards[i] += weight * values[i]
                 details[i].append(RewardDetail(name=name, weight=weight, score=values[i], error=errors[i]))
+        if asked is not None:
+            values, errors = asked.result()  # a misconfigured or unreachable model raises: no silent 0
+            weight = self.model_weight
+            for i in range(total):
+                value = values[i] if math.isfinite(values[i]) else 0.0
+                error = errors[i] if math.isfinite(values[i]) else f"the reward model answered {values[i]}"
+                rewards[i] += weight * value
+                details[i].append(RewardDetail(name=MODEL_DETAIL, weight=weight, score=value, error=error))
         return list(zip(rewards, details, strict=True))
 
     def _run(
