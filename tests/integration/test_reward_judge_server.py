@@ -115,3 +115,5 @@ def test_the_trainer_stops_permanently_on_the_misconfiguration_naming_the_field(
     assert trainer_run.finish(proc, tmp_path, timeout=180) == EXIT_CONFIG, trainer_run.log_tail(tmp_path)
     log = (tmp_path / "trainer.log").read_text()
     assert "reward_misconfigured" in log and "spec.reward.model.prompt names {answer}" in log
+    # the termination message the operator fails the job with: its stated reason, then the field
+    assert "RewardModelMisconfigured: " in log

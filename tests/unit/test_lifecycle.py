@@ -124,18 +124,27 @@ def test_seconds_left_of_deadlines_and_ttls():
 
 
 STATED = "ResumeFromNotFound: checkpoint.resumeFrom s3://b/ckpt/first: does not exist"
+JUDGE = (
+    "RewardModelMisconfigured: server http://j-rollout-0:8000 answered 422 reward_misconfigured: "
+    "spec.reward.model.prompt names {answer}, which the row does not have"
+)
 
 
-def test_a_reason_the_trainer_states_fails_the_job_with_it_in_a_cluster_and_locally(tmp_path):
+@pytest.mark.parametrize(
+    ("stated", "reason"),
+    [(STATED, Reason.RESUME_FROM_NOT_FOUND), (JUDGE, Reason.REWARD_MODEL_MISCONFIGURED)],
+    ids=["resume-from", "reward-model"],
+)
+def test_a_reason_the_trainer_states_fails_the_job_with_it_in_a_cluster_and_locally(tmp_path, stated, reason):
     failed = pod("trainer", 0, term=3, phase="Failed", ready=False)
-    failed["status"]["containerStatuses"][0]["state"]["terminated"] |= {"reason": "Error", "message": STATED}
+    failed["status"]["containerStatuses"][0]["state"]["terminated"] |= {"reason": "Error", "message": stated}
     obs = observe.summarize([failed, pod("trainer", 1)], attempt=0)
     d = status.decide(spec=spec(), generation=1, old=GRPOJobStatus(), obs=obs, now=NOW)
     failed_condition = next(c for c in d.status.conditions if c.type == "Failed")
-    assert (d.status.phase, failed_condition.reason) == (Phase.FAILED, Reason.RESUME_FROM_NOT_FOUND)
-    assert "does not exist" in failed_condition.message
+    assert (d.status.phase, failed_condition.reason) == (Phase.FAILED, reason)
+    assert stated.split(": ", 1)[1] in failed_condition.message
 
-    body = f"import sys; print('grpo-trainer: configuration error: {STATED}', file=sys.stderr); sys.exit(3)"
+    body = f"import sys; print('grpo-trainer: configuration error: {stated}', file=sys.stderr); sys.exit(3)"
     cmd = PodCommand("trainer", 0, [sys.executable, "-c", body], env={}, cwd=Path.cwd(), grace_s=1.0)
     proc = PodProcess.start(cmd, tmp_path, 0)
     try:
@@ -143,6 +152,6 @@ def test_a_reason_the_trainer_states_fails_the_job_with_it_in_a_cluster_and_loca
         gang = supervisor.gang_decision([proc], restarts=0, backoff_limit=3)
     finally:
         stop_all([proc], grace_s=1.0)
-    assert (gang.outcome, gang.reason, gang.permanent) == (Outcome.FAIL, Reason.RESUME_FROM_NOT_FOUND, True)
+    assert (gang.outcome, gang.reason, gang.permanent) == (Outcome.FAIL, reason, True)
     plain = observe.summarize([pod("trainer", 0, term=3, phase="Failed", ready=False)], attempt=0)
     assert gang_decision(plain.verdicts, restarts=0, backoff_limit=3).reason == Reason.PERMANENT_ERROR

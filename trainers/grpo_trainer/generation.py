@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 import torch
 from grpo_operator.api.algorithm import AlgorithmSpec
 from grpo_operator.api.contract import RunContract
+from grpo_operator.api.status import Reason
 from grpo_wire.client import (
     GenerateError,
     RolloutClient,
@@ -199,10 +200,9 @@ class Generator:
                     prompts, n=n, sampling=sampling, min_weight_version=min_version, routing=routing
                 )
             except ServerError as e:
-                if (
-                    e.code == REWARD_MISCONFIGURED
-                ):  # spec.reward.model as written cannot score: no restart helps
-                    raise ConfigError(str(e)) from None
+                # spec.reward.model cannot score as written: no restart helps
+                if e.code == REWARD_MISCONFIGURED:
+                    raise ConfigError(str(e), reason=Reason.REWARD_MODEL_MISCONFIGURED) from None
                 raise
             except GenerateError as e:
                 if time.monotonic() > deadline:

@@ -74,6 +74,8 @@ class Reason(StrEnum):
     MODEL_INVALID = "ModelInvalid"  # a folder, but not a Hugging Face model
     DATASET_EMPTY = "DatasetEmpty"  # no usable row
     EP_BACKEND_UNAVAILABLE = "EPBackendUnavailable"  # epBackend deepep that cannot serve this gang
+    # spec.reward.model cannot score as written (its prompt or model): no restart helps
+    REWARD_MODEL_MISCONFIGURED = "RewardModelMisconfigured"
 
 
 # Reasons a trainer states in its termination message ("<Reason>: <message>"); a permanent failure
@@ -92,6 +94,7 @@ TRAINER_STATED = frozenset(
         Reason.MODEL_INVALID,
         Reason.DATASET_EMPTY,
         Reason.EP_BACKEND_UNAVAILABLE,
+        Reason.REWARD_MODEL_MISCONFIGURED,
     }
 )
 
