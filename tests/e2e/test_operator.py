@@ -191,11 +191,14 @@ def test_rollout_autoscaling_follows_the_trainers_wait_and_never_writes_spec(ope
     report(0.0)  # idle rollouts: one server fewer per cooldown, down to minReplicas
     wait_for(lambda: servers() == 1, what="rollout scaled down to minReplicas", timeout=60)
     assert cluster.status("elastic")["rolloutScaling"]["reason"] == "RolloutsIdle"
-    events = cluster.core.list_namespaced_event(
-        cluster.ns, field_selector="involvedObject.name=elastic"
-    ).items
-    moves = [e.reason for e in events if e.reason in {"TrainerWaiting", "RolloutsIdle"}]
-    assert moves.count("TrainerWaiting") == 2 and moves.count("RolloutsIdle") == 2, moves
+
+    def moves() -> list[str]:
+        events = cluster.core.list_namespaced_event(cluster.ns, field_selector="involvedObject.name=elastic")
+        return [e.reason for e in events.items if e.reason in {"TrainerWaiting", "RolloutsIdle"}]
+
+    # a move's Event is posted after the pass that scaled: the last one may trail the replica count
+    wait_for(lambda: len(moves()) >= 4, what="four scaling Events", timeout=30)
+    assert moves().count("TrainerWaiting") == 2 and moves().count("RolloutsIdle") == 2, moves()
     final = cluster.job("elastic")
     assert final["spec"] == applied and final["metadata"]["generation"] == 1  # spec never written
     scale = cluster.custom.get_namespaced_custom_object_scale(GROUP, VERSION, cluster.ns, PLURAL, "elastic")
@@ -316,6 +319,8 @@ def test_sigterm_stops_the_operator_at_once(operator, wait_for):
     """A rolling update or drain SIGTERMs the pod; kopf waits 5 s for stray tasks before it
     exits, so a heartbeat left running would hold every operator restart that long."""
     wait_for(lambda: operator.get("/healthz")[0] == 200, what="healthz", ignore=(urllib.error.URLError,))
+    # /healthz answers from process start; kopf's own SIGTERM handling exists once its startup ran
+    wait_for(lambda: "Activity 'heartbeat' succeeded." in operator.log.read_text(), what="kopf started")
     operator.proc.send_signal(signal.SIGTERM)
     assert operator.proc.wait(timeout=30) == 0
     # The cleanup handler cancelled the heartbeat: kopf had no stray task to wait 5 s for.
