@@ -17,7 +17,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 from grpo_wire.protocol import (
@@ -86,28 +86,47 @@ def check_protocol(declared: object) -> None:
         )
 
 
-@web.middleware
-async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
-    """Auth for work endpoints, ServiceError -> ErrorResponse, a request counter per endpoint and status."""
-    service = request.app[SERVICE]
-    sid = service.config.server_id
-    try:
-        if request.path not in OPEN_PATHS:
-            expected = f"Bearer {request.app[TOKEN]}".encode()
-            if not hmac.compare_digest(request.headers.get(AUTH_HEADER, "").encode(), expected):
-                raise ServiceError(401, "unauthorized", "missing or wrong bearer token")
-        response = await handler(request)
-    except ServiceError as e:
-        if e.status in (413, 500):
-            log.warning("%s %s -> %d %s: %s", request.method, request.path, e.status, e.code, e.message)
-        response = error(e.status, e.code, e.message, sid, e.retry_after)
-    except web.HTTPException as e:
-        response = error(e.status, "bad_request", e.reason, sid)
-    except Exception as e:
-        log.exception("%s %s failed", request.method, request.path)
-        response = error(500, "internal", f"{type(e).__name__}: {e}", sid)
-    service.metrics.requests.labels(request.path, str(response.status)).inc()
-    return response
+def guard_for(service_key: web.AppKey, server_id: Callable[[Any], str]) -> Any:
+    """The middleware of a server of ours (rollout, reward model): auth for work endpoints,
+    ServiceError -> ErrorResponse, a request counter per endpoint and status; `server_id` names the
+    server in its errors."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+        service = request.app[service_key]
+        sid = server_id(service)
+        try:
+            if request.path not in OPEN_PATHS:
+                expected = f"Bearer {request.app[TOKEN]}".encode()
+                if not hmac.compare_digest(request.headers.get(AUTH_HEADER, "").encode(), expected):
+                    raise ServiceError(401, "unauthorized", "missing or wrong bearer token")
+            response = await handler(request)
+        except ServiceError as e:
+            if e.status in (413, 500):
+                log.warning("%s %s -> %d %s: %s", request.method, request.path, e.status, e.code, e.message)
+            response = error(e.status, e.code, e.message, sid, e.retry_after)
+        except web.HTTPException as e:
+            response = error(e.status, "bad_request", e.reason, sid)
+        except Exception as e:
+            log.exception("%s %s failed", request.method, request.path)
+            response = error(500, "internal", f"{type(e).__name__}: {e}", sid)
+        service.metrics.requests.labels(request.path, str(response.status)).inc()
+        return response
+
+    return guard
+
+
+def metrics_handler(service_key: web.AppKey) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """GET /metrics: the service's own Prometheus registry."""
+
+    async def handle_metrics(request: web.Request) -> web.Response:
+        body = generate_latest(request.app[service_key].metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return handle_metrics
+
+
+guard = guard_for(SERVICE, lambda service: service.config.server_id)
 
 
 def parse_body(body: bytes, model: type[M]) -> M:
@@ -162,11 +181,6 @@ async def handle_health(request: web.Request) -> web.Response:
     )
 
 
-async def handle_metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[SERVICE].metrics.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
 def make_app(service: RolloutService, token: str) -> web.Application:
     app = web.Application(middlewares=[guard], client_max_size=MAX_WEIGHT_BUCKET_BYTES)
     app[SERVICE], app[TOKEN] = service, token
@@ -174,7 +188,7 @@ def make_app(service: RolloutService, token: str) -> web.Application:
     app.router.add_post("/weights", handle_weights)
     app.router.add_post("/weights/stream", handle_weight_stream)
     app.router.add_get("/health", handle_health)
-    app.router.add_get("/metrics", handle_metrics)
+    app.router.add_get("/metrics", metrics_handler(SERVICE))
     return app
 
 

@@ -9,18 +9,15 @@ On SIGTERM it refuses new work (503 draining), lets what runs finish, and return
 """
 
 import asyncio
-import hmac
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from grpo_wire.protocol import (
-    AUTH_HEADER,
     MAX_GENERATE_BODY_BYTES,
     REWARD_MISCONFIGURED,
     HealthResponse,
@@ -28,11 +25,11 @@ from grpo_wire.protocol import (
     ScoreResponse,
     ServerState,
 )
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from grpo_rollout.errors import ServiceError, loading
 from grpo_rollout.reward_model.base import LoadConfig, Misconfigured, RewardModel, load
-from grpo_rollout.server import error, parse_body, read_bounded
+from grpo_rollout.server import TOKEN, guard_for, metrics_handler, parse_body, read_bounded
 
 log = logging.getLogger(__name__)
 
@@ -123,28 +120,9 @@ class RewardService:
 
 
 SERVICE = web.AppKey("reward_service", RewardService)
-TOKEN = web.AppKey("token", str)
 
 
-@web.middleware
-async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
-    """Auth for /score, ServiceError -> ErrorResponse, a request counter per endpoint and status."""
-    service = request.app[SERVICE]
-    try:
-        if request.path not in OPEN_PATHS:
-            expected = f"Bearer {request.app[TOKEN]}".encode()
-            if not hmac.compare_digest(request.headers.get(AUTH_HEADER, "").encode(), expected):
-                raise ServiceError(401, "unauthorized", "missing or wrong bearer token")
-        response = await handler(request)
-    except ServiceError as e:
-        response = error(e.status, e.code, e.message, service.server_id, e.retry_after)
-    except web.HTTPException as e:
-        response = error(e.status, "bad_request", e.reason, service.server_id)
-    except Exception as e:
-        log.exception("%s %s failed", request.method, request.path)
-        response = error(500, "internal", f"{type(e).__name__}: {e}", service.server_id)
-    service.metrics.requests.labels(request.path, str(response.status)).inc()
-    return response
+guard = guard_for(SERVICE, lambda service: service.server_id)
 
 
 async def handle_score(request: web.Request) -> web.Response:
@@ -160,17 +138,12 @@ async def handle_health(request: web.Request) -> web.Response:
     return web.Response(status=status, text=health.model_dump_json(), content_type="application/json")
 
 
-async def handle_metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[SERVICE].metrics.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
 def make_app(service: RewardService, token: str) -> web.Application:
     app = web.Application(middlewares=[guard], client_max_size=MAX_GENERATE_BODY_BYTES)
     app[SERVICE], app[TOKEN] = service, token
     app.router.add_post("/score", handle_score)
     app.router.add_get("/health", handle_health)
-    app.router.add_get("/metrics", handle_metrics)
+    app.router.add_get("/metrics", metrics_handler(SERVICE))
     return app
 
 
