@@ -37,15 +37,18 @@ def write_contract(
     pods: int = 1,
     checkpoint_every: int = 2,
     trainer: dict | None = None,
+    reward: dict | None = None,
+    reward_ports: tuple[int, ...] = (),
     **algorithm: object,
 ) -> Path:
     """Render the contract for an EP = 2 job of 2 ranks (1 pod x 2, or 2 pods x 1) and the given
-    rollout server port(s)."""
+    rollout server port(s); `reward` replaces spec.reward (its YAML spelling), its model served on
+    `reward_ports`."""
     rollout_ports = rollout_port if isinstance(rollout_port, tuple) else (rollout_port,)
     spec = {
         "model": {"path": str(tiny), "dtype": "float32"},
         "dataset": {"path": algorithm.pop("dataset", str(tiny / "addition.jsonl"))},
-        "reward": {"functions": [{"builtin": "exact_match"}]},
+        "reward": reward or {"functions": [{"builtin": "exact_match"}]},
         "algorithm": {"groupSize": 4, "promptsPerStep": 4, "microBatchSize": 4, "maxNewTokens": 4,
                       "learningRate": 1e-3, "maxStaleness": 1, **algorithm},
         "trainer": {"replicas": pods, "processesPerPod": 2 // pods, "expertParallelSize": 2,
@@ -55,7 +58,9 @@ def write_contract(
     }  # fmt: skip
     job = GRPOJob.model_validate({"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob",
                                   "metadata": {"name": "t"}, "spec": spec})  # fmt: skip
-    ports = render.LocalPorts(trainer_master_port=free_port(), rollout_ports=rollout_ports)
+    ports = render.LocalPorts(
+        trainer_master_port=free_port(), rollout_ports=rollout_ports, reward_ports=reward_ports
+    )
     contract = render.contract(job, name="t", namespace="local", local_ports=ports)
     path = work / "job.json"
     path.write_text(contract.model_dump_json(by_alias=True))

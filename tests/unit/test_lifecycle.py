@@ -128,12 +128,20 @@ JUDGE = (
     "RewardModelMisconfigured: server http://j-rollout-0:8000 answered 422 reward_misconfigured: "
     "spec.reward.model.prompt names {answer}, which the row does not have"
 )
+DOWN = (
+    "RewardModelUnavailable: the reward model servers (spec.reward.model, <job>-reward pods) scored "
+    "nothing for 1203s (10 x spec.reward.model.timeoutSeconds = 1200s)"
+)
 
 
 @pytest.mark.parametrize(
     ("stated", "reason"),
-    [(STATED, Reason.RESUME_FROM_NOT_FOUND), (JUDGE, Reason.REWARD_MODEL_MISCONFIGURED)],
-    ids=["resume-from", "reward-model"],
+    [
+        (STATED, Reason.RESUME_FROM_NOT_FOUND),
+        (JUDGE, Reason.REWARD_MODEL_MISCONFIGURED),
+        (DOWN, Reason.REWARD_MODEL_UNAVAILABLE),
+    ],
+    ids=["resume-from", "reward-model", "reward-model-down"],
 )
 def test_a_reason_the_trainer_states_fails_the_job_with_it_in_a_cluster_and_locally(tmp_path, stated, reason):
     failed = pod("trainer", 0, term=3, phase="Failed", ready=False)

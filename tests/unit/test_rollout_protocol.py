@@ -122,3 +122,16 @@ def test_malformed_routing_is_rejected(routing: dict, fragment: str) -> None:
 def test_routing_is_asked_for_per_request() -> None:
     assert GenerateRequest.model_validate(request(1)).return_routing is False
     assert GenerateRequest.model_validate(request(1, return_routing=True)).return_routing is True
+
+
+def test_a_generate_error_says_when_every_failed_server_shares_one_code() -> None:
+    """What the trainer tells a failing reward model (every server 502 reward_unavailable) from a
+    mixed failure, which its generic retry path handles."""
+    from grpo_wire.client import GenerateError
+
+    failures = {"a": "HTTP 502 reward_unavailable", "b": "HTTP 502 reward_unavailable"}
+    both = GenerateError(4, failures, codes={"a": "reward_unavailable", "b": "reward_unavailable"})
+    assert both.only("reward_unavailable") and not both.only("engine_dead")
+    mixed = GenerateError(4, {**failures, "c": "no answer"}, codes=both.codes)
+    assert not mixed.only("reward_unavailable")
+    assert not GenerateError(4, {}).only("reward_unavailable")  # no server failed: nothing shared

@@ -48,6 +48,7 @@ from grpo_wire.client import (
 )
 from grpo_wire.protocol import (
     REWARD_MISCONFIGURED,
+    REWARD_UNAVAILABLE,
     HealthResponse,
     Prompt,
     PromptResult,
@@ -67,6 +68,9 @@ GENERATE_DEADLINE_S = 900.0  # give up on a step's generation (servers all gone)
 RETRY_PAUSE_S = 2.0
 PUSH_DEADLINE_S = 600.0
 CATCH_UP_TRIES = 5  # catch-up rounds per poll for a joining server overtaken by new versions
+# A reward model that scored nothing for this many spec.reward.model.timeoutSeconds fails the job
+# (RewardModelUnavailable): long enough for a lost reward pod to be replaced and load its model.
+REWARD_DOWN_FACTOR = 10.0
 
 
 def member_ranks(members_per_server: list[int]) -> tuple[list[int], int]:
@@ -111,10 +115,14 @@ class Generator:
         source: membership.Source | None = None,
         poll_s: float = membership.POLL_S,
         streams: bool = False,
+        reward_down_s: float | None = None,
     ):
         """`source`: where the live server set is read every `poll_s` seconds (None: `endpoints`
-        stay fixed); `streams`: weights go over the collective transport (nothing kept here)."""
+        stay fixed); `streams`: weights go over the collective transport (nothing kept here);
+        `reward_down_s`: how long the job's reward model may answer no server before the job fails
+        (None: the job has none)."""
         self._algo = algo
+        self._reward_down_s = reward_down_s
         self._token = token
         self.streams = streams
         self._loop = asyncio.new_event_loop()
@@ -141,7 +149,17 @@ class Generator:
         algo = contract.spec.algorithm
         timeout = contract.spec.rollout.generate_timeout_s(algo)
         endpoints = contract.rollout.endpoints
-        return cls(endpoints, token, algo, request_timeout_s=timeout, source=source, streams=streams)
+        model = contract.spec.reward.model
+        reward_down_s = REWARD_DOWN_FACTOR * model.timeout_seconds if model is not None else None
+        return cls(
+            endpoints,
+            token,
+            algo,
+            request_timeout_s=timeout,
+            source=source,
+            streams=streams,
+            reward_down_s=reward_down_s,
+        )
 
     @property
     def members(self) -> list[str]:
@@ -191,10 +209,14 @@ class Generator:
     ) -> list[PromptResult]:
         """n completions per prompt from the servers; a round that failed for a transient reason
         (draining, restarting, overloaded) is retried until the deadline; one that found every
-        engine dead waits for a replacement, never retrying the dead."""
+        engine dead waits for a replacement, never retrying the dead. Rounds that failed only because
+        the reward model answered no server are retried for `reward_down_s` instead, then the job
+        fails with RewardModelUnavailable (no gang restart brings a reward model back)."""
         deadline = time.monotonic() + GENERATE_DEADLINE_S
+        reward_down_since: float | None = None
         while True:
             self._start_repair()
+            started = time.monotonic()
             try:
                 return await self._client.generate(
                     prompts, n=n, sampling=sampling, min_weight_version=min_version, routing=routing
@@ -205,6 +227,13 @@ class Generator:
                     raise ConfigError(str(e), reason=Reason.REWARD_MODEL_MISCONFIGURED) from None
                 raise
             except GenerateError as e:
+                if self._reward_down_s is not None and e.only(REWARD_UNAVAILABLE):
+                    reward_down_since = reward_down_since or started
+                    self._reward_down(e, time.monotonic() - reward_down_since)
+                    deadline = time.monotonic() + GENERATE_DEADLINE_S  # the reward budget bounds this
+                    await asyncio.sleep(RETRY_PAUSE_S)
+                    continue
+                reward_down_since = None
                 if time.monotonic() > deadline:
                     raise
                 if e.all_dead:
@@ -212,6 +241,27 @@ class Generator:
                     continue
                 log.warning("generation failed, retrying in %.0fs: %s", RETRY_PAUSE_S, e)
                 await asyncio.sleep(RETRY_PAUSE_S)
+
+    def _reward_down(self, e: GenerateError, down_s: float) -> None:
+        """Log a round the reward model failed; past the budget, fail the job naming it."""
+        budget = self._reward_down_s or 0.0
+        if down_s < budget:
+            log.warning(
+                "the reward model servers answered no rollout server for %.0fs (the job fails at %.0fs, "
+                "%.0f x spec.reward.model.timeoutSeconds); retrying:\n%s",
+                down_s,
+                budget,
+                REWARD_DOWN_FACTOR,
+                "\n".join(f"  {why}" for why in e.failures.values()),
+            )
+            return
+        why = "\n".join(f"  {why}" for why in e.failures.values())
+        raise ConfigError(
+            f"the reward model servers (spec.reward.model, <job>-reward pods) scored nothing for "
+            f"{down_s:.0f}s ({REWARD_DOWN_FACTOR:.0f} x spec.reward.model.timeoutSeconds = {budget:.0f}s); "
+            f"check the reward pods' logs and readiness (status.reward). Last errors:\n{why}",
+            reason=Reason.REWARD_MODEL_UNAVAILABLE,
+        )
 
     async def _await_replacement(self, dead: GenerateError, deadline: float) -> None:
         """Every server's engine died (permanent for those processes): poll health until a new

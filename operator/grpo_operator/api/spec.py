@@ -365,7 +365,9 @@ class RewardModelSpec(RoleCommon):
         gt=0,
         le=3600,
         description="timeoutSeconds: optional, default 120, (0, 3600]. One batch's limit on one server; "
-        "past it the batch goes to another server.",
+        "past it the batch goes to another server. A request unscored after 3 x this fails its generation "
+        "(reward_unavailable, retried); a model that scores nothing for 10 x this fails the job "
+        "(RewardModelUnavailable).",
     )
 
     @field_validator("score_pattern")

@@ -76,6 +76,8 @@ class Reason(StrEnum):
     EP_BACKEND_UNAVAILABLE = "EPBackendUnavailable"  # epBackend deepep that cannot serve this gang
     # spec.reward.model cannot score as written (its prompt or model): no restart helps
     REWARD_MODEL_MISCONFIGURED = "RewardModelMisconfigured"
+    # no reward model server scored anything for REWARD_DOWN_FACTOR x spec.reward.model.timeoutSeconds
+    REWARD_MODEL_UNAVAILABLE = "RewardModelUnavailable"
 
 
 # Reasons a trainer states in its termination message ("<Reason>: <message>"); a permanent failure
@@ -95,6 +97,7 @@ TRAINER_STATED = frozenset(
         Reason.DATASET_EMPTY,
         Reason.EP_BACKEND_UNAVAILABLE,
         Reason.REWARD_MODEL_MISCONFIGURED,
+        Reason.REWARD_MODEL_UNAVAILABLE,
     }
 )
 
