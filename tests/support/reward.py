@@ -52,17 +52,25 @@ def write_reward_contract(
 
 
 def start_reward_server(
-    contract: str | Path, index: int, token: str, *, log_path: str | Path | None = None
+    contract: str | Path,
+    index: int,
+    token: str,
+    *,
+    log_path: str | Path | None = None,
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen:
-    """`python -m grpo_rollout reward` as the reward pod `index` of `contract` (its endpoint's port)."""
+    """`python -m grpo_rollout reward` as the reward pod `index` of `contract` (its endpoint's port),
+    under `python` (the vLLM venv's for engine vllm) with `env` added."""
     env = dict(
         os.environ,
         GRPO_CONTRACT=str(contract),
         GRPO_TOKEN=token,
         GRPO_POD_INDEX=str(index),
         HF_HUB_OFFLINE="1",
+        **(env or {}),
     )
-    cmd = [sys.executable, "-m", "grpo_rollout", "reward", "--threads", "1", "--drain-seconds", "2"]
+    cmd = [python, "-m", "grpo_rollout", "reward", "--threads", "1", "--drain-seconds", "2"]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 (owned by the child)
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -112,3 +112,35 @@ def test_reward_model_servers_are_local_processes_on_their_own_ports(tmp_path: P
     assert all(e.startswith("http://127.0.0.1:") for e in reward.endpoints)
     assert len({*reward.endpoints, *plan.contract.rollout.endpoints}) == 3  # a port each
     assert plan.contract.spec.reward.model.path == str(tmp_path / "rm")
+
+
+def test_a_vllm_reward_model_runs_under_the_vllm_python_and_a_torch_one_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """spec.reward.model.engine: vllm needs vLLM like a vllm rollout does (the rollout here is torch);
+    without it, the error names the reward model's field."""
+    import importlib.util
+
+    from grpo_operator.local import plan as local_plan
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("this Python has vLLM: every role runs under it")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "rm").mkdir()
+    (tmp_path / "data.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    job = JOB.replace(
+        "reward: {functions: [{builtin: exact_match}]}", "reward: {model: {path: rm, engine: vllm}}"
+    )
+    (tmp_path / "job.yaml").write_text(job)
+    monkeypatch.delenv(local_plan.ENV_ROLLOUT_PYTHON, raising=False)
+    venv = tmp_path / "venv-vllm" / "bin" / "python"
+    venv.parent.mkdir(parents=True)
+    venv.write_text("#!/bin/sh\n")
+    venv.chmod(0o755)
+    monkeypatch.setattr(local_plan, "VLLM_VENV_PYTHON", venv)
+    plan = build_plan(tmp_path / "job.yaml", tmp_path / "out")
+    assert [p.argv[0] for p in plan.reward] == [str(venv)]
+    assert plan.rollout[0].argv[0] != str(venv)  # its engine is torch
+    venv.unlink()
+    with pytest.raises(local_plan.PlanError, match=r"spec\.reward\.model\.engine: vllm.*make vllm-venv"):
+        build_plan(tmp_path / "job.yaml", tmp_path / "out")

@@ -53,6 +53,20 @@ def test_classifier_and_judge_rows_on_one_h100():
     assert "reward: " in judge.verdict() and "kv_cache" in judge.verdict()
 
 
+def test_a_judge_on_vllm_splits_weights_activations_and_kv_over_its_tensor_parallel_gpus():
+    judge = {"kind": "generative", "prompt": "Rate {completion}", "batchSize": 64}
+    causal = LLAMA_RM | {"architectures": ["LlamaForCausalLM"]}
+    one = memory_plan.plan_reward(causal, spec(**judge, engine="vllm"), gpu_bytes=80 * GIB)
+    four = memory_plan.plan_reward(
+        causal, spec(**judge, engine="vllm", tensorParallelSize=4), gpu_bytes=80 * GIB
+    )
+    for part in ("weights", "activations", "kv_cache"):
+        assert four.parts[part].bytes == one.parts[part].bytes // 4, part
+    assert four.parts["runtime"].bytes == one.parts["runtime"].bytes  # each GPU has its own context
+    assert "/ tensorParallelSize 4" in four.parts["weights"].formula
+    assert any("engine vllm over 4 GPU(s)" in n for n in four.notes)
+
+
 def test_cli_prints_the_reward_role(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rm = tmp_path / "rm.json"
     rm.write_text(json.dumps(LLAMA_RM))

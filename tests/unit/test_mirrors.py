@@ -16,7 +16,7 @@ from grpo_operator.api.algorithm import (
     PolicyLoss,
 )
 from grpo_operator.api.roles import EPBackend, RolloutEngine, ToolCallParser
-from grpo_operator.api.spec import BuiltinReward, BuiltinTool, Dtype, RewardModelKind
+from grpo_operator.api.spec import BuiltinReward, BuiltinTool, Dtype, RewardModelEngine, RewardModelKind
 from grpo_operator.api.status import GRPOJobStatus
 from grpo_operator.controller.reconcile import OPERATOR_STATUS_FIELDS
 from grpo_operator.lifecycle import Verdict, VerdictKind
@@ -25,6 +25,7 @@ from grpo_operator.memory_plan.shapes import MODEL_TYPES
 from grpo_rollout.engines.base import ENGINES
 from grpo_rollout.engines.routing import MOE_BLOCKS
 from grpo_rollout.engines.torch_engine import DTYPES
+from grpo_rollout.reward_model.base import ENGINES as REWARD_MODEL_ENGINES
 from grpo_rollout.reward_model.base import KINDS as REWARD_MODEL_KINDS
 from grpo_rollout.rewards.base import BUILTINS
 from grpo_rollout.tools.parsers import PARSERS
@@ -47,6 +48,7 @@ MIRRORS = [
     ("advantage normalizations", ADVANTAGES, AdvantageNormalization),
     ("torch engine dtypes", DTYPES, Dtype),
     ("reward model kinds", REWARD_MODEL_KINDS, RewardModelKind),
+    ("reward model engines", REWARD_MODEL_ENGINES, RewardModelEngine),
 ]
 
 

@@ -8,6 +8,7 @@ import sys
 import pytest
 from grpo_operator.api.spec import RewardModelSpec
 from grpo_rollout.reward_model.base import LoadConfig, Misconfigured, load
+from grpo_rollout.reward_model.classifier import classifier_input
 from grpo_trainer.tiny_model import TinyConfig, build_reward_classifier, build_tokenizer
 from grpo_wire.protocol import ScoreItem
 from transformers import AutoConfig
@@ -52,7 +53,8 @@ def test_one_finite_score_per_item_and_batching_does_not_change_it(classifier_di
     assert scores[0] == pytest.approx(scores[2], abs=1e-5)  # padded in a batch or alone: the same
     assert scores[0] != pytest.approx(scores[1], abs=1e-6)
     assert (
-        model.text(items[1]) == "<|user|>a longer question here<|end|><|assistant|>and a long answer<|end|>"
+        classifier_input(model.tokenizer, items[1])
+        == "<|user|>a longer question here<|end|><|assistant|>and a long answer<|end|>"
     )
 
 

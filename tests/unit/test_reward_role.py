@@ -96,6 +96,18 @@ def test_pod_one_gpu_no_efa_on_p5_and_none_on_cpu():
     )
 
 
+def test_a_vllm_reward_server_gets_its_tensor_parallel_gpus_and_still_no_efa():
+    tp = reward_job(engine="vllm", tensorParallelSize=4)
+    c = container(rendered(tp), "reward")
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "4"} == c["resources"]["requests"]
+    assert "FI_PROVIDER" not in env(c)
+    refused = reward_job(engine="vllm", tensorParallelSize=2, instanceType="g5.xlarge")
+    with pytest.raises(
+        render.RenderError, match=r"tensorParallelSize 2 exceeds the 1 GPU\(s\) of g5\.xlarge"
+    ):
+        rendered(refused)
+
+
 def test_template_override_is_merged_under_its_field_path():
     tpl = {"spec": {"containers": [{"name": "reward", "image": "evil:1"}], "nodeSelector": {"pool": "rm"}}}
     r = rendered(reward_job(template=tpl))

@@ -40,3 +40,17 @@ def test_the_kv_cache_is_what_the_job_can_use_and_the_memory_share_bounds_it() -
             TINY, dtype="float32", max_batch=256, max_model_len=None, tensor_parallel=1,
             memory_utilization=0.5, available=100 << 20,
         )  # fmt: skip
+
+
+def test_tensor_parallel_cpu_workers_get_equal_consecutive_cpu_shares():
+    """vLLM's own binding wants a NUMA node per worker; a one-socket machine has one."""
+    assert vllm_cpu.thread_binding(2, [1, 0]) == "0|1"
+    assert vllm_cpu.thread_binding(2, range(8)) == "0,1,2,3|4,5,6,7"
+    assert vllm_cpu.thread_binding(3, range(7)) == "0,1|2,3|4,5"  # the odd CPU left idle
+    with pytest.raises(ValueError, match="2 tensor-parallel workers need at least 2 CPUs"):
+        vllm_cpu.thread_binding(2, [0])
+
+
+def test_a_reward_models_head_width_refusal_names_its_own_field():
+    refusal = vllm_cpu.head_dim_refusal({**TINY, "head_dim": 16}, CPU_HEADS, field="spec.reward.model.path")
+    assert refusal is not None and refusal.startswith("spec.reward.model.path: head_dim 16")

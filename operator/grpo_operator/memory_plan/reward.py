@@ -1,10 +1,12 @@
 """Per-GPU memory of one reward model server (spec.reward.model): weights, runtime and, for a judge, its
-KV cache, on the one GPU the renderer gives a reward pod.
+KV cache, on each of the tensorParallelSize GPUs the renderer gives a reward pod.
 
 Called through `memory_plan.plan_reward` by `grpo-operator plan`. The server (`grpo_rollout reward`)
 loads the whole model with transformers on one device in spec.model.dtype and scores `batchSize`
 completions per forward: a classifier reads one logit per sequence of prompt + completion tokens; a
 generative judge also writes up to `maxNewTokens` tokens, keeping an HF KV cache for the whole batch.
+With engine vllm the weights, activations and KV cache split over tensorParallelSize GPUs, and vLLM
+claims 0.9 of each GPU (its default gpu_memory_utilization), filling what is left with KV cache.
 Reward models are mostly dense decoders (Qwen2/Qwen3/Llama with a one-output head): `shape` reads
 those from their config.json too, the MoE types through `shapes.from_config`.
 """
@@ -12,7 +14,7 @@ those from their config.json too, the MoE types through `shapes.from_config`.
 from collections.abc import Mapping
 from typing import Any
 
-from grpo_operator.api.spec import GRPOJobSpec, RewardModelKind
+from grpo_operator.api.spec import GRPOJobSpec, RewardModelEngine, RewardModelKind
 from grpo_operator.memory_plan.inputs import DEFAULT_PROMPT_TOKENS, DTYPE_BYTES, GIB
 from grpo_operator.memory_plan.result import Part, RolePlan
 from grpo_operator.memory_plan.shapes import MODEL_TYPES, ModelShape, UnsupportedModel, from_config
@@ -85,28 +87,39 @@ def plan(
     judge = model.kind == RewardModelKind.GENERATIVE
     tokens = prompt_tokens + spec.algorithm.max_new_tokens + (model.max_new_tokens if judge else 0)
     batch = model.batch_size
+    tp = model.tensor_parallel_size if model.engine == RewardModelEngine.VLLM else 1
+    split = f" / tensorParallelSize {tp}" if tp > 1 else ""
     parts = {
-        "weights": Part(model_shape.total * w, f"all parameters x {w} B (spec.model.dtype), on one GPU"),
+        "weights": Part(
+            model_shape.total * w // tp,
+            f"all parameters x {w} B (spec.model.dtype){split or ', on one GPU'}",
+        ),
         "activations": Part(
-            batch * tokens * model_shape.hidden * ACTIVATION_WIDTHS * w,
+            batch * tokens * model_shape.hidden * ACTIVATION_WIDTHS * w // tp,
             f"batchSize {batch} x {tokens} tokens x hidden {model_shape.hidden} x "
-            f"{ACTIVATION_WIDTHS} x {w} B",
+            f"{ACTIVATION_WIDTHS} x {w} B{split}",
         ),
         "runtime": Part(RUNTIME_BYTES, "2 GiB: CUDA context, allocator slack"),
     }
     if judge:
         parts["kv_cache"] = Part(
-            batch * tokens * model_shape.layers * model_shape.kv_dim * w,
-            f"batchSize {batch} x {tokens} tokens x layers x (k + v width {model_shape.kv_dim}) x {w} B",
+            batch * tokens * model_shape.layers * model_shape.kv_dim * w // tp,
+            f"batchSize {batch} x {tokens} tokens x layers x (k + v width {model_shape.kv_dim}) x "
+            f"{w} B{split}",
         )
         parts["logits"] = Part(
             batch * model_shape.vocab * 4, f"batchSize x vocab {model_shape.vocab} x 4 B, one step"
         )
     notes = [f"prompt + completion{' + judgement' if judge else ''}: {tokens} tokens per sequence"]
+    if model.engine == RewardModelEngine.VLLM:
+        notes.append(
+            f"engine vllm over {tp} GPU(s): vLLM takes 0.9 of each GPU and fills what the parts leave "
+            "with KV cache"
+        )
     return RolePlan(
         role="reward",
         parts=parts,
         gpu_bytes=gpu_bytes,
         notes=notes,
-        extra={"kind": str(model.kind), "batch_size": batch},
+        extra={"kind": str(model.kind), "batch_size": batch, "tensor_parallel_size": tp},
     )

@@ -82,9 +82,15 @@ def hardware(job: GRPOJob, role: str, table: InstanceTable) -> Hardware:
             raise RenderError(f"network.efa is 'required' but {what}; use an EFA type (p4d, p5, p5en, p6...)")
         gpus, efa = node_gpus, node_efa
     elif role == names.ROLE_REWARD:
-        # A reward model server is one process on one GPU that answers HTTP: it needs no inter-node
-        # fabric (no EFA, no hugepages), and the rest of the node stays free for other pods.
-        return Hardware(itype, min(1, node_gpus), 0)
+        # A reward model server answers HTTP on tensorParallelSize GPUs of one node: it needs no
+        # inter-node fabric (no EFA, no hugepages), and the rest of the node stays free for other pods.
+        tp = job.spec.reward.model.tensor_parallel_size if job.spec.reward.model else 1
+        if itype and node_gpus and tp > node_gpus:
+            raise RenderError(
+                f"reward.model.tensorParallelSize {tp} exceeds the {node_gpus} GPU(s) of {itype.name}: "
+                "a reward server runs inside one node"
+            )
+        return Hardware(itype, tp if node_gpus else 0, 0)
     else:
         rollout = job.spec.rollout
         per_server = rollout.gpus_per_server  # tensorParallelSize x vllm.dataParallelSize

@@ -28,6 +28,7 @@ from grpo_operator.memory_plan.shapes import UnsupportedModel, from_config
 log = logging.getLogger(__name__)
 
 KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # GiB; when set, vLLM's own sizing is used as is
+THREADS_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # one CPU list per tensor-parallel worker, '|'-joined
 MIN_KV_BYTES = 64 * MIB  # a few blocks more than the smallest job needs
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -37,15 +38,17 @@ def model_config(model_dir: str) -> dict[str, Any]:
     return config.get("text_config", config)
 
 
-def head_dim_refusal(config: Mapping[str, Any], supported: Sequence[int]) -> str | None:
-    """Why vLLM's CPU attention cannot serve this model, or None."""
+def head_dim_refusal(
+    config: Mapping[str, Any], supported: Sequence[int], field: str = "spec.model.path"
+) -> str | None:
+    """Why vLLM's CPU attention cannot serve the model at `field`, or None."""
     if "kv_lora_rank" in config:  # MLA: another backend, other rules
         return None
     head_dim = config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"])
     if int(head_dim) in supported:
         return None
     return (
-        f"spec.model.path: head_dim {head_dim} is not served by vLLM's CPU attention (it takes "
+        f"{field}: head_dim {head_dim} is not served by vLLM's CPU attention (it takes "
         f"{', '.join(map(str, supported))}): use a model with such heads (the demo's: "
         "`grpo-operator tiny-model DIR --head-dim 32`), or spec.rollout.engine: torch"
     )
@@ -111,3 +114,17 @@ def engine_args(
         available=psutil.virtual_memory().available,
     )
     return {} if need is None else {"kv_cache_memory_bytes": need}
+
+
+def thread_binding(workers: int, cpus: Sequence[int]) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `workers` tensor-parallel CPU workers over `cpus` (this process's
+    allowed CPUs): consecutive, equal shares, e.g. "0,1|2,3". vLLM's automatic binding wants one NUMA
+    node per worker and refuses more workers than nodes (vllm 0.32.0 utils/ompmultiprocessing.py:216),
+    which a one-socket machine never has."""
+    cpus = sorted(cpus)
+    if workers < 1 or len(cpus) < workers:
+        raise ValueError(
+            f"{workers} tensor-parallel workers need at least {workers} CPUs; this process has {len(cpus)}"
+        )
+    share = len(cpus) // workers
+    return "|".join(",".join(map(str, cpus[i * share : (i + 1) * share])) for i in range(workers))

@@ -1,10 +1,11 @@
-"""What a reward model is to its server: one `score` over a batch of items, and the registry of kinds.
+"""What a reward model is to its server: one `score` over a batch of items, and the registries.
 
-Each kind (spec.reward.model.kind) is one file of this package that registers its loader in `KINDS`
-(`@KINDS.register("classifier")`); `grpo_rollout.reward_model.server` loads the job's with `load` and
-calls `score` on its model thread. A kind raises `Misconfigured` for what no retry can fix (a model
-whose output is not a score, a judge prompt naming a column the row lacks): the server answers 422
-`reward_misconfigured` with the message, naming the spec field.
+Each engine (spec.reward.model.engine) registers a loader in `ENGINES`; the torch engine's kinds
+(spec.reward.model.kind) are one file each, registered in `KINDS` (`@KINDS.register("classifier")`),
+and the vllm engine serves both kinds from `vllm_engine`. `grpo_rollout.reward_model.server` loads the
+job's model with `load` and calls `score` on its model thread. A kind raises `Misconfigured` for what
+no retry can fix (a model whose output is not a score, a judge prompt naming a column the row lacks):
+the server answers 422 `reward_misconfigured` with the message, naming the spec field.
 """
 
 from dataclasses import dataclass
@@ -37,8 +38,10 @@ class RewardModel(Protocol):
         ...
 
 
-# kind -> loader(LoadConfig, RewardModelSpec) -> RewardModel; names pinned to the API enum (test_mirrors)
+# kind -> the torch engine's loader(LoadConfig, RewardModelSpec) -> RewardModel; engine -> loader(kind,
+# LoadConfig, RewardModelSpec) -> RewardModel. Names pinned to the API enums (test_mirrors).
 KINDS: Registry[Any] = Registry("reward model kind", home="grpo_rollout.reward_model")
+ENGINES: Registry[Any] = Registry("reward model engine", home="grpo_rollout.reward_model")
 
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -56,8 +59,23 @@ def torch_placement(config: LoadConfig) -> tuple[Any, Any]:
     return torch.device(device), getattr(torch, config.dtype)
 
 
-def load(kind: str, config: LoadConfig, spec: Any) -> RewardModel:
+@ENGINES.register("torch")
+def load_torch(kind: str, config: LoadConfig, spec: Any) -> RewardModel:
     return KINDS.get(kind)(config, spec)
+
+
+def load(kind: str, config: LoadConfig, spec: Any) -> RewardModel:
+    return ENGINES.get(str(getattr(spec, "engine", "torch")))(kind, config, spec)
+
+
+def chat_input(tokenizer: Any, messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
+    """`messages` through the tokenizer's chat template (a judge's adds the assistant's turn start),
+    or, for a tokenizer without one, their contents joined: what both engines feed a model."""
+    if tokenizer.chat_template:
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt
+        )
+    return "".join(m.get("content") or "" for m in messages)
 
 
 def prompt_text(prompt: str | list[ChatMessage]) -> str:

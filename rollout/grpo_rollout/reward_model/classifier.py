@@ -15,6 +15,7 @@ from grpo_rollout.reward_model.base import (
     KINDS,
     LoadConfig,
     Misconfigured,
+    chat_input,
     conversation,
     prompt_text,
     torch_placement,
@@ -32,6 +33,13 @@ def check_single_output(path: str, config: Any) -> None:
             f"{FIELD} {path!r} is a classifier with {labels} outputs (labels {sorted(names.values())}); "
             "a reward model has one (num_labels 1): its single logit is the score"
         )
+
+
+def classifier_input(tokenizer: Any, item: ScoreItem) -> str:
+    """What a classifier reads: the chat template over the prompt and the answer, else prompt + answer."""
+    if tokenizer.chat_template:
+        return chat_input(tokenizer, conversation(item), generation_prompt=False)
+    return prompt_text(item.prompt) + item.completion
 
 
 @KINDS.register("classifier")
@@ -55,15 +63,10 @@ class Classifier:
         self.model = model.to(self.device).eval()
         self._torch = torch
 
-    def text(self, item: ScoreItem) -> str:
-        if self.tokenizer.chat_template:
-            return self.tokenizer.apply_chat_template(conversation(item), tokenize=False)
-        return prompt_text(item.prompt) + item.completion
-
     def score(self, items: list[ScoreItem]) -> tuple[list[float], list[str | None]]:
         scores: list[float] = []
         for i in range(0, len(items), self.batch_size):
-            texts = [self.text(item) for item in items[i : i + self.batch_size]]
+            texts = [classifier_input(self.tokenizer, item) for item in items[i : i + self.batch_size]]
             enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             with self._torch.no_grad():
                 logits = self.model(**enc.to(self.device)).logits  # [B, 1]

@@ -13,7 +13,14 @@ from typing import Any
 
 from grpo_wire.protocol import ScoreItem
 
-from grpo_rollout.reward_model.base import KINDS, LoadConfig, Misconfigured, prompt_text, torch_placement
+from grpo_rollout.reward_model.base import (
+    KINDS,
+    LoadConfig,
+    Misconfigured,
+    chat_input,
+    prompt_text,
+    torch_placement,
+)
 
 FIELD = "spec.reward.model.prompt"
 PREVIEW_CHARS = 200
@@ -66,6 +73,11 @@ def parse_score(pattern: re.Pattern[str], text: str) -> tuple[float, str | None]
     return value, None
 
 
+def judge_input(tokenizer: Any, message: str) -> str:
+    """The judge's whole input for one rendered message: one user turn, then the assistant's start."""
+    return chat_input(tokenizer, [{"role": "user", "content": message}], generation_prompt=True)
+
+
 @KINDS.register("generative")
 class Judge:
     engine = "reward-generative"
@@ -90,18 +102,11 @@ class Judge:
         self.model = model.to(self.device).eval()
         self._torch = torch
 
-    def _input(self, message: str) -> str:
-        if self.tokenizer.chat_template:
-            return self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
-            )
-        return message
-
     def generate(self, messages: list[str]) -> list[str]:
         """The judge's greedy answers, in chunks of batchSize."""
         out: list[str] = []
         for i in range(0, len(messages), self.batch_size):
-            texts = [self._input(m) for m in messages[i : i + self.batch_size]]
+            texts = [judge_input(self.tokenizer, m) for m in messages[i : i + self.batch_size]]
             enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             enc = enc.to(self.device)
             with self._torch.no_grad():

@@ -1,0 +1,143 @@
+"""The vllm engine of the reward model server (spec.reward.model.engine: vllm), over tensorParallelSize GPUs.
+
+Both kinds, through vLLM's offline `LLM` on the server's model thread (read against vllm 0.32.0):
+- generative: `LLM.generate` (entrypoints/llm.py:418), greedy, `maxNewTokens`, the judge's prompt and
+  score read exactly as the torch judge does (`judge.render`, `judge.parse_score`);
+- classifier: the model as vLLM's pooling runner (`runner="pooling"`) and `LLM.classify`
+  (entrypoints/pooling/offline.py:241) with `PoolingParams(use_activation=False)`
+  (pooling_params.py:55): without it vLLM puts a one-output head through a sigmoid, and the score
+  must be the logit, as transformers gives it (the torch classifier).
+Inputs are token ids, tokenized here from the same chat-formatted text the torch engine builds (no
+special tokens added twice). On vLLM's CPU build (the tests, `grpo-operator run`), `vllm_cpu` sizes
+the KV cache and binds each tensor-parallel worker's threads.
+"""
+
+import os
+import re
+from typing import Any
+
+from grpo_wire.protocol import ScoreItem
+
+from grpo_rollout.engines import vllm_cpu
+from grpo_rollout.reward_model.base import ENGINES, LoadConfig, Misconfigured, RewardModel
+from grpo_rollout.reward_model.classifier import check_single_output, classifier_input
+from grpo_rollout.reward_model.judge import FIELD as PROMPT_FIELD
+from grpo_rollout.reward_model.judge import check_template, judge_input, parse_score, render
+
+MISSING = "spec.reward.model.engine vllm needs vLLM in the reward pod's image (the rollout image has it)"
+KV_TOKENS_CAP = 4096  # CPU only: the longest sequence the KV cache is sized for, past the model's own limit
+
+
+def engine_args(config: LoadConfig, spec: Any, *, pooling: bool) -> dict[str, Any]:
+    """Keyword arguments of vLLM's `LLM` for this reward model (pure: the CPU additions come later)."""
+    if config.device not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"--device {config.device!r}: the vllm engine picks its devices (auto)")
+    args: dict[str, Any] = {
+        "model": config.path,
+        "dtype": config.dtype,
+        "tensor_parallel_size": spec.tensor_parallel_size,
+        "max_num_seqs": spec.batch_size,
+        "seed": 0,
+        "disable_log_stats": True,
+    }
+    if pooling:
+        args["runner"] = "pooling"
+    return args
+
+
+def cpu_args(config: LoadConfig, args: dict[str, Any]) -> dict[str, Any]:
+    """What vLLM's CPU build needs besides `args`: eager mode (no compile at start), a KV cache the
+    batch fits in, head widths its attention takes (refused naming the path), thread binding."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    model_config = vllm_cpu.model_config(config.path)
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if refusal := vllm_cpu.head_dim_refusal(model_config, supported, field="spec.reward.model.path"):
+        raise Misconfigured(refusal.replace("spec.rollout.engine", "spec.reward.model.engine"))
+    extra: dict[str, Any] = {"enforce_eager": True}
+    length = min(int(model_config.get("max_position_embeddings") or KV_TOKENS_CAP), KV_TOKENS_CAP)
+    extra["max_model_len"] = length
+    if not os.environ.get(vllm_cpu.KV_SPACE_ENV):
+        layers = int(model_config["num_hidden_layers"])
+        heads = int(model_config["num_attention_heads"])
+        kv_heads = int(model_config.get("num_key_value_heads") or heads)
+        head_dim = int(model_config.get("head_dim") or int(model_config["hidden_size"]) // heads)
+        per_token = 2 * layers * kv_heads * head_dim * vllm_cpu.DTYPE_BYTES.get(str(args["dtype"]), 4)
+        extra["kv_cache_memory_bytes"] = max(per_token * length * args["max_num_seqs"], vllm_cpu.MIN_KV_BYTES)
+    tp = int(args["tensor_parallel_size"])
+    if tp > 1 and not os.environ.get(vllm_cpu.THREADS_BIND_ENV):
+        os.environ[vllm_cpu.THREADS_BIND_ENV] = vllm_cpu.thread_binding(tp, sorted(os.sched_getaffinity(0)))
+    return extra
+
+
+def start(config: LoadConfig, spec: Any, *, pooling: bool) -> Any:
+    """vLLM's `LLM` for this model, on vLLM's own platform (CUDA, else its CPU build)."""
+    try:
+        from vllm import LLM
+        from vllm.platforms import current_platform
+    except ImportError as e:
+        raise RuntimeError(f"{MISSING} ({e})") from e
+    args = engine_args(config, spec, pooling=pooling)
+    if current_platform.device_type == "cpu":
+        args |= cpu_args(config, args)
+    return LLM(**args)
+
+
+def token_ids(tokenizer: Any, texts: list[str]) -> list[dict[str, list[int]]]:
+    """vLLM prompts of already-formatted texts: their ids without special tokens added again."""
+    return [{"prompt_token_ids": tokenizer(t, add_special_tokens=False)["input_ids"]} for t in texts]
+
+
+class VllmJudge:
+    engine = "reward-generative-vllm"
+
+    def __init__(self, config: LoadConfig, spec: Any):
+        if not spec.prompt:
+            raise Misconfigured(f"{PROMPT_FIELD} is required for a generative judge")
+        check_template(spec.prompt)
+        self.template: str = spec.prompt
+        self.pattern = re.compile(spec.score_pattern)
+        self.llm = start(config, spec, pooling=False)
+        self.tokenizer = self.llm.get_tokenizer()
+        from vllm import SamplingParams
+
+        self.params = SamplingParams(temperature=0.0, max_tokens=spec.max_new_tokens)
+
+    def generate(self, messages: list[str]) -> list[str]:
+        """The judge's greedy answers, in order; vLLM batches them (up to batchSize at once)."""
+        prompts = token_ids(self.tokenizer, [judge_input(self.tokenizer, m) for m in messages])
+        outputs = self.llm.generate(prompts, self.params, use_tqdm=False)
+        return [o.outputs[0].text for o in outputs]
+
+    def score(self, items: list[ScoreItem]) -> tuple[list[float], list[str | None]]:
+        messages = [render(self.template, item) for item in items]  # every item first: no half batch
+        parsed = [parse_score(self.pattern, text) for text in self.generate(messages)]
+        return [s for s, _ in parsed], [e for _, e in parsed]
+
+
+class VllmClassifier:
+    engine = "reward-classifier-vllm"
+
+    def __init__(self, config: LoadConfig, spec: Any):
+        from transformers import AutoConfig
+
+        check_single_output(config.path, AutoConfig.from_pretrained(config.path))
+        self.llm = start(config, spec, pooling=True)
+        self.tokenizer = self.llm.get_tokenizer()
+        from vllm.pooling_params import PoolingParams
+
+        self.params = PoolingParams(use_activation=False)  # the logit, not its sigmoid
+
+    def score(self, items: list[ScoreItem]) -> tuple[list[float], list[str | None]]:
+        prompts = token_ids(self.tokenizer, [classifier_input(self.tokenizer, item) for item in items])
+        outputs = self.llm.classify(prompts, pooling_params=self.params, use_tqdm=False)
+        scores = [float(o.outputs.probs[0]) for o in outputs]
+        return scores, [None] * len(scores)
+
+
+@ENGINES.register("vllm")
+def load_vllm(kind: str, config: LoadConfig, spec: Any) -> RewardModel:
+    models = {"generative": VllmJudge, "classifier": VllmClassifier}
+    if kind not in models:
+        raise ValueError(f"reward model kind {kind!r}: the vllm engine serves {sorted(models)}")
+    return models[kind](config, spec)
