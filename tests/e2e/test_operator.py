@@ -21,7 +21,7 @@ from tests.support import operator_e2e as e2e
 from tests.support.kueue_status import KUEUE, condition
 from tests.support.operator_e2e import Operator, manifest
 
-crd, operator, cluster = e2e.crd, e2e.operator, e2e.cluster  # the fixtures, by name
+crd, operator, cluster, kueue_operator = e2e.crd, e2e.operator, e2e.cluster, e2e.kueue_operator  # by name
 ZONE_KEY = "topology.kubernetes.io/zone"
 
 
@@ -527,17 +527,6 @@ def test_recreated_namesake_is_not_blamed_for_old_pods(operator, cluster, wait_f
     time.sleep(4)
     assert cluster.status("again").get("restarts", 0) == 0
     assert cluster.status("again")["phase"] == "Running"
-
-
-@pytest.fixture
-def kueue_operator(crd, third_party_crds, kubeconfig, kubectl, namespace, tmp_path):
-    """The operator with --kueue; this cluster has Kueue's CRDs but no Kueue controller, so the
-    tests write what Kueue's scheduler would (admission, eviction), as kwok plays the kubelet."""
-    op = Operator(kubeconfig, namespace, tmp_path / "operator.log", "--kueue").start()
-    yield op
-    kubectl("delete", "grpojobs", "--all", "-n", namespace, "--timeout=60s", check=False)
-    op.kill(signal.SIGTERM)
-    print(op.log.read_text()[-8000:])
 
 
 def test_kueue_admits_evicts_requeues_and_finishes_a_queued_job(kueue_operator, cluster, fail_pod, wait_for):

@@ -1,13 +1,16 @@
 """E2E: a job with spec.reward.model (issue 22) under `grpo-operator operator` against the local
 control plane (kwok EKS nodes): its reward role's children, readiness in status, a failed reward pod
-replaced alone, and deletion taking them all."""
+replaced alone, deletion taking them all, and the role as a Kueue pod set of its own."""
 
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
+from kubernetes import client
 
 from tests.support import operator_e2e as e2e
+from tests.support.kueue_status import KUEUE, condition
 from tests.support.operator_e2e import manifest
 
-crd, operator, cluster = e2e.crd, e2e.operator, e2e.cluster  # the fixtures, by name
+crd, operator, cluster, kueue_operator = e2e.crd, e2e.operator, e2e.cluster, e2e.kueue_operator  # by name
+ZONE_KEY = "topology.kubernetes.io/zone"
 
 REWARD = {
     "functions": [{"builtin": "math"}],
@@ -60,3 +63,101 @@ def test_a_job_without_a_reward_model_has_no_reward_role(operator, cluster):
     st = cluster.wait_phase("plain", "Running")
     assert "reward" not in st
     assert not [c for c in cluster.children() if "reward" in c]
+
+
+def test_kueue_queued_reward_model_job_has_a_reward_pod_set_placed_and_evicted_with_it(
+    kueue_operator, cluster, wait_for
+):
+    """A queued job with spec.reward.model asks Kueue for a reward pod set (one GPU a server, no
+    EFA), starts no reward pod before admission, puts the reward pods on the flavor Kueue assigned
+    that pod set, and stops them with the rest of the job when Kueue evicts it."""
+    custom, ns = cluster.custom, cluster.ns
+    gpu_a, gpu_b, plain = (f"{kind}-{ns[-6:]}" for kind in ("p5a", "p5b", "cpu"))
+    reserved = {"key": "example.com/reserved", "operator": "Exists", "effect": "NoSchedule"}
+    # Kueue reserved the trainer's p5 in us-west-2a and the reward server's GPU on the one p5 in
+    # us-west-2b (with a toleration the trainer's flavor lacks): each pod must follow its own pod set's.
+    flavors = {
+        gpu_a: {"nodeLabels": {ZONE_KEY: "us-west-2a"}},
+        gpu_b: {"nodeLabels": {ZONE_KEY: "us-west-2b"}, "tolerations": [reserved]},
+        plain: {},
+    }
+    for name, spec in flavors.items():
+        body = {"apiVersion": "/".join(KUEUE), "kind": "ResourceFlavor", "metadata": {"name": name}}
+        custom.create_cluster_custom_object(*KUEUE, "resourceflavors", {**body, "spec": spec})
+
+    def workload() -> dict:
+        return custom.get_namespaced_custom_object(*KUEUE, ns, "workloads", "grpojob-rmq")
+
+    def write_status(body: dict) -> None:
+        custom.patch_namespaced_custom_object_status(*KUEUE, ns, "workloads", "grpojob-rmq", {"status": body})
+
+    try:
+        job = manifest(
+            "rmq",
+            trainer={"replicas": 1, "instanceType": "p5.48xlarge", "processesPerPod": 8},
+            reward=REWARD,
+        )
+        job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+        cluster.create(job)
+        wl = wait_for(workload, what="the job's Workload", ignore=(client.ApiException,), timeout=30)
+        pod_sets = wl["spec"]["podSets"]
+        assert [(p["name"], p["count"]) for p in pod_sets] == [("trainer", 1), ("rollout", 2), ("reward", 1)]
+        (reward_main,) = pod_sets[2]["template"]["spec"]["containers"]
+        assert reward_main["resources"]["limits"] == {"nvidia.com/gpu": "1"}  # one GPU, no EFA
+        st = cluster.wait_phase("rmq", "Suspended", timeout=30)
+        assert cluster.condition("rmq", "Suspended")["reason"] == "AwaitingAdmission", st
+        for role in ("trainer", "rollout", "reward"):
+            assert not cluster.pods("rmq", role), role
+
+        write_status(
+            {
+                "admission": {
+                    "clusterQueue": "p5-gpus",
+                    "podSetAssignments": [
+                        {"name": "trainer", "flavors": {"nvidia.com/gpu": gpu_a}, "count": 1},
+                        {"name": "rollout", "flavors": {"cpu": plain}, "count": 2},
+                        {"name": "reward", "flavors": {"nvidia.com/gpu": gpu_b}, "count": 1},
+                    ],
+                },
+                "conditions": [
+                    condition(
+                        "QuotaReserved", True, "QuotaReserved", "Quota reserved in ClusterQueue p5-gpus"
+                    ),
+                    condition("Admitted", True, "Admitted", "The workload is admitted"),
+                ],
+            }
+        )
+        st = wait_for(
+            lambda: (
+                (s := cluster.status("rmq")).get("phase") == "Running"
+                and (s.get("reward") or {}).get("readyText") == "1/1"
+                and s
+            ),
+            what="rmq Running with 1/1 reward model servers ready",
+            timeout=60,
+        )
+        (reward,) = cluster.pods("rmq", "reward")
+        assert reward.spec.node_selector[ZONE_KEY] == "us-west-2b" and reward.spec.node_name == "p5-b-0"
+        assert any(t.key == "example.com/reserved" for t in reward.spec.tolerations)
+        (trainer,) = cluster.pods("rmq", "trainer")
+        assert trainer.spec.node_selector[ZONE_KEY] == "us-west-2a"
+        assert not any(t.key == "example.com/reserved" for t in trainer.spec.tolerations)
+
+        preempted = "Preempted to accommodate a workload of higher priority"
+        evicted = condition("Evicted", True, "Preempted", preempted)
+        write_status({"conditions": [*workload()["status"]["conditions"], evicted]})
+        st = cluster.wait_phase("rmq", "Suspended", timeout=30)
+        assert preempted in st["message"]
+        assert cluster.condition("rmq", "Suspended")["reason"] == "EvictedByKueue"
+        wait_for(
+            lambda: cluster.apps.read_namespaced_stateful_set("rmq-reward", ns).spec.replicas == 0,
+            what="rmq-reward scaled to 0",
+            timeout=30,
+        )
+        for role in ("trainer", "rollout", "reward"):
+            wait_for(lambda role=role: not cluster.pods("rmq", role), what=f"no {role} pods", timeout=30)
+        # The quota is handed back only once every pod, the reward servers' too, is gone.
+        wait_for(lambda: workload()["status"].get("admission") is None, what="admission cleared", timeout=30)
+    finally:
+        for name in flavors:
+            custom.delete_cluster_custom_object(*KUEUE, "resourceflavors", name)

@@ -1,8 +1,8 @@
 """The operator as a real process against the e2e cluster, and readers of what it made: for the
-operator's e2e tests (tests/e2e/test_operator.py, test_child_ownership.py).
+operator's e2e tests (tests/e2e/test_operator.py, test_child_ownership.py, test_reward_role.py).
 
-`crd` (module), `operator` and `cluster` are fixtures, shared by name with the modules that bind
-them. The CRD applied is crds/grpojobs.grpo.dev.yaml, or the file GRPO_E2E_CRD names.
+`crd` (module), `operator`, `kueue_operator` and `cluster` are fixtures, shared by name with the
+modules that bind them. The CRD applied is crds/grpojobs.grpo.dev.yaml, or the file GRPO_E2E_CRD names.
 """
 
 import os
@@ -89,6 +89,17 @@ def operator(crd, kubeconfig, kubectl, namespace, tmp_path):
     yield op
     op.kill(signal.SIGTERM)  # jobs carry no finalizer: the namespace goes without the operator
     print(op.log.read_text()[-8000:])  # pytest shows it only when the test failed
+
+
+@pytest.fixture
+def kueue_operator(crd, third_party_crds, kubeconfig, kubectl, namespace, tmp_path):
+    """The operator with --kueue; this cluster has Kueue's CRDs but no Kueue controller, so the
+    tests write what Kueue's scheduler would (admission, eviction), as kwok plays the kubelet."""
+    op = Operator(kubeconfig, namespace, tmp_path / "operator.log", "--kueue").start()
+    yield op
+    kubectl("delete", "grpojobs", "--all", "-n", namespace, "--timeout=60s", check=False)
+    op.kill(signal.SIGTERM)
+    print(op.log.read_text()[-8000:])
 
 
 def manifest(name: str, *, trainer: dict | None = None, rollout: dict | None = None, **spec) -> dict:
