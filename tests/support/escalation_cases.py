@@ -237,7 +237,7 @@ MANY = Case(
 )
 # Secrets the requester may `get` (the e2e test grants exactly these with a Role; the unit test's
 # stand-in authorizer allows exactly these). A credentialsSecret outside it is an escalation.
-READABLE_SECRETS = ("team-s3", "team-tracking")
+READABLE_SECRETS = ("team-s3", "team-tracking", "team-judge-keys")
 CREDENTIALS_SECRET = Case(
     "credentials-secret",
     {"spec": {"storage": {"endpointUrl": "http://minio.storage:9000", "credentialsSecret": "other-team-s3"}}},
@@ -259,6 +259,12 @@ TRACKING_SECRET = Case(  # a readable storage Secret beside a foreign tracking o
     ("spec.tracking.credentialsSecret",),
 )
 ESCALATIONS.append(TRACKING_SECRET)
+REWARD_SECRET = Case(  # a hosted judge's key: mounted as files in the rollout pods
+    "reward-secret",
+    {"spec": {"reward": {"functions": [{"builtin": "math"}], "credentialsSecret": "other-team-openai"}}},
+    ("spec.reward.credentialsSecret",),
+)
+ESCALATIONS.append(REWARD_SECRET)
 BENIGN = Case(
     "benign",
     {
@@ -267,6 +273,7 @@ BENIGN = Case(
             "scheduling": {"priorityClassName": "gpu-training"},
             "storage": {"endpointUrl": "http://minio.storage:9000", "credentialsSecret": "team-s3"},
             "tracking": {"backend": "wandb", "credentialsSecret": "team-tracking"},
+            "reward": {"functions": [{"builtin": "math"}], "credentialsSecret": "team-judge-keys"},
             "trainer": {
                 "serviceAccountAnnotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"},
                 "template": {

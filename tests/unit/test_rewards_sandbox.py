@@ -28,6 +28,11 @@ def hog(prompts, completions, **columns):
 def token(prompts, completions, **columns):
     return [float(len(os.environ["GRPO_TOKEN"]))] * len(completions)
 
+def keyed(prompts, completions, **columns):  # a hosted judge's key: from the file, never the env
+    from grpo_rollout.rewards.credentials import credential
+    in_env = 100.0 if "OPENAI_API_KEY" in os.environ else 0.0
+    return [float(len(credential("judge-key"))) + in_env] * len(completions)
+
 def chatty(prompts, completions, **columns):
     print("a line on stdout, where the answers used to go", flush=True)
     return [1.0] * len(completions)
@@ -125,6 +130,15 @@ def test_the_worker_never_sees_the_job_token(worker, monkeypatch):
     monkeypatch.setenv("GRPO_TOKEN", "rollout-token")
     with pytest.raises(PluginError, match="KeyError: 'GRPO_TOKEN'"):
         call(worker, "token")
+
+
+def test_a_reward_reads_the_jobs_credentials_as_files_and_never_from_the_env(worker, monkeypatch, tmp_path):
+    """spec.reward.credentialsSecret in a pod: the Secret's keys are files under $GRPO_REWARD_FILES,
+    which the sandbox keeps, while a key in the env is stripped like the token."""
+    (tmp_path / "judge-key").write_text("sk-0123456789\n")  # a Secret volume's file, newline and all
+    monkeypatch.setenv("GRPO_REWARD_FILES", str(tmp_path))
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-in-the-env")
+    assert call(worker, "keyed") == [13.0]
 
 
 def test_printing_does_not_corrupt_the_answers_and_a_flood_is_refused(worker):

@@ -20,8 +20,8 @@ MAX_COUNT = 2**53 - 1  # counters written to status: exact in every JSON reader 
 
 
 def credentials_secret_field(what: str) -> Any:
-    """An optional Secret-name field (DNS subdomain) whose keys become pod env: every such field
-    carries the same admission rule (validation/escalation.py), and says so."""
+    """An optional Secret-name field (DNS subdomain) whose keys the pods read (as env or files): every
+    such field carries the same admission rule (validation/escalation.py), and says so."""
     return Field(
         default=None,
         max_length=253,

@@ -16,7 +16,14 @@ from pydantic import ConfigDict, Field, WithJsonSchema, field_validator
 
 from grpo_operator.api import podspec
 from grpo_operator.api.algorithm import AlgorithmSpec
-from grpo_operator.api.base import MAX_SECONDS, MAX_SEED, ApiModel, cel, immutable
+from grpo_operator.api.base import (
+    MAX_SECONDS,
+    MAX_SEED,
+    ApiModel,
+    cel,
+    credentials_secret_field,
+    immutable,
+)
 from grpo_operator.api.roles import ROLLOUT_IMAGE, RoleCommon, RolloutSpec, TrainerSpec
 from grpo_operator.api.storage import StorageSpec
 from grpo_operator.api.tracking import TrackingSpec
@@ -396,6 +403,12 @@ class RewardModelSpec(RoleCommon):
         return value
 
 
+# spec.reward.credentialsSecret's keys as files in rollout pods, found through an env name the reward
+# sandbox keeps (it strips secret-looking names); read by grpo_rollout.rewards.credentials
+ENV_REWARD_FILES = "GRPO_REWARD_FILES"
+REWARD_FILES_MOUNT = "/var/run/grpo/reward-credentials"
+
+
 class RewardSpec(ApiModel):
     functions: list[RewardFunction] = Field(
         default_factory=list,
@@ -413,6 +426,12 @@ class RewardSpec(ApiModel):
         default=None,
         description="model: optional. A reward model or LLM judge served as a role of its own "
         "(<job>-reward), its score added by weight to the functions'.",
+    )
+    credentials_secret: str | None = credentials_secret_field(
+        f" whose keys reward functions, tools and environments read as files (e.g. a hosted judge's API "
+        f"key): mounted read-only in the rollout pods at {REWARD_FILES_MOUNT} and read with "
+        "grpo_rollout.rewards.credentials.credential(key); never env, which the reward sandbox strips of "
+        "secret-looking names"
     )
 
 

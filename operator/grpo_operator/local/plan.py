@@ -33,6 +33,7 @@ from grpo_operator import render, storage, validation
 from grpo_operator.api.contract import CONTRACT_FILE, ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN, RunContract
 from grpo_operator.api.job import KIND, GRPOJob
 from grpo_operator.api.report import ENV_PROGRESS_FILE
+from grpo_operator.api.spec import ENV_REWARD_FILES
 from grpo_operator.api.tracking import TrackingBackend
 from grpo_operator.local.procs import PodCommand
 from grpo_operator.render import names
@@ -207,6 +208,22 @@ def _argv(container: dict[str, Any], role: str, engine: str) -> list[str]:
     return argv
 
 
+def _reward_files(job: GRPOJob) -> str | None:
+    """The folder standing in for spec.reward.credentialsSecret's mount: $GRPO_REWARD_FILES, one file
+    per key (a Secret has no local form); None when the job names no such Secret."""
+    secret = job.spec.reward.credentials_secret
+    if not secret:
+        return None
+    where = os.environ.get(ENV_REWARD_FILES)
+    if not where or not Path(where).is_dir():
+        raise PlanError(
+            f"spec.reward.credentialsSecret names Secret {secret!r}, which has no local form: write its "
+            f"keys as files (one per key) in a folder and set ${ENV_REWARD_FILES} to it"
+            + (f" ({where!r} is not a folder)" if where else "")
+        )
+    return str(Path(where).resolve())
+
+
 def _engine(job: GRPOJob, role: str) -> str:
     """The engine a role's pods run (what decides whether they need vLLM)."""
     if role == names.ROLE_ROLLOUT:
@@ -301,6 +318,7 @@ def build_plan(job_file: Path, workdir: Path, pvc: Mapping[str, Path] | None = N
     progress_path = workdir / "progress.jsonl"
     progress_path.unlink(missing_ok=True)
 
+    reward_files = _reward_files(job)
     token = secrets.token_hex(24)
     base_env = dict(os.environ)
     # Reward plugins (`module:function`) beside the job file import as they would from the image.
@@ -331,6 +349,8 @@ def build_plan(job_file: Path, workdir: Path, pvc: Mapping[str, Path] | None = N
             env.update({ENV_CONTRACT: str(contract_path), ENV_POD_INDEX: str(index), ENV_TOKEN: token})
             if role == "trainer":
                 env[ENV_PROGRESS_FILE] = str(progress_path)
+            if role == names.ROLE_ROLLOUT and reward_files is not None:
+                env[ENV_REWARD_FILES] = reward_files
             grace = min(float(pod_spec.get("terminationGracePeriodSeconds", 30)), MAX_LOCAL_GRACE_S)
             argv = _argv(container, role, _engine(job, role))
             if first := role_pythonpath(argv[0]):

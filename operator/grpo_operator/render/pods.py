@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from grpo_operator.api.contract import CONTRACT_FILE, CONTRACT_MOUNT, ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN
 from grpo_operator.api.job import GRPOJob
 from grpo_operator.api.roles import RoleCommon, resolve_all2all
-from grpo_operator.api.spec import EFAMode
+from grpo_operator.api.spec import ENV_REWARD_FILES, REWARD_FILES_MOUNT, EFAMode
 from grpo_operator.api.storage import SECRET_KEYS
 from grpo_operator.api.tracking import OPTIONAL_SECRET_KEYS
 from grpo_operator.api.tracking import SECRET_KEYS as TRACKING_SECRET_KEYS
@@ -36,6 +36,7 @@ ZONE_KEY = "topology.kubernetes.io/zone"
 NETWORK_LAYER_KEYS = tuple(f"topology.k8s.aws/network-node-layer-{n}" for n in (3, 2, 1))
 GRACE_SECONDS = {names.ROLE_TRAINER: 60, names.ROLE_ROLLOUT: 120, names.ROLE_REWARD: 60}
 # The container port named `http` of each serving role (its readiness probe and Service port).
+REWARD_FILES_VOLUME = "reward-credentials"
 HTTP_PORTS = {names.ROLE_ROLLOUT: names.ROLLOUT_PORT, names.ROLE_REWARD: names.REWARD_PORT}
 
 
@@ -201,6 +202,8 @@ def _env(job: GRPOJob, *, name: str, uid: str, hw: Hardware, role: str) -> list[
         },
     ]
     env += _storage_env(job)
+    if role == names.ROLE_ROLLOUT and job.spec.reward.credentials_secret:
+        env.append({"name": ENV_REWARD_FILES, "value": REWARD_FILES_MOUNT})
     if hw.efa or (hw.gpus and role != names.ROLE_REWARD):  # a reward server runs no collectives
         env.append({"name": "NCCL_SOCKET_IFNAME", "value": job.spec.network.socket_ifname})
     if hw.efa:
@@ -336,6 +339,15 @@ def _volumes(job: GRPOJob, *, name: str, role: str) -> tuple[list[dict], list[di
         {"name": names.CACHE_VOLUME, "mountPath": spec.storage.cache_dir},
         *pvc_mounts,
     ]
+    if role == names.ROLE_ROLLOUT and spec.reward.credentials_secret:
+        # files, not env: rewards run in a sandbox that strips secret-looking variables
+        volumes.append(
+            {
+                "name": REWARD_FILES_VOLUME,
+                "secret": {"secretName": spec.reward.credentials_secret, "defaultMode": 0o440},
+            }
+        )
+        mounts.append({"name": REWARD_FILES_VOLUME, "mountPath": REWARD_FILES_MOUNT, "readOnly": True})
     return volumes, mounts
 
 

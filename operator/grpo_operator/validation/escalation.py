@@ -82,6 +82,7 @@ def secret_reads(job: GRPOJob) -> list[tuple[str, str]]:
     reads = [
         ("spec.storage.credentialsSecret", job.spec.storage.credentials_secret),
         ("spec.tracking.credentialsSecret", tracking.credentials_secret if tracking else None),
+        ("spec.reward.credentialsSecret", job.spec.reward.credentials_secret),
     ]
     return [(field, secret) for field, secret in reads if secret]
 
