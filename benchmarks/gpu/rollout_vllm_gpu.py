@@ -27,6 +27,10 @@ Checks (each a row):
    only where experts are spread over data-parallel ranks, so one GPU is "skipped" with that reason
    and what it can show: whether vLLM's own gate (`deep_ep_v2_unavailable_reason`: DeepEP with
    `ElasticBuffer`, NCCL >= 2.30.4 for GIN) passes in this image. Across EFA nodes is not here.
+9. reward_vllm (issue 22): the reward model server's vllm engine on CUDA. A tiny sequence classifier
+   (bf16) through vLLM's pooling runner scores transformers' logits (max |diff| <= REWARD_TOL: the
+   head's raw logit, not vLLM's default sigmoid); a generative judge over min(2, GPUs)
+   tensor-parallel workers answers every item (a text each, scored or counted as a parse failure).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ for sub in ("rollout", "operator", "trainers"):  # trainers: only its tiny_model
     sys.path.insert(0, str(ROOT / sub))
 
 MEAN_TOL, MAX_TOL = 0.02, 0.25
+REWARD_TOL = 0.05  # bf16 logits of a 512-wide head: a few ulps of values near 1
 
 
 def build_model(directory: Path, seed: int) -> Path:
@@ -163,6 +168,48 @@ def deepep_v2_row(model_dir: Path) -> dict:
         engine.llm.shutdown()
 
 
+def reward_vllm_row(work: Path, judge_dir: Path) -> dict:
+    """Check 9: the reward model server's vllm engine (see the module docstring)."""
+    import torch
+    from grpo_operator.api.spec import RewardModelSpec
+    from grpo_rollout.reward_model.base import LoadConfig, load
+    from grpo_trainer.tiny_model import TinyConfig, save_reward_classifier
+    from grpo_wire.protocol import ScoreItem
+
+    rm = save_reward_classifier(
+        work / "rm", TinyConfig(hidden=512, heads=8, kv_heads=4), dtype=torch.bfloat16
+    )
+    items = [ScoreItem(prompt=f"{i} + {i} = ", completion=str(2 * i + i % 3)) for i in range(8)]
+    t0 = time.monotonic()
+    spec = {"path": str(rm), "batchSize": 8}
+    on_vllm = load("classifier", LoadConfig(str(rm), "auto", "bfloat16"),
+                   RewardModelSpec.model_validate({**spec, "engine": "vllm"}))  # fmt: skip
+    scores, _ = on_vllm.score(items)
+    on_vllm.close()
+    on_torch = load(
+        "classifier", LoadConfig(str(rm), "cuda", "bfloat16"), RewardModelSpec.model_validate(spec)
+    )
+    expected, _ = on_torch.score(items)
+    diff = max(abs(a - b) for a, b in zip(scores, expected, strict=True))
+    tp = min(torch.cuda.device_count(), 2)
+    judge_spec = RewardModelSpec.model_validate(
+        {"path": str(judge_dir), "kind": "generative", "engine": "vllm", "tensorParallelSize": tp,
+         "prompt": "Rate: {prompt} {completion}", "maxNewTokens": 16}
+    )  # fmt: skip
+    judge = load("generative", LoadConfig(str(judge_dir), "auto", "bfloat16"), judge_spec)
+    judged, errors = judge.score(items)
+    answered = len(judged) == len(items) and all(e is None or e.startswith("no score") for e in errors)
+    judge.close()
+    ok = diff <= REWARD_TOL and answered
+    return {
+        "result": "pass" if ok else "FAIL",
+        "classifier_max_diff": round(diff, 4),
+        "judge_tensor_parallel": tp,
+        "judge_scored": sum(e is None for e in errors),
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -270,6 +317,8 @@ def main() -> int:
         service.close()
         engine = service = None
         rows.append({"check": "deepep_v2", **deepep_v2_row(first)})
+        print(rows[-1], flush=True)
+        rows.append({"check": "reward_vllm", **reward_vllm_row(work, first)})
         print(rows[-1], flush=True)
     except Exception:
         check("run", False, error=traceback.format_exc()[-2000:])

@@ -83,6 +83,12 @@ def start(config: LoadConfig, spec: Any, *, pooling: bool) -> Any:
     return LLM(**args)
 
 
+def stop(llm: Any) -> None:
+    """End vLLM's engine processes now (its LLMEngine.engine_core client, v1/engine/llm_engine.py:116),
+    so their GPU memory is back before the next engine starts."""
+    llm.llm_engine.engine_core.shutdown()
+
+
 def token_ids(tokenizer: Any, texts: list[str]) -> list[dict[str, list[int]]]:
     """vLLM prompts of already-formatted texts: their ids without special tokens added again."""
     return [{"prompt_token_ids": tokenizer(t, add_special_tokens=False)["input_ids"]} for t in texts]
@@ -109,6 +115,9 @@ class VllmJudge:
         outputs = self.llm.generate(prompts, self.params, use_tqdm=False)
         return [o.outputs[0].text for o in outputs]
 
+    def close(self) -> None:
+        stop(self.llm)
+
     def score(self, items: list[ScoreItem]) -> tuple[list[float], list[str | None]]:
         messages = [render(self.template, item) for item in items]  # every item first: no half batch
         parsed = [parse_score(self.pattern, text) for text in self.generate(messages)]
@@ -127,6 +136,9 @@ class VllmClassifier:
         from vllm.pooling_params import PoolingParams
 
         self.params = PoolingParams(use_activation=False)  # the logit, not its sigmoid
+
+    def close(self) -> None:
+        stop(self.llm)
 
     def score(self, items: list[ScoreItem]) -> tuple[list[float], list[str | None]]:
         prompts = token_ids(self.tokenizer, [classifier_input(self.tokenizer, item) for item in items])
