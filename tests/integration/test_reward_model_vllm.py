@@ -5,6 +5,8 @@ what the torch engine scores in this process for the same model and items.
 - classifier: vLLM's pooling runner gives the head's logit (not its sigmoid), the torch score;
 - generative judge over tensorParallelSize 2 (two vLLM CPU workers, one core each): the same greedy
   texts as transformers', so the same scores and the same parse failures.
+An item past the model's context (256 tokens here) scores 0 with the reason on either kind; the
+others in its batch are scored.
 """
 
 import math
@@ -34,6 +36,7 @@ ITEMS = [
     {"prompt": [{"role": "user", "content": "a longer question here"}], "completion": "and a long answer"},
     {"prompt": "1+1=", "completion": "11", "columns": {"answer": "2"}},
 ]
+LONG = {"prompt": "1+1=", "completion": "2" * 400}  # the character tokenizer: 400+ tokens
 JUDGE = {
     "kind": "generative",
     "prompt": "Rate: {prompt} -> {completion}",
@@ -53,10 +56,12 @@ def serve_and_score(tmp, model_dir, model: dict) -> tuple[dict, dict]:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, timeout=240)
-        status, body = score(url, ITEMS, TOKEN)
+        status, body = score(url, [*ITEMS, LONG], TOKEN)
         assert status == 200, body
         _, health = http("GET", f"{url}/health")
-        return body, health
+        *scored, long = zip(body["scores"], body["errors"], strict=True)
+        assert long[0] == 0.0 and "is over the 256 the reward server takes" in long[1], long
+        return {"scores": [s for s, _ in scored], "errors": [e for _, e in scored]}, health
     finally:
         stop_server(proc)
 

@@ -54,3 +54,37 @@ def test_tensor_parallel_cpu_workers_get_equal_consecutive_cpu_shares():
 def test_a_reward_models_head_width_refusal_names_its_own_field():
     refusal = vllm_cpu.head_dim_refusal({**TINY, "head_dim": 16}, CPU_HEADS, field="spec.reward.model.path")
     assert refusal is not None and refusal.startswith("spec.reward.model.path: head_dim 16")
+
+
+def test_reward_inputs_past_the_engines_limit_are_set_aside_with_the_reason():
+    """vLLM refuses a prompt past max_model_len for the whole batch; the reward server scores it 0."""
+    from grpo_rollout.reward_model.vllm_engine import fitting
+
+    keep, errors = fitting([[1] * 10, [1] * 30, [1] * 20], limit=24, reserve=4)
+    assert keep == [0, 2]  # 20 + 4 fits exactly
+    assert errors[0] is None and errors[2] is None
+    assert errors[1] == (
+        "input of 30 tokens + 4 for the judgement is over the 24 the reward server takes "
+        "(spec.reward.model.maxModelLen, default the model's context)"
+    )
+    assert fitting([[1] * 25], limit=24) == (
+        [],
+        [errors[1].replace(" + 4 for the judgement", "").replace("30", "25")],
+    )
+
+
+def test_reward_engine_arguments_follow_the_spec():
+    from grpo_operator.api.spec import RewardModelSpec
+    from grpo_rollout.reward_model.base import LoadConfig
+    from grpo_rollout.reward_model.vllm_engine import engine_args
+
+    spec = RewardModelSpec.model_validate(
+        {"path": "/rm", "engine": "vllm", "tensorParallelSize": 4, "maxModelLen": 8192, "batchSize": 32}
+    )
+    args = engine_args(LoadConfig("/rm", "auto", "bfloat16"), spec, pooling=True)
+    assert args | {"model": "/rm"} == {
+        "model": "/rm", "dtype": "bfloat16", "tensor_parallel_size": 4, "max_num_seqs": 32, "seed": 0,
+        "disable_log_stats": True, "max_model_len": 8192, "runner": "pooling",
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="the vllm engine picks its devices"):
+        engine_args(LoadConfig("/rm", "cuda:1"), spec, pooling=False)

@@ -304,6 +304,11 @@ class RewardModelSpec(RoleCommon):
                 ".prompt",
             ),
             (
+                "self.engine == 'vllm' || !has(self.maxModelLen)",
+                "reward.model.maxModelLen is for engine vllm (it sizes vLLM's KV cache)",
+                ".maxModelLen",
+            ),
+            (
                 "self.engine == 'vllm' || !has(self.tensorParallelSize) || self.tensorParallelSize == 1",
                 "reward.model.tensorParallelSize above 1 needs engine vllm: the torch engine runs the model "
                 "on one GPU",
@@ -343,6 +348,15 @@ class RewardModelSpec(RoleCommon):
         le=8,
         description="tensorParallelSize: optional, default 1, [1, 8]. GPUs of one reward server (engine "
         "vllm above 1), inside one node: the model's layers split over them.",
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=16,
+        le=1048576,
+        description="maxModelLen: optional, engine vllm only, [16, 1048576], default the model's own "
+        "context. Tokens of "
+        "one input (and, for a judge, its judgement) the server takes: vLLM sizes its KV cache for it. "
+        "A longer item scores 0 with the reason, counted like a judge text without a score.",
     )
     replicas: int = Field(
         default=1, ge=1, le=64, description="replicas: optional, default 1, [1, 64]. Reward model servers."

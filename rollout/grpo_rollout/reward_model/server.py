@@ -50,7 +50,9 @@ class RewardMetrics:
         )
         self.items = Counter("grpo_reward_items_scored", "Completions scored.", registry=r)
         self.parse_failures = Counter(
-            "grpo_reward_parse_failures", "Judge texts without a score (scored 0).", registry=r
+            "grpo_reward_parse_failures",
+            "Items scored 0 with a reason: judge texts without a score, inputs past maxModelLen.",
+            registry=r,
         )
         self.seconds = Histogram(
             "grpo_reward_request_seconds",

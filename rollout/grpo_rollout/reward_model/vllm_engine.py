@@ -8,8 +8,11 @@ Both kinds, through vLLM's offline `LLM` on the server's model thread (read agai
   (pooling_params.py:55): without it vLLM puts a one-output head through a sigmoid, and the score
   must be the logit, as transformers gives it (the torch classifier).
 Inputs are token ids, tokenized here from the same chat-formatted text the torch engine builds (no
-special tokens added twice). On vLLM's CPU build (the tests, `grpo-operator run`), `vllm_cpu` sizes
-the KV cache and binds each tensor-parallel worker's threads.
+special tokens added twice). vLLM refuses a prompt past its max_model_len (maxModelLen, else the
+model's context; read back from LLMEngine.model_config, v1/engine/llm_engine.py:70), which would
+fail the whole batch: such an item scores 0 with the reason instead, and the rest are scored.
+On vLLM's CPU build (the tests, `grpo-operator run`), `vllm_cpu` sizes the KV cache and binds each
+tensor-parallel worker's threads.
 """
 
 import os
@@ -38,6 +41,8 @@ def engine_args(config: LoadConfig, spec: Any, *, pooling: bool) -> dict[str, An
         "seed": 0,
         "disable_log_stats": True,
     }
+    if spec.max_model_len is not None:
+        args["max_model_len"] = spec.max_model_len
     if pooling:
         args["runner"] = "pooling"
     return args
@@ -53,7 +58,9 @@ def cpu_args(config: LoadConfig, args: dict[str, Any]) -> dict[str, Any]:
     if refusal := vllm_cpu.head_dim_refusal(model_config, supported, field="spec.reward.model.path"):
         raise Misconfigured(refusal.replace("spec.rollout.engine", "spec.reward.model.engine"))
     extra: dict[str, Any] = {"enforce_eager": True}
-    length = min(int(model_config.get("max_position_embeddings") or KV_TOKENS_CAP), KV_TOKENS_CAP)
+    length = args.get("max_model_len") or min(
+        int(model_config.get("max_position_embeddings") or KV_TOKENS_CAP), KV_TOKENS_CAP
+    )
     extra["max_model_len"] = length
     if not os.environ.get(vllm_cpu.KV_SPACE_ENV):
         layers = int(model_config["num_hidden_layers"])
@@ -87,9 +94,28 @@ def stop(llm: Any) -> None:
     llm.llm_engine.engine_core.shutdown()
 
 
-def token_ids(tokenizer: Any, texts: list[str]) -> list[dict[str, list[int]]]:
-    """vLLM prompts of already-formatted texts: their ids without special tokens added again."""
-    return [{"prompt_token_ids": tokenizer(t, add_special_tokens=False)["input_ids"]} for t in texts]
+def token_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """The ids of already-formatted texts, without special tokens added again."""
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def fitting(ids: list[list[int]], limit: int, reserve: int = 0) -> tuple[list[int], list[str | None]]:
+    """(the indices of inputs that fit `limit` tokens with `reserve` more, each input's error or None):
+    vLLM refuses a longer prompt, which would fail the whole batch; it scores 0 with the reason instead."""
+    errors: list[str | None] = [None] * len(ids)
+    for i, one in enumerate(ids):
+        if len(one) + reserve > limit:
+            more = f" + {reserve} for the judgement" if reserve else ""
+            errors[i] = (
+                f"input of {len(one)} tokens{more} is over the {limit} the reward server takes "
+                "(spec.reward.model.maxModelLen, default the model's context)"
+            )
+    return [i for i, e in enumerate(errors) if e is None], errors
+
+
+def max_len(llm: Any) -> int:
+    """The longest sequence the engine takes (vLLM's ModelConfig.max_model_len, as it resolved it)."""
+    return int(llm.llm_engine.model_config.max_model_len)
 
 
 class VllmJudge(Judging):
@@ -102,12 +128,25 @@ class VllmJudge(Judging):
         from vllm import SamplingParams
 
         self.params = SamplingParams(temperature=0.0, max_tokens=spec.max_new_tokens)
+        self.limit = max_len(self.llm)
+        self.too_long: dict[int, str] = {}
 
     def generate(self, messages: list[str]) -> list[str]:
-        """The judge's greedy answers, in order; vLLM batches them (up to batchSize at once)."""
-        prompts = token_ids(self.tokenizer, [judge_input(self.tokenizer, m) for m in messages])
-        outputs = self.llm.generate(prompts, self.params, use_tqdm=False)
-        return [o.outputs[0].text for o in outputs]
+        """The judge's greedy answers, in order; vLLM batches them (up to batchSize at once). An input
+        too long for the engine gets no answer: its reason, which no score pattern should match."""
+        ids = token_ids(self.tokenizer, [judge_input(self.tokenizer, m) for m in messages])
+        keep, errors = fitting(ids, self.limit, self.params.max_tokens)
+        prompts = [{"prompt_token_ids": ids[i]} for i in keep]
+        outputs = self.llm.generate(prompts, self.params, use_tqdm=False) if prompts else []
+        texts = {i: o.outputs[0].text for i, o in zip(keep, outputs, strict=True)}
+        self.too_long = {i: e for i, e in enumerate(errors) if e is not None}
+        return [texts.get(i, "") for i in range(len(ids))]
+
+    def score(self, items: list[ScoreItem]) -> tuple[list[float], list[str | None]]:
+        scores, errors = super().score(items)
+        for i, why in self.too_long.items():  # 0, and why: not "no score in the judge's text: ''"
+            scores[i], errors[i] = 0.0, why
+        return scores, errors
 
     def close(self) -> None:
         stop(self.llm)
@@ -125,15 +164,20 @@ class VllmClassifier:
         from vllm.pooling_params import PoolingParams
 
         self.params = PoolingParams(use_activation=False)  # the logit, not its sigmoid
+        self.limit = max_len(self.llm)
 
     def close(self) -> None:
         stop(self.llm)
 
     def score(self, items: list[ScoreItem]) -> tuple[list[float], list[str | None]]:
-        prompts = token_ids(self.tokenizer, [classifier_input(self.tokenizer, item) for item in items])
-        outputs = self.llm.classify(prompts, pooling_params=self.params, use_tqdm=False)
-        scores = [float(o.outputs.probs[0]) for o in outputs]
-        return scores, [None] * len(scores)
+        ids = token_ids(self.tokenizer, [classifier_input(self.tokenizer, item) for item in items])
+        keep, errors = fitting(ids, self.limit)
+        prompts = [{"prompt_token_ids": ids[i]} for i in keep]
+        outputs = self.llm.classify(prompts, pooling_params=self.params, use_tqdm=False) if prompts else []
+        scores = [0.0] * len(items)
+        for i, o in zip(keep, outputs, strict=True):
+            scores[i] = float(o.outputs.probs[0])
+        return scores, errors
 
 
 @ENGINES.register("vllm")
