@@ -5,7 +5,7 @@ what the torch engine scores in this process for the same model and items.
 - classifier: vLLM's pooling runner gives the head's logit (not its sigmoid), the torch score;
 - generative judge over tensorParallelSize 2 (two vLLM CPU workers, one core each): the same greedy
   texts as transformers', so the same scores and the same parse failures.
-An item past the model's context (256 tokens here) scores 0 with the reason on either kind; the
+An item past the model's context (256 and 512 tokens here) scores 0 with the reason on either kind; the
 others in its batch are scored.
 """
 
@@ -36,7 +36,7 @@ ITEMS = [
     {"prompt": [{"role": "user", "content": "a longer question here"}], "completion": "and a long answer"},
     {"prompt": "1+1=", "completion": "11", "columns": {"answer": "2"}},
 ]
-LONG = {"prompt": "1+1=", "completion": "2" * 400}  # the character tokenizer: 400+ tokens
+LONG = {"prompt": "1+1=", "completion": "2" * 1000}  # the character tokenizer: 1000+ tokens
 JUDGE = {
     "kind": "generative",
     "prompt": "Rate: {prompt} -> {completion}",
@@ -60,7 +60,8 @@ def serve_and_score(tmp, model_dir, model: dict) -> tuple[dict, dict]:
         assert status == 200, body
         _, health = http("GET", f"{url}/health")
         *scored, long = zip(body["scores"], body["errors"], strict=True)
-        assert long[0] == 0.0 and "is over the 256 the reward server takes" in long[1], long
+        assert long[0] == 0.0 and long[1] and "tokens" in long[1], long
+        assert "is over the" in long[1] and "the reward server takes" in long[1], long
         return {"scores": [s for s, _ in scored], "errors": [e for _, e in scored]}, health
     finally:
         stop_server(proc)
