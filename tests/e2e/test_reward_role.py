@@ -58,6 +58,30 @@ def test_reward_model_job_gets_its_role_runs_and_replaces_a_failed_reward_pod(
     wait_for(lambda: not cluster.core.list_namespaced_pod(cluster.ns).items, what="no pods", timeout=90)
 
 
+def test_a_reward_server_that_states_a_misconfiguration_fails_the_job_naming_the_field(
+    operator, cluster, fail_pod, wait_for
+):
+    """The reward pod's termination message (exit 3, as `grpo_rollout reward` writes it) is the job's
+    Failed condition at once: no replacement pod would load the model any better."""
+    cluster.create(manifest("rmbad", reward=REWARD))
+    cluster.wait_phase("rmbad", "Running")
+    stated = (
+        "RewardModelMisconfigured: rmbad-reward-0: spec.reward.model.path 's3://models/skywork-rm' is a "
+        "classifier with 2 outputs (labels ['NEGATIVE', 'POSITIVE']); a reward model has one (num_labels 1)"
+    )
+    fail_pod(cluster.ns, "rmbad-reward-0", exit_code=3, message=stated)
+    st = cluster.wait_phase("rmbad", "Failed")
+    failed = cluster.condition("rmbad", "Failed")
+    assert failed["reason"] == "RewardModelMisconfigured", failed
+    assert "rmbad-reward-0" in failed["message"] and "is a classifier with 2 outputs" in failed["message"]
+    assert st.get("restarts", 0) == 0  # the trainer gang was never restarted for it
+    wait_for(
+        lambda: cluster.apps.read_namespaced_stateful_set("rmbad-reward", cluster.ns).spec.replicas == 0,
+        what="the reward servers scaled to zero",
+        timeout=60,
+    )
+
+
 def test_a_job_without_a_reward_model_has_no_reward_role(operator, cluster):
     cluster.create(manifest("plain"))
     st = cluster.wait_phase("plain", "Running")

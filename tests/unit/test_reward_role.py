@@ -175,6 +175,32 @@ def test_failed_reward_pod_is_deleted_without_a_gang_restart():
     assert deleted == ["j-reward-0"]
 
 
+def test_a_reward_server_stating_a_misconfiguration_fails_the_job_with_its_words():
+    """Exit 3 (EXIT_CONFIG) from `grpo_rollout reward`: no restart fixes a classifier with two outputs,
+    and the rollout servers would only see it unreachable; the job fails at once, naming the field."""
+    s = reward_spec()
+    running = decide([*all_ready(), pod("reward", 0)], s=s).status
+    crashed = pod("reward", 0, ready=False)
+    stated = (
+        "RewardModelMisconfigured: j-reward-0: spec.reward.model.path '/models/rm' is a classifier with 2 "
+        "outputs (labels ['NEGATIVE', 'POSITIVE']); a reward model has one (num_labels 1)"
+    )
+    crashed["status"]["containerStatuses"] = [  # restarting: the last run's record
+        {"name": "reward", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+         "lastState": {"terminated": {"exitCode": 3, "reason": "Error", "message": stated}}}
+    ]  # fmt: skip
+    d = decide([*all_ready(), crashed], s=s, old=running)
+    failed = next(c for c in d.status.conditions if c.type == "Failed")
+    assert (d.status.phase, failed.reason, d.running) == (Phase.FAILED, "RewardModelMisconfigured", False)
+    assert failed.message.startswith(
+        "reward model server j-reward-0 cannot score as configured: j-reward-0: "
+    )
+    assert "spec.reward.model.path '/models/rm' is a classifier with 2 outputs" in failed.message
+    crashed["status"]["containerStatuses"][0]["lastState"]["terminated"] |= {"exitCode": 1, "message": "OOM"}
+    other = decide([*all_ready(), crashed], s=s, old=running)  # any other exit: replaced alone
+    assert other.running and other.status.phase != Phase.FAILED and not other.gang_restart
+
+
 def test_a_stopped_job_scales_the_reward_servers_too():
     assert ("apps/v1", "StatefulSet", names.ROLE_REWARD) in reconcile.STOPPABLE
     assert GRPOJobStatus.model_fields["reward"].default is None

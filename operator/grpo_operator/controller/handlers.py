@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import kopf
 
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
-from grpo_operator.controller import metrics, observe
+from grpo_operator.controller import metrics, observe, status
 from grpo_operator.controller.reconcile import GONE, JobMemory, Reconciler
 from grpo_operator.render import kueue, names
 
@@ -145,13 +145,17 @@ async def job_changed(namespace: str, name: str, body: kopf.Body, memo: kopf.Mem
 async def pod_changed(
     body: kopf.Body, type: str | None, namespace: str, labels, memo: kopf.Memo, **_
 ) -> None:
-    """Remember trainer failures before the StatefulSet replaces the pod, then wake the job."""
+    """Remember trainer failures (and a reward server's stated misconfiguration) before the
+    StatefulSet replaces the pod, then wake the job."""
     rt: Runtime = memo.runtime
     job = labels[names.LABEL_JOB]
     pod = dict(body)
     verdict = observe.verdict(pod, rt.reconciler.lost_nodes, gone=type == "DELETED")
+    kept = verdict is not None and (
+        verdict.role == names.ROLE_TRAINER or status.is_reward_misconfiguration(verdict)
+    )
     # Only for live workers: a deleted job's pods must not leave news for a later namesake.
-    if verdict is not None and verdict.role == names.ROLE_TRAINER and (namespace, job) in rt.jobs.wakers:
+    if verdict is not None and kept and (namespace, job) in rt.jobs.wakers:
         log.info("%s/%s: %s (attempt %s, %s)", namespace, job, verdict.describe(), verdict.attempt, type)
         rt.jobs.memory(namespace, job).verdicts.append(verdict)
     rt.jobs.wake(namespace, job)

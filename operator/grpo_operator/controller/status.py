@@ -9,6 +9,7 @@ whole lifecycle is unit-tested without a cluster.
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from grpo_operator.api.contract import EXIT_CONFIG
 from grpo_operator.api.roles import resolve_all2all
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.api.status import (
@@ -25,7 +26,7 @@ from grpo_operator.api.status import (
 from grpo_operator.controller import autoscaling
 from grpo_operator.controller.admission import Admission
 from grpo_operator.controller.observe import Observation
-from grpo_operator.lifecycle import GangDecision, Outcome, Verdict, gang_decision, seconds_left
+from grpo_operator.lifecycle import GangDecision, Outcome, Verdict, VerdictKind, gang_decision, seconds_left
 from grpo_operator.render import names
 
 WARNING_REASONS = {
@@ -195,6 +196,11 @@ def _decide_running(
         _finish(status, Phase.FAILED, Reason.DEADLINE_EXCEEDED, msg, now)
         return _with_events(old, Decision(status=status, running=False))
     decision.requeue_after = remaining
+    if (bad := _reward_misconfigured(obs)) is not None:
+        stated = bad.reason.split(REWARD_STATED, 1)[-1]
+        msg = f"reward model server {bad.pod} cannot score as configured: {stated}"
+        _finish(status, Phase.FAILED, Reason.REWARD_MODEL_MISCONFIGURED, msg, now)
+        return _with_events(old, Decision(status=status, running=False))
     verdicts = [v for v in obs.verdicts if v.role == names.ROLE_TRAINER and v.attempt == old.restarts]
     gang = gang_decision(verdicts, restarts=old.restarts, backoff_limit=spec.run_policy.backoff_limit)
     if gang.outcome == Outcome.RUN:
@@ -205,6 +211,20 @@ def _decide_running(
     else:
         _on_failure(spec, status, gang, now, decision)
     return _with_events(old, decision)
+
+
+REWARD_STATED = f"{Reason.REWARD_MODEL_MISCONFIGURED}: "  # `grpo_rollout reward`'s words (exit EXIT_CONFIG)
+
+
+def is_reward_misconfiguration(v: Verdict) -> bool:
+    """A reward model server that exited EXIT_CONFIG: its model cannot score as configured (a classifier
+    with several outputs, a head width its engine lacks). No restart fixes that, and the rollout
+    servers would only report it unreachable, so the job fails with the pod's own words at once."""
+    return v.role == names.ROLE_REWARD and v.kind == VerdictKind.FAILED and v.exit_code == EXIT_CONFIG
+
+
+def _reward_misconfigured(obs: Observation) -> Verdict | None:
+    return next((v for v in obs.verdicts if is_reward_misconfiguration(v)), None)
 
 
 def _update_verdict(

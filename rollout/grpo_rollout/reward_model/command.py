@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 
 from grpo_operator import storage
 from grpo_operator.api.contract import RunContract, write_termination_message
+from grpo_operator.api.status import Reason
 
 from grpo_rollout.reward_model.base import LoadConfig, Misconfigured
 from grpo_rollout.reward_model.server import RewardService, serve
@@ -71,7 +72,7 @@ def run(
     try:
         asyncio.run(serve(service, token, args.host or host_for(endpoint), port, args.drain_seconds))
     except Misconfigured as e:
-        stated = f"RewardMisconfigured: {service.server_id}: {e}"
+        stated = f"{Reason.REWARD_MODEL_MISCONFIGURED}: {service.server_id}: {e}"  # the job fails with it
         log.error("%s", stated)
         write_termination_message(stated, who="reward")
         return 3
