@@ -1,6 +1,6 @@
 """`python -m grpo_rollout reward` (and a rollout server with a reward model) refuse to start, with a
-clear message, when their inputs are wrong: no reward model in the spec, no token, a classifier with
-more than one output, reward servers missing from the contract."""
+clear message, when their inputs are wrong: no reward model in the spec, no token, no model at the
+path, a classifier with more than one output, reward servers missing from the contract."""
 
 import json
 import os
@@ -31,6 +31,19 @@ def test_a_job_without_a_reward_model_and_a_missing_token_are_named(tmp_path):
     assert out.returncode != 0 and "$GRPO_TOKEN is not set" in out.stderr
     out = run("reward", {"GRPO_CONTRACT": str(contract), "GRPO_TOKEN": "t"})
     assert out.returncode != 0 and "spec.reward.model is not set" in out.stderr
+
+
+def test_a_path_without_a_model_exits_3_stating_the_reason_the_job_fails_with(tmp_path):
+    """The trainer's path rule for its own model, in the reward pod (exit 3 is EXIT_CONFIG: the operator
+    fails the job with the stated reason instead of restarting the pod)."""
+    (tmp_path / "empty").mkdir()
+    for path, reason in ((tmp_path / "missing", "PathNotFound"), (tmp_path / "empty", "PathEmpty")):
+        contract = write_reward_contract(
+            tmp_path / "job.json", tmp_path, {"path": str(path)}, reward_ports=[18004]
+        )
+        out = run("reward", {"GRPO_CONTRACT": str(contract), "GRPO_TOKEN": "t"}, "--port", "18004")
+        assert out.returncode == 3, out.stderr
+        assert f"{reason}: test-reward-0: spec.reward.model.path {path}" in out.stderr, out.stderr
 
 
 @pytest.mark.slow

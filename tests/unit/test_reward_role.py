@@ -193,9 +193,15 @@ def test_a_reward_server_stating_a_misconfiguration_fails_the_job_with_its_words
     failed = next(c for c in d.status.conditions if c.type == "Failed")
     assert (d.status.phase, failed.reason, d.running) == (Phase.FAILED, "RewardModelMisconfigured", False)
     assert failed.message.startswith(
-        "reward model server j-reward-0 cannot score as configured: j-reward-0: "
+        "reward model server j-reward-0 cannot serve as configured: j-reward-0: "
     )
     assert "spec.reward.model.path '/models/rm' is a classifier with 2 outputs" in failed.message
+    gone = "PathNotFound: j-reward-0: spec.reward.model.path s3://models/rm: does not exist"
+    crashed["status"]["containerStatuses"][0]["lastState"]["terminated"]["message"] = gone
+    missing = decide([*all_ready(), crashed], s=s, old=running)
+    failed = next(c for c in missing.status.conditions if c.type == "Failed")
+    assert (failed.reason, missing.running) == ("PathNotFound", False)  # the reason the pod stated
+    assert failed.message.endswith("j-reward-0: spec.reward.model.path s3://models/rm: does not exist")
     crashed["status"]["containerStatuses"][0]["lastState"]["terminated"] |= {"exitCode": 1, "message": "OOM"}
     other = decide([*all_ready(), crashed], s=s, old=running)  # any other exit: replaced alone
     assert other.running and other.status.phase != Phase.FAILED and not other.gang_restart

@@ -197,9 +197,10 @@ def _decide_running(
         return _with_events(old, Decision(status=status, running=False))
     decision.requeue_after = remaining
     if (bad := _reward_misconfigured(obs)) is not None:
-        stated = bad.reason.split(REWARD_STATED, 1)[-1]
-        msg = f"reward model server {bad.pod} cannot score as configured: {stated}"
-        _finish(status, Phase.FAILED, Reason.REWARD_MODEL_MISCONFIGURED, msg, now)
+        reason = bad.stated_reason or Reason.REWARD_MODEL_MISCONFIGURED  # e.g. PathNotFound
+        stated = bad.reason.split(f"{reason}: ", 1)[-1]
+        msg = f"reward model server {bad.pod} cannot serve as configured: {stated}"
+        _finish(status, Phase.FAILED, reason, msg, now)
         return _with_events(old, Decision(status=status, running=False))
     verdicts = [v for v in obs.verdicts if v.role == names.ROLE_TRAINER and v.attempt == old.restarts]
     gang = gang_decision(verdicts, restarts=old.restarts, backoff_limit=spec.run_policy.backoff_limit)
@@ -213,13 +214,11 @@ def _decide_running(
     return _with_events(old, decision)
 
 
-REWARD_STATED = f"{Reason.REWARD_MODEL_MISCONFIGURED}: "  # `grpo_rollout reward`'s words (exit EXIT_CONFIG)
-
-
 def is_reward_misconfiguration(v: Verdict) -> bool:
-    """A reward model server that exited EXIT_CONFIG: its model cannot score as configured (a classifier
-    with several outputs, a head width its engine lacks). No restart fixes that, and the rollout
-    servers would only report it unreachable, so the job fails with the pod's own words at once."""
+    """A reward model server that exited EXIT_CONFIG: its model cannot score as configured (no model at
+    spec.reward.model.path, a classifier with several outputs, a head width its engine lacks). No
+    restart fixes that, and the rollout servers would only report it unreachable, so the job fails
+    at once with the reason and words the pod stated."""
     return v.role == names.ROLE_REWARD and v.kind == VerdictKind.FAILED and v.exit_code == EXIT_CONFIG
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from grpo_operator import storage
-from grpo_operator.api.contract import RunContract, write_termination_message
+from grpo_operator.api.contract import EXIT_CONFIG, RunContract, write_termination_message
 from grpo_operator.api.status import Reason
+from grpo_operator.storage.check import POD_CREDENTIALS, Expect, PathError, check
 
 from grpo_rollout.reward_model.base import LoadConfig, Misconfigured
 from grpo_rollout.reward_model.server import RewardService, serve
@@ -41,6 +42,9 @@ def service_for(
     model = spec.reward.model
     if model is None:
         raise SystemExit("reward: spec.reward.model is not set; this job has no reward model to serve")
+    # The trainer's rule for its own model (grpo_trainer.inputs), with this pod's mounts and credentials:
+    # a path that holds no model fails the job naming the field, not pods restarting behind it.
+    check("spec.reward.model.path", model.path, Expect.MODEL, credentials=POD_CREDENTIALS)
     try:  # an s3:// model is fetched once per pod into the node-local cache, like the rollout's
         path = storage.model_dir(model.path, spec.storage.cache_dir)
     except (OSError, storage.StorageError) as e:
@@ -63,8 +67,13 @@ def service_for(
 def run(
     args: argparse.Namespace, contract: RunContract, token: str, host_for: Callable[[str | None], str]
 ) -> int:
-    """Serve until SIGTERM; `host_for(endpoint)` picks the listen address (the rollout's rule)."""
-    service, endpoint, port = service_for(contract, args.pod_index, args)
+    """Serve until SIGTERM; `host_for(endpoint)` picks the listen address (the rollout's rule). A model
+    that cannot serve as configured exits EXIT_CONFIG stating the reason the job then fails with."""
+    who = f"{contract.job_name}-reward-{args.pod_index}"
+    try:
+        service, endpoint, port = service_for(contract, args.pod_index, args)
+    except PathError as e:
+        return stated_exit(f"{e.reason}: {who}: {e}")
     if args.threads:
         import torch
 
@@ -72,8 +81,13 @@ def run(
     try:
         asyncio.run(serve(service, token, args.host or host_for(endpoint), port, args.drain_seconds))
     except Misconfigured as e:
-        stated = f"{Reason.REWARD_MODEL_MISCONFIGURED}: {service.server_id}: {e}"  # the job fails with it
-        log.error("%s", stated)
-        write_termination_message(stated, who="reward")
-        return 3
+        return stated_exit(f"{Reason.REWARD_MODEL_MISCONFIGURED}: {service.server_id}: {e}")
     return 0
+
+
+def stated_exit(stated: str) -> int:
+    """Log `stated` ("<Reason>: <pod>: <why>") and make it the container's termination message, which
+    the operator fails the job with; EXIT_CONFIG."""
+    log.error("%s", stated)
+    write_termination_message(stated, who="reward")
+    return EXIT_CONFIG
