@@ -184,13 +184,20 @@ def test_rollout_autoscaling_follows_the_trainers_wait_and_never_writes_spec(ope
 
     report(0.5)  # waits 5x the target: up, at most doubling per move, to maxReplicas
     wait_for(lambda: servers() == 3, what="rollout scaled up to maxReplicas", timeout=60)
-    status = cluster.status("elastic")
-    assert status["rollout"]["replicas"] == 3 and status["rolloutScaling"]["reason"] == "TrainerWaiting"
+
+    def status_says(replicas: int) -> dict | None:
+        """The status once it says `replicas`: a pass scales the StatefulSet, then writes status."""
+        status = cluster.status("elastic")
+        return status if status["rollout"]["replicas"] == replicas else None
+
+    status = wait_for(lambda: status_says(3), what="status.rollout.replicas 3", timeout=30)
+    assert status["rolloutScaling"]["reason"] == "TrainerWaiting"
     assert status["rollout"]["selector"] == "grpo.dev/job=elastic,grpo.dev/role=rollout"
     assert len(cluster.ready("elastic", "rollout", 3) or cluster.pods("elastic", "rollout")) == 3
     report(0.0)  # idle rollouts: one server fewer per cooldown, down to minReplicas
     wait_for(lambda: servers() == 1, what="rollout scaled down to minReplicas", timeout=60)
-    assert cluster.status("elastic")["rolloutScaling"]["reason"] == "RolloutsIdle"
+    status = wait_for(lambda: status_says(1), what="status.rollout.replicas 1", timeout=30)
+    assert status["rolloutScaling"]["reason"] == "RolloutsIdle"
 
     def moves() -> list[str]:
         events = cluster.core.list_namespaced_event(cluster.ns, field_selector="involvedObject.name=elastic")
