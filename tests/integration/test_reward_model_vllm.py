@@ -10,6 +10,7 @@ others in its batch are scored.
 """
 
 import math
+import signal
 
 import pytest
 from grpo_operator.api.spec import RewardModelSpec
@@ -24,6 +25,7 @@ from tests.support.reward import (
     start_reward_server,
     write_reward_contract,
 )
+from tests.support.reward_processes import in_session
 from tests.support.rollout import build_tiny_model, stop_server, wait_ready
 from tests.support.vllm import VLLM_ENV, vllm_venv_python
 
@@ -62,6 +64,9 @@ def serve_and_score(tmp, model_dir, model: dict) -> tuple[dict, dict]:
         *scored, long = zip(body["scores"], body["errors"], strict=True)
         assert long[0] == 0.0 and long[1] and "tokens" in long[1], long
         assert "is over the" in long[1] and "the reward server takes" in long[1], long
+        proc.send_signal(signal.SIGTERM)  # as the kubelet stops a pod: vLLM's engine processes end too
+        assert proc.wait(timeout=60) == 0
+        assert in_session(proc.pid) == [], "vLLM engine processes outlived the reward server"
         return {"scores": [s for s, _ in scored], "errors": [e for _, e in scored]}, health
     finally:
         stop_server(proc)

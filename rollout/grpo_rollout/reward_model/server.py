@@ -119,6 +119,8 @@ class RewardService:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if (close := getattr(self.model, "close", None)) is not None:
+            close()  # the vllm engine's processes end now, not at interpreter exit
 
 
 SERVICE = web.AppKey("reward_service", RewardService)
