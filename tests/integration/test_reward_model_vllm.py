@@ -11,6 +11,7 @@ others in its batch are scored.
 
 import math
 import signal
+import time
 
 import pytest
 from grpo_operator.api.spec import RewardModelSpec
@@ -66,6 +67,10 @@ def serve_and_score(tmp, model_dir, model: dict) -> tuple[dict, dict]:
         assert "is over the" in long[1] and "the reward server takes" in long[1], long
         proc.send_signal(signal.SIGTERM)  # as the kubelet stops a pod: vLLM's engine processes end too
         assert proc.wait(timeout=60) == 0
+        # its engine processes end with it; one may still be exiting (not yet reaped) as it returns
+        deadline = time.monotonic() + 10
+        while in_session(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert in_session(proc.pid) == [], "vLLM engine processes outlived the reward server"
         return {"scores": [s for s, _ in scored], "errors": [e for _, e in scored]}, health
     finally:
