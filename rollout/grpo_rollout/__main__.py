@@ -9,7 +9,9 @@ override it for tests), on loopback only when that endpoint is a loopback addres
 runtime), on every interface otherwise (a pod behind its Service). Exits 0 after a drain
 (SIGTERM), non-zero with a clear message otherwise; `EXIT_ENGINE_DEAD` when the engine died, its
 first error on stderr and in the pod's termination message (what `kubectl describe` and the
-operator's pod verdict read).
+operator's pod verdict read); `EXIT_CONFIG` with a stated reason when the pod lacks what the resolved
+layout needs (`grpo_rollout.preflight`: DeepEP, NCCL GIN's prerequisites, EFA's memlock limit), which
+fails the job at once instead of restarting pods that cannot start.
 
 In a server spanning nodes, `serve` (the leader pod) runs the first dataParallelSize / nodesPerServer
 engines and hosts vLLM's data-parallel coordinator at $GRPO_DP_ADDRESS (its own IP); `headless` (each
@@ -34,6 +36,7 @@ from grpo_operator.api.contract import (
     ENV_POD_INDEX,
     ENV_TOKEN,
     ENV_WORKER_INDEX,
+    EXIT_CONFIG,
     GROUP_LINK_PORT,
     VLLM_DP_RPC_PORT,
     RunContract,
@@ -42,6 +45,7 @@ from grpo_operator.api.contract import (
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_wire.chat import ChatSettings
 
+from grpo_rollout import preflight
 from grpo_rollout.engines.base import EngineDead, engine_config
 from grpo_rollout.reward_model import command as reward_command
 from grpo_rollout.server import serve
@@ -222,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     contract = RunContract.model_validate_json(Path(args.contract).read_text())
     if args.command == "reward":
         return reward_command.run(args, contract, token, listen_host)
+    if (stated := preflight.stated(contract.spec)) is not None:  # before vLLM: a reason, not a crash loop
+        logging.getLogger("grpo_rollout").error("%s", stated)
+        write_termination_message(stated, who="rollout")
+        return EXIT_CONFIG
     if args.command == "headless":
         return headless(args, contract)
     config, port = service_config(contract, args)

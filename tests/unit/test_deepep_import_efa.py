@@ -1,4 +1,4 @@
-"""DeepEP imports in a trainer whose NCCL already loaded the EFA net plugin (grpo_trainer.moe.deepep_import).
+"""DeepEP imports in a trainer whose NCCL already loaded the EFA net plugin (grpo_wire.deepep_import).
 
 DeepEP's import check (pinned commit, `deep_ep/__init__.py` `check_nccl_so`) refuses any second
 mapped file whose path contains "libnccl", which the aws-ofi-nccl plugin's does. The condition is
@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from grpo_trainer.moe.deepep_import import nccl_files, runtime_problem
+from grpo_wire.deepep_import import nccl_files, runtime_problem
 
 STAND_IN = textwrap.dedent(
     """
@@ -46,7 +46,7 @@ SCENARIO = textwrap.dedent(
         with path.open("rb") as f:
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # stays mapped while referenced
     import torch  # a CUDA build maps its NCCL runtime here, as in the trainer
-    from grpo_trainer.moe.deepep_import import mapped_runtimes
+    from grpo_wire.deepep_import import mapped_runtimes
 
     (root / "nccl/lib").mkdir(parents=True)
     keep, torchs = [], mapped_runtimes()
@@ -68,7 +68,7 @@ SCENARIO = textwrap.dedent(
         except AssertionError as e:
             print("REFUSED", e)
         raise SystemExit(0)
-    from grpo_trainer.moe.deepep_import import import_deep_ep
+    from grpo_wire.deepep_import import import_deep_ep
     cls, why = import_deep_ep("ElasticBuffer")
     print("IMPORTED" if cls is not None else "REFUSED", why)
     print("SUPPRESS LEFT" if "EP_SUPPRESS_NCCL_CHECK" in os.environ else "ENV CLEAN")

@@ -7,11 +7,24 @@ stopped by SIGTERM/SIGINT saves a checkpoint and exits with `EXIT_STOPPED` (128 
 """
 
 import logging
+import os
 import sys
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from grpo_operator.api.contract import EXIT_CONFIG, EXIT_STOPPED, write_termination_message
+from grpo_operator.api.status import Reason
 
 from grpo_trainer.config import ConfigError, RankInfo, load_contract
+
+
+def check_efa(env: Mapping[str, str] = os.environ, probe: Callable[[], Any] | None = None) -> None:
+    """An EFA pod whose node cannot pin memory fails at once with the reason (`grpo_wire.efa`),
+    instead of NCCL failing to register its first buffer deep inside a collective."""
+    from grpo_wire import efa
+
+    if efa.on_efa(env) and (problems := efa.memlock_problems((probe or efa.probe)())):
+        raise ConfigError("; ".join(problems), reason=Reason.EFA_MISCONFIGURED)
 
 
 def rank_main() -> int:
@@ -19,6 +32,7 @@ def rank_main() -> int:
     try:
         contract = load_contract()
         info = RankInfo.from_env(contract)
+        check_efa()
         from grpo_trainer.loop import train  # torch and transformers load only for real work
 
         finished = train(contract, info)

@@ -73,7 +73,9 @@ class Reason(StrEnum):
     STORAGE_ACCESS_DENIED = "StorageAccessDenied"  # the credentials cannot read or write it
     MODEL_INVALID = "ModelInvalid"  # a folder, but not a Hugging Face model
     DATASET_EMPTY = "DatasetEmpty"  # no usable row
-    EP_BACKEND_UNAVAILABLE = "EPBackendUnavailable"  # epBackend deepep that cannot serve this gang
+    EP_BACKEND_UNAVAILABLE = "EPBackendUnavailable"  # an EP/all2all backend this pod cannot run (named why)
+    # an EFA pod its node cannot serve (RLIMIT_MEMLOCK finite: libfabric cannot pin NCCL's buffers)
+    EFA_MISCONFIGURED = "EFAMisconfigured"
     # spec.reward.model cannot score as written (its prompt or model): no restart helps
     REWARD_MODEL_MISCONFIGURED = "RewardModelMisconfigured"
     # no reward model server scored anything for REWARD_DOWN_FACTOR x spec.reward.model.timeoutSeconds
@@ -96,6 +98,7 @@ TRAINER_STATED = frozenset(
         Reason.MODEL_INVALID,
         Reason.DATASET_EMPTY,
         Reason.EP_BACKEND_UNAVAILABLE,
+        Reason.EFA_MISCONFIGURED,
         Reason.REWARD_MODEL_MISCONFIGURED,
         Reason.REWARD_MODEL_UNAVAILABLE,
     }

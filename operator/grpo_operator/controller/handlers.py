@@ -145,14 +145,14 @@ async def job_changed(namespace: str, name: str, body: kopf.Body, memo: kopf.Mem
 async def pod_changed(
     body: kopf.Body, type: str | None, namespace: str, labels, memo: kopf.Memo, **_
 ) -> None:
-    """Remember trainer failures (and a reward server's stated misconfiguration) before the
+    """Remember trainer failures (and a server pod's stated misconfiguration) before the
     StatefulSet replaces the pod, then wake the job."""
     rt: Runtime = memo.runtime
     job = labels[names.LABEL_JOB]
     pod = dict(body)
     verdict = observe.verdict(pod, rt.reconciler.lost_nodes, gone=type == "DELETED")
     kept = verdict is not None and (
-        verdict.role == names.ROLE_TRAINER or status.is_reward_misconfiguration(verdict)
+        verdict.role == names.ROLE_TRAINER or status.is_server_misconfiguration(verdict)
     )
     # Only for live workers: a deleted job's pods must not leave news for a later namesake.
     if kept and (namespace, job) in rt.jobs.wakers:

@@ -196,10 +196,11 @@ def _decide_running(
         _finish(status, Phase.FAILED, Reason.DEADLINE_EXCEEDED, msg, now)
         return _with_events(old, Decision(status=status, running=False))
     decision.requeue_after = remaining
-    if (bad := _reward_misconfigured(obs)) is not None:
+    if (bad := _server_misconfigured(obs)) is not None:
         reason = bad.stated_reason or Reason.REWARD_MODEL_MISCONFIGURED  # e.g. PathNotFound
         stated = bad.reason.split(f"{reason}: ", 1)[-1]
-        msg = f"reward model server {bad.pod} cannot serve as configured: {stated}"
+        what = "reward model server" if bad.role == names.ROLE_REWARD else "rollout server pod"
+        msg = f"{what} {bad.pod} cannot serve as configured: {stated}"
         _finish(status, Phase.FAILED, reason, msg, now)
         return _with_events(old, Decision(status=status, running=False))
     verdicts = [v for v in obs.verdicts if v.role == names.ROLE_TRAINER and v.attempt == old.restarts]
@@ -214,16 +215,21 @@ def _decide_running(
     return _with_events(old, decision)
 
 
-def is_reward_misconfiguration(v: Verdict) -> bool:
-    """A reward model server that exited EXIT_CONFIG: its model cannot score as configured (no model at
-    spec.reward.model.path, a classifier with several outputs, a head width its engine lacks). No
-    restart fixes that, and the rollout servers would only report it unreachable, so the job fails
-    at once with the reason and words the pod stated."""
-    return v.role == names.ROLE_REWARD and v.kind == VerdictKind.FAILED and v.exit_code == EXIT_CONFIG
+def is_server_misconfiguration(v: Verdict) -> bool:
+    """A server pod that exited EXIT_CONFIG: no restart fixes what it found, so the job fails at once
+    with the reason and words the pod stated. A reward model server: its model cannot score as
+    configured (no model at spec.reward.model.path, a classifier with several outputs, a head width
+    its engine lacks), which the rollout servers would only report as unreachable. A rollout server
+    pod (leader or worker): only with a stated reason (`EPBackendUnavailable: ...`, `EFAMisconfigured:
+    ...`: what its node or image lacks for the layout the job resolved), otherwise its StatefulSet or
+    LeaderWorkerSet replaces it as before."""
+    if v.kind != VerdictKind.FAILED or v.exit_code != EXIT_CONFIG:
+        return False
+    return v.role == names.ROLE_REWARD or (v.role == names.ROLE_ROLLOUT and v.stated_reason is not None)
 
 
-def _reward_misconfigured(obs: Observation) -> Verdict | None:
-    return next((v for v in obs.verdicts if is_reward_misconfiguration(v)), None)
+def _server_misconfigured(obs: Observation) -> Verdict | None:
+    return next((v for v in obs.verdicts if is_server_misconfiguration(v)), None)
 
 
 def _update_verdict(

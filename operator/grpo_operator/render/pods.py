@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from grpo_operator.api.contract import CONTRACT_FILE, CONTRACT_MOUNT, ENV_CONTRACT, ENV_POD_INDEX, ENV_TOKEN
 from grpo_operator.api.job import GRPOJob
-from grpo_operator.api.roles import RoleCommon, resolve_all2all
+from grpo_operator.api.roles import EPBackend, RoleCommon, VllmAll2AllBackend, resolve_all2all
 from grpo_operator.api.spec import ENV_REWARD_FILES, REWARD_FILES_MOUNT, EFAMode
 from grpo_operator.api.storage import SECRET_KEYS
 from grpo_operator.api.tracking import OPTIONAL_SECRET_KEYS
@@ -214,7 +214,30 @@ def _env(job: GRPOJob, *, name: str, uid: str, hw: Hardware, role: str) -> list[
         if hw.instance_type and hw.instance_type.rdma:
             env.append({"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"})
         env += [{"name": k, "value": v} for k, v in GIN_ENV.items()]
+        if uses_gin(job, role):
+            env.append(GDRCOPY_ENV)
     return env
+
+
+# NCCL GIN through aws-ofi-nccl needs GDRCopy (src/rdma/gin/nccl_ofi_gin_api.cpp at 1.21.1): the
+# NVIDIA container toolkit puts the node's /dev/gdrdrv in a container that asks with this variable
+# (the device plugin's GDRCOPY_ENABLED does the same in CDI mode); the images carry the library.
+GDRCOPY_ENV = {"name": "NVIDIA_GDRCOPY", "value": "enabled"}
+
+
+def uses_gin(job: GRPOJob, role: str) -> bool:
+    """Pods that may run DeepEP v2 over NCCL GIN (pure): a rollout server whose all2all resolved to
+    deepep_v2, a trainer whose EP group spans pods with epBackend deepep or auto (auto measures v2)."""
+    spec = job.spec
+    if role == names.ROLE_ROLLOUT:
+        return resolve_all2all(spec.rollout) == str(VllmAll2AllBackend.DEEPEP_V2)
+    if role == names.ROLE_TRAINER:
+        t = spec.trainer
+        return (
+            t.ep_backend in (EPBackend.DEEPEP, EPBackend.AUTO)
+            and t.expert_parallel_size > t.processes_per_pod
+        )
+    return False
 
 
 # DeepEP across EFA nodes is v2 (`ElasticBuffer`) over NCCL GIN through aws-ofi-nccl (the

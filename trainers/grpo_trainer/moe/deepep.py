@@ -3,7 +3,7 @@
 The versions are backends of their own, `grpo_trainer.moe.backends.deepep_v1` (inside one NVLink
 node) and `...deepep_v2` (EP groups across EFA nodes, over NCCL GIN), always registered and offered
 to `auto`, which their `requires` refuses with the import's reason where their `deep_ep` class does
-not import (`grpo_trainer.moe.deepep_import`: a DeepEP that fails its own import checks raises
+not import (`grpo_wire.deepep_import`: a DeepEP that fails its own import checks raises
 AssertionError, not ImportError, and must not crash registration). `deepep` (the GRPOJob's
 `epBackend: deepep`, `backends/deepep.py`) picks v1 for a group inside one node and v2 for one that
 spans nodes, and fails naming the component and what to change when that one cannot serve the group.

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from grpo_wire.deepep_import import import_deep_ep
 
 from grpo_trainer.moe import collective_build
 from grpo_trainer.moe.deepep import DeepEPDispatcher, release_exchanges
-from grpo_trainer.moe.deepep_import import import_deep_ep
 from grpo_trainer.moe.dispatch import register_backend
 from grpo_trainer.moe.layout import Layout
 

@@ -20,9 +20,10 @@ Settings (pod env, the same on every rank):
   buffer's memory (it grows with tokens x hidden x nodes).
 - GRPO_DEEPEP_NUM_SMS / GRPO_DEEPEP_NUM_QPS: SMs and QPs per dispatch/combine. v2 estimates them by
   parsing `ibstat` for mlx5 NICs, which EFA does not have, so on EFA (FI_PROVIDER=efa) both are
-  given: 12 SMs (the AWS launcher's value) and EFA_QPS queue pairs, which the buffer also allocates
-  (`num_allocated_qps`; v2's automatic count is 129 in hybrid mode, `elastic.py:328-335` at
-  DEEPEP_COMMIT). Elsewhere v2's own estimates, taken once, and v2's allocation.
+  given (`grpo_wire.efa`, shared with the rollout's vLLM): 12 SMs (the AWS launcher's value) and
+  EFA_QPS queue pairs, which the buffer also allocates (`num_allocated_qps`; v2's automatic count
+  is 129 in hybrid mode, `elastic.py:328-335` at DEEPEP_COMMIT). Elsewhere v2's own estimates, taken
+  once, and v2's allocation.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from grpo_wire import efa
+from grpo_wire.deepep_import import import_deep_ep
 
 from grpo_trainer.moe import collective_build
 from grpo_trainer.moe.deepep import DeepEPDispatcher, check_communicator, release_exchanges
-from grpo_trainer.moe.deepep_import import import_deep_ep
 from grpo_trainer.moe.dispatch import register_backend
 from grpo_trainer.moe.layout import Layout
 
@@ -45,11 +47,6 @@ NAME = "deepep_v2"
 API = "deep_ep.ElasticBuffer"
 MAX_LOCAL_EXPERTS = 256  # upstream's documented bound on experts per rank
 DEFAULT_MAX_TOKENS = 16384
-EFA_SMS = 12  # the AWS launcher's value
-# Upstream's EFA guidance (DeepEP PR #612, validated on 2 x p5.48xlarge with Qwen3-30B-A3B): cap v2's QPs
-# at 2 on EFA. 129 QPs overflow aws-ofi-nccl's per-peer GIN request ring (128 slots; its PR #1206 made
-# the size OFI_NCCL_GIN_MAX_REQUESTS): "Next sequence number is in use" at the first dispatch.
-EFA_QPS = 2
 ElasticBuffer, WHY = import_deep_ep("ElasticBuffer")  # None and the reason on CPU images or a v1 build
 AVAILABLE = ElasticBuffer is not None
 
@@ -68,7 +65,17 @@ def requires(layout: Layout, num_experts: int, buffer_cls: Any = None) -> str | 
         return f"{num_experts // layout.size} experts per rank; DeepEP v2 takes at most {MAX_LOCAL_EXPERTS}"
     if torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0):
         return "DeepEP v2 needs SM90 or newer"
-    return None
+    return gin_missing()
+
+
+def gin_missing(env: dict[str, str] | None = None, facts: efa.NodeFacts | None = None) -> str | None:
+    """What NCCL GIN lacks in this pod where it runs through aws-ofi-nccl (NCCL_GIN_PLUGIN=ofi, the
+    renderer's on EFA), or None: without it v2 fails inside its constructor with NCCL's words."""
+    env = dict(os.environ) if env is None else env
+    if env.get("NCCL_GIN_PLUGIN") != "ofi":
+        return None
+    problems = efa.gin_problems(facts or efa.probe(env))
+    return "NCCL GIN over EFA lacks: " + "; ".join(problems) if problems else None
 
 
 def settings(env: dict[str, str] | None = None) -> tuple[int, int | None, int | None]:
@@ -77,10 +84,8 @@ def settings(env: dict[str, str] | None = None) -> tuple[int, int | None, int | 
     max_tokens = int(env.get("GRPO_DEEPEP_MAX_TOKENS", str(DEFAULT_MAX_TOKENS)))
     if max_tokens < 1:
         raise ValueError(f"GRPO_DEEPEP_MAX_TOKENS must be positive, got {max_tokens}")
-    efa = env.get("FI_PROVIDER") == "efa"
-    sms = env.get("GRPO_DEEPEP_NUM_SMS", str(EFA_SMS) if efa else "")
-    qps = env.get("GRPO_DEEPEP_NUM_QPS", str(EFA_QPS) if efa else "")
-    return max_tokens, int(sms) if sms else None, int(qps) if qps else None
+    sms, qps = efa.deepep_counts(env)  # one place for the trainer and the rollout's vLLM
+    return max_tokens, sms, qps
 
 
 def allocated_qps(qps: int | None) -> int:
