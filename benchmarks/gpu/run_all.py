@@ -27,7 +27,10 @@ fp64 and their speed against fp32), ep_layer_gpu (matmul peak, grouped experts a
 it), ep_check_gpu (the NCCL all-to-all, bf16 autocast and `auto` at world 1; DeepEP where
 `deep_ep` imports), and the trainer's own FSDP2 step and Hugging Face export
 (`grpo_trainer.checkpoint.export_hf`: each tensor written by a rank that holds it, never the
-whole model gathered) on the tiny Qwen3-MoE. What one GPU cannot show (DeepEP intranode on 2-8
+whole model gathered) on the tiny Qwen3-MoE. In the rollout image (vllm and deep_ep installed),
+rollout_deepep_in_vllm loads vLLM's plugins in a process whose NCCL communicator exists with the EFA
+env, and reports whether DeepEP imported, v2 got its EFA counts, vLLM's deepep_v2 gate passed, and
+what the node lacks for NCCL GIN. What one GPU cannot show (DeepEP intranode on 2-8
 NVLink GPUs, anything across EFA nodes, vLLM: rollout_vllm_gpu.py in the rollout image) is not here.
 """
 
@@ -75,11 +78,12 @@ def cuda_point(reached: list[str]) -> None:
 @dataclass(frozen=True)
 class Section:
     name: str
-    budget_s: int  # the child is killed past this; all together 445 s, under the 8 minutes
+    budget_s: int  # the child is killed past this; all together 475 s, under the 8 minutes
     modules: tuple[str, ...]  # what it imports (ours and the scripts): the wheelhouse covers their needs
     run: Callable[[], dict]  # -> {"status", "value", "bound", "ratio", "detail"}
     group: bool = False  # runs in a default process group of world 1 that `setup` makes
     ready: Callable[[list[str]], None] = cuda_point  # its steps before CUDA work (--setup-only)
+    env: tuple[tuple[str, str], ...] = ()  # set in its child before `setup` (NCCL reads it at its first init)
 
 
 def free_port() -> int:
@@ -236,6 +240,76 @@ def deepep_ready(reached: list[str]) -> None:
     reached.append("deepep_v2 dispatcher built; the group's NCCL communicator exists")
 
 
+# A rollout server spanning EFA nodes, as the operator renders it: the resolved backend the plugin reads
+# and the EFA/GIN env of every EFA pod (grpo_operator.render.pods). NCCL loads the net plugin named here
+# when `setup` makes the group's communicator, before vLLM's plugin runs, as in a vLLM worker.
+ROLLOUT_EFA_ENV = (
+    ("GRPO_VLLM_ALL2ALL", "deepep_v2"),
+    ("FI_PROVIDER", "efa"),
+    ("NCCL_NET_PLUGIN", "ofi"),
+    ("NCCL_GIN_PLUGIN", "ofi"),
+    ("NCCL_GIN_TYPE", "2"),
+)
+
+
+def rollout_image_facts() -> dict:
+    """What this pod's node gives NCCL GIN (grpo_wire.efa) and which NCCL files are mapped."""
+    from pathlib import Path as P
+
+    from grpo_wire import efa
+    from grpo_wire.deepep_import import nccl_files
+
+    facts = efa.probe()
+    runtimes, plugins = nccl_files(P("/proc/self/maps").read_text())
+    return {
+        "gin_missing": efa.gin_problems(facts),
+        "memlock_problem": efa.memlock_problems(facts),
+        "efa_devices": facts.rdma_devices,
+        "nccl_runtimes": sorted(runtimes),
+        "nccl_plugins": sorted(plugins),
+    }
+
+
+def rollout_deepep() -> dict:
+    """DeepEP inside a vLLM process (the rollout image): vLLM's own plugin loader runs ours after this
+    process's NCCL communicator exists, DeepEP imports, v2 carries the EFA counts, and vLLM's own
+    deepep_v2 gate passes. vLLM's deepep_v2 all2all serving inside one node is rollout_vllm_gpu.py's
+    check 8 (it needs 2+ GPUs)."""
+    import vllm.plugins
+    from grpo_wire import efa
+    from vllm.utils import import_utils
+
+    vllm.plugins.load_general_plugins()
+    import deep_ep
+
+    cls = deep_ep.ElasticBuffer
+    gate = import_utils.deep_ep_v2_unavailable_reason()
+    installed = bool(getattr(cls, "grpo_efa", False))
+    counts = efa.deepep_counts(os.environ)
+    facts = rollout_image_facts()
+    gin = "GIN ready" if not facts["gin_missing"] else f"GIN lacks {len(facts['gin_missing'])}"
+    return row(
+        installed and gate is None,
+        f"plugin {'on' if installed else 'OFF'}; {gin}",
+        "EFA buffer installed, vLLM gate passes",
+        None,
+        vllm_gate=gate or "passes",
+        sms_qps=counts,
+        **facts,
+    )
+
+
+def rollout_deepep_ready(reached: list[str]) -> None:
+    """Up to vLLM: what is installed, and this node's GIN facts (informative off a GPU node)."""
+    found = {m: importlib.util.find_spec(m) is not None for m in ("vllm", "deep_ep")}
+    reached.append("installed: " + ", ".join(f"{m} {'yes' if ok else 'no'}" for m, ok in found.items()))
+    facts = rollout_image_facts()
+    reached.append(
+        f"GIN lacks {len(facts['gin_missing'])}; memlock {'ok' if not facts['memlock_problem'] else 'low'}"
+    )
+    raise Stop("needs CUDA and the rollout image (vllm and deep_ep)")
+
+
 def fsdp2_step(device_type: str = "cuda") -> dict:
     import trainer_paths
 
@@ -278,6 +352,15 @@ SECTIONS = [
         group=True,
         ready=deepep_ready,
     ),
+    Section(
+        "rollout_deepep_in_vllm",
+        30,
+        ("grpo_wire.efa", "grpo_wire.deepep_import"),
+        rollout_deepep,
+        group=True,
+        ready=rollout_deepep_ready,
+        env=ROLLOUT_EFA_ENV,
+    ),
     Section("fsdp2_step", 50, ("trainer_paths",), fsdp2_step),  # trainer_paths makes the trainer's own group
     Section("hf_export_no_gather", 50, ("trainer_paths",), hf_export),
 ]
@@ -309,6 +392,10 @@ def skip_reason(section: Section) -> str | None:
         return "needs CUDA: no CUDA device visible"
     if section.name == "deepep" and importlib.util.find_spec("deep_ep") is None:
         return "deep_ep is not installed (the trainer image builds it)"
+    if section.name == "rollout_deepep_in_vllm":
+        lacking = [m for m in ("vllm", "deep_ep") if importlib.util.find_spec(m) is None]
+        if lacking:
+            return f"{' and '.join(lacking)} not installed: run it in the rollout image"
     return None
 
 
@@ -343,6 +430,7 @@ def child(name: str, out: Path, setup_only: bool) -> int:
         for module in section.modules:
             importlib.import_module(module)
         reached.append("imported " + ", ".join(section.modules))
+        os.environ.update(dict(section.env))
         with setup(section, reached):
             result = ready_row(section, reached) if setup_only else section.run()
     except Exception as e:  # the parent reports it in the section's row

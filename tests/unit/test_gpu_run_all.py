@@ -274,3 +274,12 @@ def test_the_real_wheelhouse_serves_each_python_from_the_floor(tmp_path):
     for version in ((3, 11), (3, 12)):
         chosen, missing = run_all.wheels.select(names, version)
         assert missing == [] and {run_all.wheels.tags(n)[0] for n in chosen} == expected, version
+
+
+def test_the_rollout_image_section_runs_under_the_env_the_operator_renders_for_a_deepep_v2_server():
+    from grpo_operator.render.pods import GIN_ENV
+    from grpo_rollout.engines import vllm_deepep
+
+    env = dict(run_all.ROLLOUT_EFA_ENV)
+    assert env.pop(vllm_deepep.ENV) == "deepep_v2" and env.pop("FI_PROVIDER") == "efa"
+    assert env == GIN_ENV
