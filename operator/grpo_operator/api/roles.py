@@ -286,7 +286,17 @@ class VllmAll2AllBackend(StrEnum):
     venv holds the list). Left out of vLLM's list: `naive` and `pplx` (removed upstream: vLLM falls
     back to allgather_reducescatter with only a log line, parallel.py:533-539), `passthrough` (bound
     by vLLM from --moe-backend, not a CLI choice, arg_utils.py:1127) and `flashinfer_all2allv` (a
-    temporary alias of flashinfer_nvlink_two_sided)."""
+    temporary alias of flashinfer_nvlink_two_sided).
+
+    Offered but refused by CEL where the rollout image cannot start them (vLLM asserts its backend's
+    package when it builds the all2all manager, distributed/device_communicators/cuda_communicator.py:
+    202-278): `mori_*` (AMD ROCm's `mori`, all2all.py:997), `moonep` (`moonep`,
+    utils/import_utils.py:532-543) and `nixl_ep` (`nixl_ep`, all2all.py:467) always, as the image
+    installs none of them; DeepEP v1 (`deepep_high_throughput`/`deepep_low_latency`) and
+    `flashinfer_nvlink_*` across nodes (nodesPerServer above 1), where v1 needs InfiniBand IBGDA and
+    flashinfer a multi-node NVLink fabric, neither of which EFA nodes have. The image carries
+    `deep_ep` (v2 and v1, Dockerfile ep-build) and vLLM's own dependency flashinfer-python;
+    tests/unit/test_dockerfile.py holds the accepted names to what it installs."""
 
     AUTO = "auto"
     ALLGATHER_REDUCESCATTER = "allgather_reducescatter"
@@ -304,6 +314,22 @@ class VllmAll2AllBackend(StrEnum):
 VLLM_DEFAULT_ALL2ALL = VllmAll2AllBackend.ALLGATHER_REDUCESCATTER
 """vLLM 0.32.0's own default (`ParallelConfig.all2all_backend`, vllm/config/parallel.py:219)."""
 
+ALL2ALL_INSIDE_ONE_NODE = (
+    VllmAll2AllBackend.DEEPEP_HIGH_THROUGHPUT,
+    VllmAll2AllBackend.DEEPEP_LOW_LATENCY,
+    VllmAll2AllBackend.FLASHINFER_NVLINK_TWO_SIDED,
+    VllmAll2AllBackend.FLASHINFER_NVLINK_ONE_SIDED,
+)
+"""Backends that move tokens over NVLink only on EFA nodes: DeepEP v1's internode kernels initialise
+NVSHMEM's IBGDA transport (DeepEP deep_ep/buffers/legacy.py:105-110 at the image's commit; vLLM sizes
+RDMA bytes for v1 high-throughput only across nodes, all2all.py:279-284), and flashinfer's NVLink
+workspaces cross hosts only through CUDA fabric handles (flashinfer 0.7.0.post1
+comm/mnnvl.py:389-396)."""
+
+
+def _cel_list(names: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+
 
 class VllmSpec(ApiModel):
     """The vLLM engine's knobs (rollout.engine vllm): memory, context, parallel layout, graphs."""
@@ -314,6 +340,28 @@ class VllmSpec(ApiModel):
                 "self.all2allBackend == 'auto' || (self.expertParallelSize > 1 && self.dataParallelSize > 1)",
                 "all2allBackend is used only where a server's experts are spread over data-parallel ranks: "
                 "set vllm.expertParallelSize and vllm.dataParallelSize above 1, or leave all2allBackend auto",
+                ".all2allBackend",
+            ),
+            (
+                "!(self.all2allBackend in ['mori_high_throughput', 'mori_low_latency'])",
+                "rollout.vllm.all2allBackend mori_high_throughput and mori_low_latency are AMD ROCm kernels "
+                "(the mori package), which the rollout image (CUDA) does not install: vLLM refuses to start "
+                "without them; leave it auto or choose deepep_v2 (across nodes) or allgather_reducescatter",
+                ".all2allBackend",
+            ),
+            (
+                "self.all2allBackend != 'moonep'",
+                "rollout.vllm.all2allBackend moonep needs MoonEP (the moonep package, "
+                "github.com/MoonshotAI/MoonEP), which the rollout image does not install: vLLM refuses to "
+                "start without it; leave it auto or choose deepep_v2 (across nodes) or "
+                "allgather_reducescatter",
+                ".all2allBackend",
+            ),
+            (
+                "self.all2allBackend != 'nixl_ep'",
+                "rollout.vllm.all2allBackend nixl_ep needs NIXL's EP kernels (the nixl_ep package), which "
+                "the rollout image does not install: vLLM refuses to start without it; leave it auto or "
+                "choose deepep_v2 (across nodes) or allgather_reducescatter",
                 ".all2allBackend",
             ),
         )
@@ -355,9 +403,11 @@ class VllmSpec(ApiModel):
         "expert-parallel GPUs, passed to vLLM as --all2all-backend: auto resolves from the layout "
         "(deepep_v2 where expert parallelism crosses EFA nodes, vLLM's own allgather_reducescatter inside "
         "one node), or a name vLLM accepts. deepep_v2 (DeepEP v2 over NCCL GIN) is the DeepEP path that "
-        "works over EFA; deepep_high_throughput and deepep_low_latency are v1 kernels that need "
-        "InfiniBand between nodes. Used only with expertParallelSize and dataParallelSize above 1. The "
-        "resolved choice is in status.rolloutAll2allBackend and on the rollout pods.",
+        "works over EFA, across nodes only; deepep_high_throughput, deepep_low_latency (DeepEP v1) and "
+        "flashinfer_nvlink_two_sided/one_sided run inside one node only (nodesPerServer 1); "
+        "mori_high_throughput, mori_low_latency, moonep and nixl_ep are refused: the rollout image lacks "
+        "their packages. Used only with expertParallelSize and dataParallelSize above 1. The resolved "
+        "choice is in status.rolloutAll2allBackend and on the rollout pods.",
     )
     enforce_eager: bool = Field(
         default=False,
@@ -461,6 +511,16 @@ class RolloutSpec(RoleCommon):
                 "rollout.vllm.all2allBackend deepep_v2 is DeepEP v2 for expert parallelism across EFA "
                 "nodes; inside one node (nodesPerServer 1) leave it auto (vLLM's allgather_reducescatter) "
                 "or name another",
+                ".vllm.all2allBackend",
+            ),
+            (
+                "self.nodesPerServer == 1 || "
+                f"!(self.vllm.all2allBackend in {_cel_list(ALL2ALL_INSIDE_ONE_NODE)})",
+                "rollout.vllm.all2allBackend deepep_high_throughput, deepep_low_latency and "
+                "flashinfer_nvlink_* move tokens over NVLink inside one node only: across nodes "
+                "(nodesPerServer above 1) DeepEP v1 needs InfiniBand IBGDA and flashinfer a multi-node "
+                "NVLink fabric, which EFA nodes lack; leave it auto (deepep_v2 across nodes) or choose "
+                "allgather_reducescatter",
                 ".vllm.all2allBackend",
             ),
             podspec.sidecars_need_images("rollout"),
