@@ -9,7 +9,8 @@ keeps the shard its worker needs). The semantics are the server's, per member: a
 before the stream is still consumed (the senders never hang); it goes live only when every element
 of every announced tensor arrived exactly once (`Coverage`). The result is an `Outcome` record, not
 an exception, so a worker in another process can report it through vLLM's `collective_rpc` and the
-server `combine`s its members' outcomes into one answer.
+server `combine`s its members' outcomes into one answer. Whatever fails in the updater (its begin,
+a bucket, its finish, its abort) ends as an outcome too, never as an exception out of `receive`.
 """
 
 import logging
@@ -93,6 +94,9 @@ def receive(
             updater.begin_update(req.tensors)
         except ValueError as e:
             refusal, updater = str(e), None
+        except Exception as e:  # the engine failed to open it: consume the stream, refuse the version
+            refusal = f"opening the update failed: {type(e).__name__}: {e}{close(updater)}"
+            updater = None
     loaded = False
     destination = getattr(updater, "destination", None)
 
@@ -142,22 +146,36 @@ def receive(
             )
             off.call()  # no member waits on groups this one left
         link.reset()  # the groups are broken: the trainer forms new ones next time
-        if updater is not None:
-            updater.abort_update()
-        return Outcome("cancelled" if cancelled else "broken", str(e), loaded)
+        why = close(updater) if updater is not None else ""
+        return Outcome("cancelled" if cancelled else "broken", f"{e}{why}", loaded)
     if refusal is None and (missing := coverage.missing()):
         refusal = f"{len(missing)} tensor(s) incomplete after the stream, e.g. {missing[:3]}"
     if refusal is not None:
         if updater is not None:
-            updater.abort_update()
+            refusal += close(updater)
         return Outcome("refused", refusal, loaded, received_bytes=received)
     assert updater is not None
     try:
         updated = updater.finish_update()
     except ValueError as e:  # refused before it changed anything (e.g. a tensor never completed)
-        updater.abort_update()
-        return Outcome("refused", str(e), loaded, received_bytes=received)
+        return Outcome("refused", f"{e}{close(updater)}", loaded, received_bytes=received)
+    except Exception as e:  # failed part-way (e.g. out of memory in vLLM's processing): weights unknown
+        log.warning("weight version %d (member %d) failed at its finish: %s", req.version, member, e)
+        why = f"finishing the update failed: {type(e).__name__}: {e}{close(updater)}"
+        return Outcome("refused", why, True, received_bytes=received)
     return Outcome("live", "", loaded, updated, received)
+
+
+def close(updater: StreamedUpdate) -> str:
+    """Abort `updater`'s update, which never raises out of here: a member always answers with an
+    outcome (an exception would leave the version's end, and vLLM's wake-up, to nobody). Returns
+    what to add to the outcome's message when the abort itself failed."""
+    try:
+        updater.abort_update()
+    except Exception as e:
+        log.warning("aborting a weight update failed: %s", e)
+        return f"; aborting it failed too: {type(e).__name__}: {e}"
+    return ""
 
 
 class LocalMember:

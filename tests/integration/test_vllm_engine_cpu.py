@@ -19,6 +19,8 @@ import random
 import signal
 import subprocess
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +29,20 @@ import pytest
 import torch
 from grpo_operator.api.contract import RunContract
 from grpo_trainer.weight_sync import StreamSender, owned_items
-from grpo_wire.client import RolloutClient, bucketize
-from grpo_wire.protocol import Prompt, PromptResult, Sampling, WeightStreamRequest
+from grpo_wire.client import RolloutClient, WeightSyncError, bucketize
+from grpo_wire.protocol import (
+    AUTH_HEADER,
+    GenerateRequest,
+    Prompt,
+    PromptResult,
+    Sampling,
+    WeightStreamRequest,
+)
 
 from tests.support.ports import free_port
 from tests.support.rollout import build_tiny_model, start_server, stop_server, wait_ready, write_contract
-from tests.support.vllm import VLLM_ENV, vllm_venv_python
+from tests.support.vllm import VLLM_ENV, fault_env, vllm_venv_python
+from tests.support.vllm_faults import OOM, arm
 
 pytestmark = pytest.mark.slow
 CHECKS = Path(__file__).with_name("vllm_cpu_checks.py")
@@ -84,18 +94,25 @@ class Live:
 
 
 def serve(
-    vllm_python: Path, model_dir: Path, tmp: Path, vllm: dict, spec_extra: dict | None = None
+    vllm_python: Path,
+    model_dir: Path,
+    tmp: Path,
+    vllm: dict,
+    spec_extra: dict | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Live]:
     """A rollout server on our vLLM engine (`spec.rollout.vllm` = `vllm`), stopped with all it forked;
-    `spec_extra`: more spec fields; `tmp` is on its import path (plugins written there)."""
+    `spec_extra`: more spec fields; `env`: more environment; `tmp` is on its import path (plugins
+    written there)."""
     port = free_port()
     contract = write_contract(
         tmp / "job.json", model_dir, ports=[port], engine="vllm", vllm=vllm, spec_extra=spec_extra
     )
     log = tmp / "server.log"
     proc = start_server(
-        contract, port, TOKEN, python=str(vllm_python), env=VLLM_ENV, log_path=log, extra_pythonpath=str(tmp)
-    )
+        contract, port, TOKEN, python=str(vllm_python), env=VLLM_ENV | (env or {}), log_path=log,
+        extra_pythonpath=str(tmp),
+    )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         try:
@@ -108,9 +125,18 @@ def serve(
 
 
 @pytest.fixture(scope="module")
-def server(vllm_python: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    vllm = {"enforceEager": True, "maxModelLen": 256}
-    yield from serve(vllm_python, model_dir, tmp_path_factory.mktemp("vllm-server"), vllm)
+def faults(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where a test arms a fault in the module server's workers (`tests.support.vllm_faults`)."""
+    return tmp_path_factory.mktemp("vllm-faults")
+
+
+@pytest.fixture(scope="module")
+def server(vllm_python: Path, model_dir: Path, faults: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The module's server: it sleeps at level 2 around every update (on CPU vLLM frees no memory,
+    but its scheduler pauses and resumes as on GPU), and its workers take armed faults."""
+    vllm = {"enforceEager": True, "maxModelLen": 256, "sleepForUpdates": True}
+    tmp = tmp_path_factory.mktemp("vllm-server")
+    yield from serve(vllm_python, model_dir, tmp, vllm, env=fault_env(faults))
 
 
 def generate(url: str, sampling: Sampling, n: int = GROUP) -> list[PromptResult]:
@@ -146,8 +172,16 @@ def assert_serves(live: Live, seed: int = 3) -> float:
     return error
 
 
-def stream(live: Live, model: torch.nn.Module, version: int, *, skip: str | None = None):
-    """Stream `model` as `version` from one trainer rank (gloo), as the trainer does; the result."""
+def stream(
+    live: Live,
+    model: torch.nn.Module,
+    version: int,
+    *,
+    skip: str | None = None,
+    announce_skipped: bool = True,
+):
+    """Stream `model` as `version` from one trainer rank (gloo), as the trainer does; the result.
+    `skip`: a tensor not sent (announced all the same unless `announce_skipped` is False)."""
     sender = StreamSender("127.0.0.1", free_port(), 0, timeout_s=60)
     epoch = random.getrandbits(40)
 
@@ -155,6 +189,8 @@ def stream(live: Live, model: torch.nn.Module, version: int, *, skip: str | None
         async with RolloutClient([live.url], TOKEN) as client:
             members = (await client.health())[live.url].stream_members
             shapes = {k: list(v.shape) for k, v in model.state_dict().items()}
+            if not announce_skipped:
+                shapes.pop(skip or "", None)
             request = WeightStreamRequest(
                 version=version, epoch=epoch, store_host="127.0.0.1", store_port=sender.store.port,
                 backend="gloo", feeders=1, members=members, first_member=0, timeout_s=60, tensors=shapes,
@@ -208,6 +244,94 @@ def test_a_stream_that_broke_after_some_layers_is_refused_until_the_next_whole_v
     with pytest.raises(Exception, match="weights incomplete"):
         generate(server.url, Sampling(max_new_tokens=4, seed=1))
     result = stream(server, new, server.version + 1)  # the same version, whole this time
+    assert result.live == {server.url: server.version + 1}, result
+    server.model, server.version = new, server.version + 1
+    assert_serves(server)
+
+
+def push(live: Live, model: torch.nn.Module, version: int, *, skip: str | None = None):
+    """Push `model` (less the tensor `skip`) as `version` over HTTP; the push's result."""
+    state = {k: v for k, v in model.state_dict().items() if k != skip}
+
+    async def go():
+        async with RolloutClient([live.url], TOKEN) as client:
+            return await asyncio.wait_for(client.push_weights(bucketize(state), version), 120)
+
+    return asyncio.run(go())
+
+
+def generate_once(url: str, timeout: float = 60) -> tuple[int, str]:
+    """One POST /generate, no retries, answered within `timeout` s (a paused vLLM scheduler would
+    make it hang): its status and body."""
+    request = GenerateRequest(
+        request_id="once", prompts=PROMPTS[:1], n=2, sampling=Sampling(max_new_tokens=4)
+    )
+    post = urllib.request.Request(
+        f"{url}/generate", data=request.model_dump_json().encode(), method="POST",
+        headers={AUTH_HEADER: f"Bearer {TOKEN}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(post, timeout=timeout) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_a_version_whose_worker_finish_fails_after_the_sleep_is_refused_with_the_reason_until_a_whole_one(
+    server: Live, faults: Path
+) -> None:
+    """Issue 45 (5): the workers' finish raises inside vLLM (out of memory, injected) after a level-2
+    sleep. Before, vLLM stayed asleep with its scheduler paused and every request hung. Now, over HTTP
+    and streamed alike: the version fails with that error, vLLM is awake, generation is refused at
+    once naming it, and the next whole version serves."""
+    new = moved(server.model, seed=server.version + 400)
+    arm(faults, "finish")
+    with pytest.raises(WeightSyncError, match="out of memory"):
+        push(server, new, server.version + 1)
+    status, body = generate_once(server.url)
+    assert status >= 500 and OOM in body, (status, body)
+    arm(faults, "finish")
+    result = stream(server, new, server.version + 1)
+    assert not result.live and "out of memory" in result.failed[server.url], result
+    status, body = generate_once(server.url)
+    assert status == 503 and "weights incomplete" in body, (status, body)
+    result = stream(server, new, server.version + 1)  # the same version, whole this time
+    assert result.live == {server.url: server.version + 1}, result
+    server.model, server.version = new, server.version + 1
+    assert_serves(server)
+
+
+def test_a_version_whose_begin_fails_after_the_sleep_is_refused_until_a_whole_one(
+    server: Live, faults: Path
+) -> None:
+    """The update fails right after vLLM's reload opened: no layer took anything, but the level-2
+    sleep released the weights, so the engine refuses (it does not serve what the sleep left)."""
+    new = moved(server.model, seed=server.version + 500)
+    arm(faults, "begin")
+    with pytest.raises(WeightSyncError, match="injected"):
+        push(server, new, server.version + 1)
+    status, body = generate_once(server.url)
+    assert status >= 500 and "sleepForUpdates" in body and "injected" in body, (status, body)
+    result = push(server, new, server.version + 1)
+    assert result.live == {server.url: server.version + 1}, result
+    server.model, server.version = new, server.version + 1
+    assert_serves(server)
+
+
+def test_a_version_missing_one_tensor_fails_naming_the_parameter_and_a_full_one_passes(server: Live) -> None:
+    """Issue 45 (6): the trainer announces and sends a version without `model.norm.weight`. Before, it
+    went live (the announced tensors were all there) and vLLM served the norm the level-2 sleep left.
+    Now the worker, reading its own parameters, fails the version naming the one it holds that was
+    not written; the engine refuses until a full version, which passes. Over HTTP, then streamed."""
+    new = moved(server.model, seed=server.version + 600)
+    norm = "model.norm.weight"
+    with pytest.raises(WeightSyncError, match=rf"1 of its parameters not written by this version: {norm}"):
+        push(server, new, server.version + 1, skip=norm)
+    status, body = generate_once(server.url)
+    assert status >= 500 and norm in body, (status, body)
+    result = stream(server, new, server.version + 1, skip=norm, announce_skipped=False)
+    assert not result.live and f"not written by this version: {norm}" in result.failed[server.url], result
+    result = push(server, new, server.version + 1)
     assert result.live == {server.url: server.version + 1}, result
     server.model, server.version = new, server.version + 1
     assert_serves(server)

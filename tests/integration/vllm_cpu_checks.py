@@ -68,7 +68,8 @@ def signatures() -> None:
         reload.finalize_layerwise_reload
     )
     fields = set(LayerReloadingInfo.__dataclass_fields__)
-    assert {"load_numel", "load_numel_total", "kernel_tensors"} <= fields, fields
+    assert {"load_numel", "load_numel_total", "kernel_tensors", "loaded_weights"} <= fields, fields
+    written_pins()
     assert hasattr(UnquantizedFusedMoEMethod, "_setup_kernel")  # where the repack is skipped on reload
     sampling = set(inspect.signature(vllm.SamplingParams).parameters)
     want = {"n", "temperature", "top_p", "max_tokens", "logprobs", "seed", "output_kind"}
@@ -97,6 +98,24 @@ def signatures() -> None:
     missing = lacks(ParallelConfig, parallel) + lacks(ModelConfig, ("hf_text_config",))
     assert not missing, f"vLLM {vllm.__version__}: the configs lack {missing}"
     print(f"vllm {vllm.__version__}: {len(pins) + 7} pins hold")
+
+
+def written_pins() -> None:
+    """What `vllm_worker` reads to know which parameters a version wrote (`vllm_written`) and the
+    sleep state the engine checks after every update."""
+    from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+    from vllm.model_executor.model_loader import default_loader
+    from vllm.model_executor.model_loader.reload.meta import SKIP_LOAD_TENSORS
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    assert default_loader._CONFIG_BUILT_PARAMS == ("input_scale_ub",), default_loader._CONFIG_BUILT_PARAMS
+    assert "e_score_correction_bias" in SKIP_LOAD_TENSORS, SKIP_LOAD_TENSORS
+    assert issubclass(ParallelLMHead, VocabParallelEmbedding) and isinstance(BaseKVCacheMethod, type)
+    assert params(AsyncLLM.is_sleeping) == ["self"], params(AsyncLLM.is_sleeping)
+    # the first load's own check: every named parameter written, by load_weights' names
+    source = inspect.getsource(default_loader.DefaultModelLoader.track_weights_loading)
+    assert "weights_to_load - loaded_weights" in source, source
 
 
 def expert_placements() -> None:

@@ -22,3 +22,17 @@ def vllm_venv_python() -> Path:
     if not VLLM_PYTHON.exists():
         pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm-venv` (hack/vllm-venv.sh) first")
     return VLLM_PYTHON
+
+
+def fault_env(folder: Path) -> dict[str, str]:
+    """A rollout server's environment for workers that take the faults armed in `folder`
+    (`tests.support.vllm_faults`): that extension loaded in place of ours, this checkout on the path."""
+    from grpo_rollout.engines.vllm_engine import WORKER_EXTENSION_ENV
+
+    from tests.support.vllm_faults import EXTENSION, FAULTS_ENV
+
+    return {
+        WORKER_EXTENSION_ENV: EXTENSION,
+        FAULTS_ENV: str(folder),
+        "PYTHONPATH": os.pathsep.join((VLLM_ENV["PYTHONPATH"], str(REPO))),
+    }

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 @dataclass
 class ServingWeights:
     """`torn`: an update ended part-way; generation is refused until a whole version loads.
-    `discarded`: a level-2 sleep dropped the parameters since the last whole version."""
+    `discarded`: a level-2 sleep dropped the parameters since the last whole version.
+    `why`: what ended the last broken update (said with the refusal)."""
 
     torn: bool = False
     discarded: bool = False
+    why: str = ""
 
     def begin(self, *, sleeps: bool) -> None:
         """An update starts; `sleeps`: the engine sleeps at level 2 for it (the weights go)."""
@@ -26,22 +28,31 @@ class ServingWeights:
     def whole(self) -> None:
         """A whole version is in every worker: it serves."""
         self.torn = self.discarded = False
+        self.why = ""
 
-    def ended_partway(self, layers_took: bool) -> None:
+    def ended_partway(self, layers_took: bool, why: str = "") -> None:
         """The update ended before the whole version was in (aborted, or its stream broke)."""
         self.torn = self.torn or layers_took or self.discarded
+        if self.torn and why:
+            self.why = why
+
+    def failed(self, why: str) -> None:
+        """The update failed where what the workers hold is not known (their finish raised part-way
+        through vLLM's in-place writes) or vLLM would not wake up: refused until a whole version."""
+        self.torn, self.why = True, why
 
     def refusal(self) -> str | None:
         """Why generation is refused now, or None."""
         if not self.torn:
             return None
+        because = f" ({self.why})" if self.why else ""
         if self.discarded:
             return (
                 "the vllm engine's weights were released for a weight update (rollout.vllm.sleepForUpdates: "
-                "vLLM sleep level 2) and that update broke before the whole version was in: it generates "
-                "again once the next whole version is loaded"
+                f"vLLM sleep level 2) and that update broke before the whole version was in{because}: it "
+                "generates again once the next whole version is loaded"
             )
         return (
             "the vllm engine's weights are mixed (a weight update broke after some layers took new "
-            "weights): it generates again once the next whole version is loaded"
+            f"weights){because}: it generates again once the next whole version is loaded"
         )

@@ -10,6 +10,12 @@ killing the engine core at the first request. Read against vllm 0.32.0:
   (GiB) sets it too (`platforms/cpu.py:324-327`). So the engine gives the KV cache what the job can
   use — `rollout.maxBatchSize` sequences of `rollout.vllm.maxModelLen` tokens — and reads
   `gpuMemoryUtilization` as the most of the *free* memory that may take.
+- `sleepForUpdates`: vLLM refuses `enable_sleep_mode` on a platform without sleep mode
+  (`config/model.py:655-657`), and its CPU worker's `sleep`/`wake_up` do nothing
+  (`v1/worker/cpu_worker.py:179-185`). The engine core's part runs all the same: `sleep` pauses the
+  scheduler and marks the executor asleep, which `wake_up` undoes (`v1/engine/core.py:972-981`,
+  `:1011-1018`). So on CPU the engine sleeps and wakes around each update as on GPU, with no memory
+  freed, and vLLM is started without `enable_sleep_mode`.
 - CPU attention serves only some head widths (`CPUAttentionBackend.get_supported_head_sizes`,
   `v1/attention/backends/cpu_attn.py:69`: 32, 64, 80, 96, ...); the demo's tiny model had 16.
 """
@@ -106,8 +112,9 @@ def engine_args(
     config = model_config(model_dir)
     if refusal := head_dim_refusal(config, supported_head_dims):
         raise ValueError(refusal)
+    out: dict[str, Any] = {"enable_sleep_mode": False} if args.get("enable_sleep_mode") else {}
     if os.environ.get(KV_SPACE_ENV):
-        return {}
+        return out
     need = kv_cache_bytes(
         config,
         dtype=str(args["dtype"]),
@@ -117,7 +124,7 @@ def engine_args(
         memory_utilization=float(args["gpu_memory_utilization"]),
         available=psutil.virtual_memory().available,
     )
-    return {} if need is None else {"kv_cache_memory_bytes": need}
+    return out if need is None else out | {"kv_cache_memory_bytes": need}
 
 
 def thread_binding(workers: int, cpus: Sequence[int]) -> str:

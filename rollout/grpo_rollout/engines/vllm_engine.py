@@ -17,7 +17,12 @@ Python the CPU tests exercise. Why each part is the way it is:
   transformers' in-memory names, mapped to checkpoint names first (`hf_names`); a tied
   `lm_head.weight` is dropped (vLLM loads the embedding once).
 - A broken update: vLLM cannot undo layers already reloaded (see `vllm_worker`); when some were,
-  the engine refuses to generate until the next whole version arrives.
+  the engine refuses to generate until the next whole version arrives. Whatever ends an update
+  (any exception at its begin, in a bucket, at its finish, over HTTP or streamed) goes through
+  `_finish` or `_close`, both of which wake vLLM and check it is awake: after a level-2 sleep the
+  engine serves a whole version or refuses with the reason, never a paused scheduler that hangs.
+- A version goes live only when every worker wrote every parameter it holds (`vllm_written`): one
+  that misses any is refused naming them (first few and the count).
 - Routing replay: vLLM's routed-experts capture (`enable_return_routed_experts`), rows of the MoE
   layers kept, sent in the torch engine's wire form. vLLM captures only in Model Runner V2, which
   needs Triton: where Triton is missing (vLLM on CPU) the engine refuses at start.
@@ -31,9 +36,11 @@ kernels; `vllm_cpu` says what the memory knob means there and refuses head width
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
+import os
 import tempfile
 import threading
 import uuid
@@ -48,7 +55,7 @@ from grpo_operator.api.roles import resolve_all2all, stream_receive_reserve
 from grpo_wire.protocol import Routing, Sampling, WeightStreamRequest
 
 from grpo_rollout import group_link
-from grpo_rollout.engines import vllm_cpu, vllm_errors
+from grpo_rollout.engines import vllm_cpu, vllm_errors, vllm_written
 from grpo_rollout.engines.base import ENGINES, BucketPiece, EngineConfig, EngineDead, PromptSamples, Sample
 from grpo_rollout.engines.hf_names import CheckpointNames
 from grpo_rollout.engines.serving_weights import ServingWeights
@@ -66,6 +73,9 @@ MISSING = (
     "spec.rollout.engine: torch"
 )
 WORKER_EXTENSION = "grpo_rollout.engines.vllm_worker.WeightLoader"
+# a subclass of `WORKER_EXTENSION` to load instead (module.Class): how the tests inject faults into
+# the workers' update steps of a real engine (tests/support/vllm_faults.py)
+WORKER_EXTENSION_ENV = "GRPO_VLLM_WORKER_EXTENSION"
 TIED_HEAD = "lm_head.weight"
 STOP_POLL_S = 0.1  # how often a waiting generate asks whether the server is handing work back
 
@@ -176,7 +186,7 @@ def engine_args(config: EngineConfig, device_bytes: int | None = None) -> dict[s
         "seed": config.seed,
         "max_num_seqs": config.max_batch_size,
         "logprobs_mode": "processed_logprobs",
-        "worker_extension_cls": WORKER_EXTENSION,
+        "worker_extension_cls": os.environ.get(WORKER_EXTENSION_ENV) or WORKER_EXTENSION,
         "enable_sleep_mode": opts.sleep_for_updates,
         "disable_log_stats": True,
     }
@@ -492,6 +502,7 @@ class VllmEngine:
         self.llm = self.loop.run(build())
         self.tokenizer = self.llm.get_tokenizer()
         self._assembler: Assembler | None = None
+        self._updating = False  # an update is open: vLLM may sleep, the workers' reload is open
         self._tokenize = threading.Lock()  # generate runs on many threads; a Rust tokenizer is not re-entrant
         self.stream_members = stream_members(self._rpc("grpo_stream_member"))
         # per member, the routed experts it keeps (expert parallelism): the trainer sends it those alone
@@ -603,7 +614,8 @@ class VllmEngine:
 
     def load_weights(self, buckets: Sequence[bytes]) -> int:
         """A whole version over HTTP: every bucket renamed and checked first (ValueError before vLLM
-        is touched), then streamed into the workers bucket by bucket."""
+        is touched), then streamed into the workers bucket by bucket. However it ends, vLLM is
+        awake after it and serves the whole version or refuses with the reason (`_close`)."""
         from safetensors.torch import load, save
 
         payloads = [save(self._checkpoint_named(load(data))) for data in buckets]
@@ -611,8 +623,8 @@ class VllmEngine:
         try:
             for payload in payloads:
                 self._rpc("grpo_load_bucket", payload)
-        except BaseException:
-            self.abort_update()
+        except BaseException as e:
+            self._close(failure("loading a bucket", e))
             raise
         return self._finish()
 
@@ -632,7 +644,11 @@ class VllmEngine:
             raise ValueError("load_bucket without begin_update")
         whole = self._checkpoint_named({k: v.cpu() for k, v in self._assembler.add(pieces).items()})
         if whole:
-            self._rpc("grpo_load_bucket", save(whole))
+            try:
+                self._rpc("grpo_load_bucket", save(whole))
+            except BaseException as e:
+                self._close(failure("loading a bucket", e))
+                raise
 
     def finish_update(self) -> int:
         if self._assembler is None:
@@ -646,58 +662,132 @@ class VllmEngine:
     def abort_update(self) -> None:
         """Close the reload: layers not yet whole keep their old tensors; if some layer already
         took new weights (vLLM cannot undo that), or a level-2 sleep dropped them all, refuse to
-        generate until the next version."""
-        self._assembler = None
-        taken = self._rpc("grpo_abort_update")
-        self.weights.ended_partway(any(int(n) > 0 for n in taken))
-        self._wake()
-
-    def _begin(self) -> None:
-        self._sleep()
-        self._rpc("grpo_begin_update")
-
-    def _sleep(self) -> None:
-        """sleepForUpdates: level 2 frees the KV cache and the parameters (rewritten by the update;
-        until it is whole, `weights` refuses to serve), then the parameters' memory comes back."""
-        self.weights.begin(sleeps=self.opts.sleep_for_updates)
-        if self.opts.sleep_for_updates:
-            self.loop.run(self.llm.sleep(level=2, mode="wait"))
-            self.loop.run(self.llm.wake_up(["weights"]))
+        generate until the next version. A no-op when no update is open (it ended already)."""
+        self._close("the update was aborted before the whole version was in")
 
     @property
     def torn(self) -> bool:
         return self.weights.torn
 
+    # An update's life: `_begin` (sleep, open the workers' reload), buckets, then `_finish` or
+    # `_close`. Every way out of an open update goes through one of those two, and both wake vLLM.
+
+    def _begin(self) -> None:
+        self._updating = True
+        self.weights.begin(sleeps=self.opts.sleep_for_updates)
+        try:
+            self._sleep()
+            self._rpc("grpo_begin_update")
+        except BaseException as e:
+            self._close(failure("beginning it", e))
+            raise
+
+    def _sleep(self) -> None:
+        """sleepForUpdates: level 2 frees the KV cache and the parameters (rewritten by the update;
+        until it is whole, `weights` refuses to serve), then the parameters' memory comes back."""
+        if self.opts.sleep_for_updates:
+            self.loop.run(self.llm.sleep(level=2, mode="wait"))
+            self.loop.run(self.llm.wake_up(["weights"]))
+
     def _finish(self) -> int:
-        counts = self._rpc("grpo_finish_update")
-        self.weights.whole()
+        """Every worker checks it holds no parameter the version did not write (ValueError naming
+        them: the version is refused and the update closed), then vLLM processes the rest; serves
+        once vLLM is awake again. A finish that raises anything else leaves weights that vLLM
+        wrote part-way in place: refused with that error until the next whole version."""
+        try:
+            answers = self._rpc("grpo_unwritten")
+        except BaseException as e:
+            self._close(failure("checking which parameters it wrote", e))
+            raise
+        if refusals := [vllm_written.refusal(int(i), list(missing)) for i, missing in answers if missing]:
+            why = "; ".join(refusals)
+            self._close(why)
+            raise ValueError(why)
+        try:
+            counts = self._rpc("grpo_finish_update")
+        except BaseException as e:
+            self._close(failure("finishing it in vLLM", e), finished=True)
+            raise
+        self._updating = False
         self._wake()
+        self.weights.whole()
         return int(counts[0])
 
+    def _close(self, why: str, *, took: bool = False, finished: bool = False) -> None:
+        """End an open update that did not go live (no-op when none is open): close every
+        worker's reload (old tensors back where vLLM still has them), judge what may serve, wake
+        vLLM. `took`: some layer is known to hold new weights already. `finished`: the workers'
+        finish raised, so vLLM may have written some layers in place: refused whatever the
+        workers answer. Raises nothing: the caller re-raises the update's own error, and a failure
+        here only adds to the refusal's reason."""
+        self._assembler = None
+        if not self._updating:
+            return
+        self._updating = False
+        try:
+            took = any(int(n) > 0 for n in self._rpc("grpo_abort_update")) or took
+        except Exception as e:  # what the workers hold is unknown: refused
+            took, why = True, f"{why}; closing vLLM's reload failed too: {type(e).__name__}: {e}"
+        if finished:
+            self.weights.failed(why)
+        else:
+            self.weights.ended_partway(took, why)
+        with contextlib.suppress(RuntimeError):  # a vLLM that will not wake is refused (`_wake`)
+            self._wake()
+
     def _wake(self) -> None:
-        """Serve again after an update: the KV cache back (sleep mode), and no cached prefix
-        blocks, which the old weights computed. No generate runs during an update, but a request
-        being aborted may still hold blocks: it is preempted (recomputed) rather than left cached."""
-        if self.opts.sleep_for_updates:
-            self.loop.run(self.llm.wake_up(["kv_cache"]))
-        self.loop.run(self.llm.reset_prefix_cache(reset_running_requests=True))
+        """Serve again after an update, whatever it did: vLLM woken, and no cached prefix blocks,
+        which the old weights computed. A wake of all that still sleeps: vLLM's `wake_up` with a tag
+        not asleep returns without waking the others (vllm 0.32.0 `v1/executor/abstract.py:398-404`),
+        and its scheduler, paused by `sleep` (`v1/engine/core.py:972-976`), resumes only once
+        nothing sleeps (`core.py:1014-1018`); until then every request would wait. So vLLM's own
+        answer (`is_sleeping`, `core.py:1041-1043`) is checked: an engine that still sleeps refuses
+        to generate with the reason (RuntimeError) rather than take requests that hang. No generate
+        runs during an update, but a request being aborted may still hold blocks: it is preempted
+        (recomputed) rather than left cached."""
+        try:
+            if self.opts.sleep_for_updates:
+                self.loop.run(self.llm.wake_up(None))
+                if self.loop.run(self.llm.is_sleeping()):
+                    raise RuntimeError("vLLM still reports itself asleep after wake_up")
+            self.loop.run(self.llm.reset_prefix_cache(reset_running_requests=True))
+        except Exception as e:
+            why = f"vLLM did not wake up after the weight update: {type(e).__name__}: {e}"
+            self.weights.failed(why)
+            raise RuntimeError(why) from e
 
     # -- streamed versions: every worker is a member of the weight groups ------------------------
 
     def receive_stream(self, request: WeightStreamRequest, refused: bool) -> "Outcome":
         """Each worker joins the groups at its own rank, receives every bucket on its device and
         loads it through the reload (`vllm_stream`); this process only waits for their outcomes,
-        so a bucket never passes through the host. `refused`: the workers consume and drop it."""
+        so a bucket never passes through the host. `refused`: the workers consume and drop it.
+        However it ends, vLLM is awake after it and serves the whole version or refuses with the
+        reason, as for a version over HTTP."""
         from grpo_rollout.stream_member import Outcome, combine
 
-        if not refused:  # as `_begin`
+        if refused:
+            answers = self._rpc("grpo_receive_stream", request.model_dump_json(), True)
+            return combine([Outcome.from_dict(a) for a in answers])
+        self._updating = True
+        self.weights.begin(sleeps=self.opts.sleep_for_updates)
+        try:
             self._sleep()
-        answers = self._rpc("grpo_receive_stream", request.model_dump_json(), refused)
-        outcome = combine([Outcome.from_dict(a) for a in answers])
-        if not refused:
-            if outcome.kind == "live":
-                self.weights.whole()
-            else:
-                self.weights.ended_partway(outcome.loaded)
-            self._wake()
+            answers = self._rpc("grpo_receive_stream", request.model_dump_json(), False)
+            outcome = combine([Outcome.from_dict(a) for a in answers])
+        except BaseException as e:  # the workers' outcomes are unknown: refused until a whole version
+            self._close(failure("receiving the stream", e), finished=True)
+            raise
+        if outcome.kind != "live":
+            # each worker closed its own update; `_close` asks them again (a no-op) and wakes vLLM
+            self._close(outcome.message, took=outcome.loaded)
+            return outcome
+        self._updating = False
+        self._wake()
+        self.weights.whole()
         return outcome
+
+
+def failure(during: str, e: BaseException) -> str:
+    """The reason a weight update failed, as the refusal says it."""
+    return f"the weight update failed while {during}: {type(e).__name__}: {e}"
