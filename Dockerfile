@@ -3,7 +3,7 @@
 #
 #   docker build --target operator -t ghcr.io/grpo-operator/operator:0.1.0 .   # kopf operator, no torch
 #   docker build --target trainer  -t ghcr.io/grpo-operator/trainer:0.1.0  .   # CUDA, EFA, NCCL GIN, DeepEP v1+v2
-#   docker build --target rollout  -t ghcr.io/grpo-operator/rollout:0.1.0  .   # CUDA, EFA, vLLM
+#   docker build --target rollout  -t ghcr.io/grpo-operator/rollout:0.1.0  .   # CUDA, EFA, NCCL GIN, DeepEP v1+v2, vLLM
 #
 # Entrypoints are the project's own commands, the same the renderer writes into pod specs
 # (grpo_operator.render.pods.COMMANDS) and the chart runs; tests/unit/test_dockerfile.py
