@@ -228,17 +228,23 @@ def expected_parameters(model: Any) -> set[str]:
     a tied head is the embedding), less those no checkpoint carries, which vLLM's own first-load
     check leaves out too (vllm 0.32.0 `model_loader/default_loader.py:526-567`): KV-cache scales
     (`BaseKVCacheMethod`: defaults when a checkpoint has none), online quantization's parameters
-    (made while loading), empty placeholders and `_CONFIG_BUILT_PARAMS`. Read outside a reload (during
-    one the parameters are meta stand-ins, a tied head's apart from the embedding's)."""
+    (made while loading), empty placeholders and `_CONFIG_BUILT_PARAMS`; and only those of the layout
+    the reload loads into (each layer's `restore_metadata`, recorded when the model was built,
+    `model_loader/utils.py:96`), not one a kernel registered while processing. Read outside a reload
+    (during one the parameters are meta stand-ins, a tied head's apart from the embedding's)."""
     from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
     from vllm.model_executor.model_loader.default_loader import _CONFIG_BUILT_PARAMS
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
 
     names = {name for name, p in model.named_parameters() if p.numel() > 0}
+    loadable = set()
     for path, module in model.named_modules():
+        prefix = f"{path}." if path else ""
         method = getattr(module, "quant_method", None)
         if isinstance(method, BaseKVCacheMethod) or getattr(method, "uses_meta_device", False):
-            names -= {f"{path}.{n}" if path else n for n, _ in module.named_parameters()}
-    return {n for n in names if n.rsplit(".", 1)[-1] not in _CONFIG_BUILT_PARAMS}
+            names -= {prefix + n for n, _ in module.named_parameters()}
+        loadable |= {prefix + n for n in get_layerwise_info(module).restore_metadata[0]}
+    return {n for n in names & loadable if n.rsplit(".", 1)[-1] not in _CONFIG_BUILT_PARAMS}
 
 
 def open_layers(model: Any) -> dict[str, vllm_written.OpenLayer]:
