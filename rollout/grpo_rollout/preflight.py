@@ -60,8 +60,7 @@ def problems(
 ) -> tuple[str, str] | None:
     """(reason, message) for the first thing this pod lacks, or None. Sets vllm_deepep.ENV in `env`."""
     backend = resolve_all2all(spec.rollout)
-    if backend in vllm_deepep.APIS:
-        env[vllm_deepep.ENV] = backend
+    vllm_deepep.announce(backend, env)
     node = facts() if efa.on_efa(env) else None
     if node is not None and (memlock := efa.memlock_problems(node)):
         return Reason.EFA_MISCONFIGURED, "rollout server: " + "; ".join(memlock)

@@ -20,11 +20,11 @@ every process it starts, before that process makes any NCCL communicator: the en
    uses `grpo_wire.efa.deepep_counts` (the trainer's numbers, GRPO_DEEPEP_NUM_* overrides) and
    answers the SM count without ibstat. Nothing else of DeepEP or vLLM changes.
 
-It acts only where `python -m grpo_rollout` resolved a DeepEP backend for this server (ENV, set
-before vLLM starts, inherited by vLLM's processes); anywhere else it does nothing. It never raises:
-vLLM loads plugins in processes that must not die of an optional check; where the import fails,
-vLLM's own gate stops the engine, and the pod's start-up check (`grpo_rollout.preflight`) has already
-stated why.
+It acts only where the server resolved a DeepEP backend (ENV, set by `announce` before vLLM starts:
+the pod's start-up check and the engine, inherited by vLLM's processes); anywhere else it does
+nothing. It never raises: vLLM loads plugins in processes that must not die of an optional check;
+where the import fails, vLLM's own gate stops the engine, and the pod's start-up check
+(`grpo_rollout.preflight`) has already stated why.
 """
 
 from __future__ import annotations
@@ -42,6 +42,13 @@ log = logging.getLogger(__name__)
 ENV = "GRPO_VLLM_ALL2ALL"  # the server's resolved rollout.vllm.all2allBackend
 V2 = "deepep_v2"
 APIS = {V2: "ElasticBuffer", "deepep_high_throughput": "Buffer", "deepep_low_latency": "Buffer"}
+
+
+def announce(backend: str | None, env: Any = os.environ) -> None:
+    """Tell the vLLM processes this one starts which backend the server resolved (they inherit the
+    environment); the pod's start-up check does so too, before any engine."""
+    if backend in APIS:
+        env[ENV] = backend
 
 
 def register() -> None:

@@ -55,7 +55,7 @@ from grpo_operator.api.roles import resolve_all2all, stream_receive_reserve
 from grpo_wire.protocol import Routing, Sampling, WeightStreamRequest
 
 from grpo_rollout import group_link
-from grpo_rollout.engines import vllm_cpu, vllm_errors, vllm_written
+from grpo_rollout.engines import vllm_cpu, vllm_deepep, vllm_errors, vllm_written
 from grpo_rollout.engines.base import ENGINES, BucketPiece, EngineConfig, EngineDead, PromptSamples, Sample
 from grpo_rollout.engines.hf_names import CheckpointNames
 from grpo_rollout.engines.serving_weights import ServingWeights
@@ -490,6 +490,7 @@ class VllmEngine:
         self.loop = LoopThread()
 
         args = engine_args(config, gpu_bytes())
+        vllm_deepep.announce(args.get("all2all_backend"))  # before vLLM starts the processes that read it
         if self.device == "cpu":
             from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
