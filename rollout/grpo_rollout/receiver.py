@@ -48,6 +48,7 @@ class WeightReceiver:
         self.stager = WeightStager()
         self.link = weight_stream.ReceiverLink()  # this process's place in the trainer's groups
         self.torn = False  # a streamed version broke half-way: weights are mixed until the next one
+        self.torn_why = ""  # what broke it, as the members said (generation's refusal repeats it)
         self.receiving = False  # a streamed version is on its way in
         self._lock = asyncio.Lock()  # one version at a time, whichever transport brings it
 
@@ -151,8 +152,8 @@ class WeightReceiver:
             )
         receiver = stream_member.stream_receiver(engine, self.link)
         outcome = receiver.receive_stream(req, refusal is not None)
-        if outcome.kind != "live":
-            self.torn = self.torn or outcome.loaded  # buckets may already be in the live weights
+        if outcome.kind != "live" and outcome.loaded:  # buckets may already be in the live weights
+            self.torn, self.torn_why = True, f"weight version {req.version}: {outcome.message}"
         if outcome.kind == "cancelled":
             raise weight_stream.StreamCancelled(outcome.message)
         if outcome.kind == "broken":

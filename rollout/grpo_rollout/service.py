@@ -250,8 +250,9 @@ class RolloutService:
     async def generate(self, req: GenerateRequest) -> GenerateResponse:
         self.refuse_if_not_ready()
         if self.weights.torn:
+            why = f": {self.weights.torn_why}" if self.weights.torn_why else ""
             raise ServiceError(
-                503, "loading", "weights incomplete (a stream broke); waiting for the next version"
+                503, "loading", f"weights incomplete (a stream broke{why}); waiting for the next version"
             )
         live = self.weights.live_version
         if req.min_weight_version is not None and live < req.min_weight_version:

@@ -294,7 +294,7 @@ def test_a_version_whose_worker_finish_fails_after_the_sleep_is_refused_with_the
     result = stream(server, new, server.version + 1)
     assert not result.live and "out of memory" in result.failed[server.url], result
     status, body = generate_once(server.url)
-    assert status == 503 and "weights incomplete" in body, (status, body)
+    assert status == 503 and "weights incomplete" in body and OOM in body, (status, body)  # the reason too
     result = stream(server, new, server.version + 1)  # the same version, whole this time
     assert result.live == {server.url: server.version + 1}, result
     server.model, server.version = new, server.version + 1
