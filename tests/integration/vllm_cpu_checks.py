@@ -84,6 +84,7 @@ def signatures() -> None:
     assert want <= engine_args, f"AsyncEngineArgs lacks {want - engine_args}"
     all2all_backends()
     expert_placements()
+    own_expert_maps()
     pod_arguments()
     # what `vllm_stream.held_experts` reads of a worker's config to know its experts
     from vllm.config.model import ModelConfig
@@ -137,6 +138,63 @@ def expert_placements() -> None:
                 theirs = [e for e in range(experts) if int(expert_map[e]) >= 0]
                 ours = expert_placement(rank, ep, experts, strategy)
                 assert ours == theirs, (strategy, experts, ep, rank, ours, theirs)
+
+
+def own_expert_maps() -> None:
+    """A worker sends the trainer the experts its own layers keep (`vllm_stream.experts_in_model`):
+    vLLM's real ExpertMapManager for each EP rank, held as RoutedExperts holds it, read back as vLLM
+    placed them. Where vLLM overrides the configured strategy (round_robin without expert groups falls
+    back to linear, expert_map_manager.py:123-136) the model's map is what counts, and the config's
+    placement would have sent the wrong rows."""
+    import torch
+    from grpo_rollout.engines.vllm_stream import experts_in_model
+    from grpo_wire.holdings import expert_placement
+    from vllm.model_executor.layers.fused_moe.config import FusedMoEParallelConfig
+    from vllm.model_executor.layers.fused_moe.expert_map_manager import ExpertMapManager
+
+    def layer(ep: int, rank: int, experts: int, strategy: str, groups: int | None) -> torch.nn.Module:
+        parallel = FusedMoEParallelConfig(
+            tp_size=1, pcp_size=1, dp_size=ep, ep_size=ep, tp_rank=0, pcp_rank=0, dp_rank=rank, ep_rank=rank,
+            sp_size=1, use_ep=True, all2all_backend="deepep_low_latency", enable_eplb=False,
+        )  # fmt: skip
+        module = torch.nn.Module()
+        module.expert_map_manager = ExpertMapManager(  # type: ignore[assignment]
+            max_num_batched_tokens=64, top_k=2, global_num_experts=experts, num_redundant_experts=0,
+            num_expert_group=groups, moe_parallel_config=parallel, placement_strategy=strategy,
+            enable_eplb=False,
+        )  # fmt: skip
+        return module
+
+    for experts, ep in ((8, 2), (128, 8), (60, 7)):
+        for rank in range(ep):
+            for strategy, groups, placed in (
+                ("linear", None, "linear"),
+                (
+                    "round_robin",
+                    4 if experts % 4 == 0 else None,
+                    "round_robin" if experts % 4 == 0 else "linear",
+                ),
+                ("round_robin", None, "linear"),  # vLLM's fallback
+            ):
+                model = torch.nn.Sequential(
+                    layer(ep, rank, experts, strategy, groups), layer(ep, rank, experts, strategy, groups)
+                )
+                ours = experts_in_model(model)
+                assert ours == expert_placement(rank, ep, experts, placed), (
+                    experts,
+                    ep,
+                    rank,
+                    strategy,
+                    ours,
+                )
+    mixed = torch.nn.Sequential(layer(2, 0, 8, "linear", None), layer(2, 1, 8, "linear", None))
+    try:
+        experts_in_model(mixed)
+    except ValueError as e:
+        assert "place experts differently" in str(e), e
+    else:
+        raise AssertionError("layers placing experts differently were not refused")
+    assert experts_in_model(torch.nn.Sequential(torch.nn.Linear(2, 2))) is None
 
 
 def pod_arguments() -> None:

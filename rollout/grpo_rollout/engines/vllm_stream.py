@@ -45,6 +45,29 @@ def held_experts(vllm_config: Any) -> list[int] | None:
     return expert_placement(member_index(pc), ep, experts, strategy)
 
 
+def experts_in_model(model: Any) -> list[int] | None:
+    """The routed experts this worker's own MoE layers keep, in local-slot order, as vLLM placed them
+    (each layer's `expert_map_manager.expert_map`: global id -> local slot, -1 elsewhere; None without
+    expert parallelism; vllm 0.32.0 fused_moe/expert_map_manager.py:302-311, held by every
+    RoutedExperts, routed_experts.py:126), or None where no layer maps experts. Layers that place
+    experts differently are refused: the trainer sends one set of rows per worker."""
+    found: list[int] | None = None
+    first = ""
+    for name, module in model.named_modules():
+        manager = getattr(module, "expert_map_manager", None)
+        mapping = getattr(manager, "expert_map", None)
+        if mapping is None:
+            continue
+        slots = mapping[: int(manager.global_num_experts)].tolist()  # past it: AITER's fused shared experts
+        experts = [e for _, e in sorted((slot, e) for e, slot in enumerate(slots) if slot >= 0)]
+        if found is None:
+            found, first = experts, name
+        elif experts != found:
+            why = f"{first} keeps {found[:8]}, {name} keeps {experts[:8]}"
+            raise ValueError(f"vLLM's layers place experts differently: {why}")
+    return found
+
+
 def member_index(parallel_config: Any) -> int:
     """This worker's index among its engine's workers: data-parallel replica, then its rank in
     the replica's tensor × pipeline world (vLLM's `worker_init_process_group` numbers them so)."""

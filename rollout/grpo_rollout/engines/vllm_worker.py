@@ -32,10 +32,13 @@ A finish that fails inside vLLM leaves no update open (`grpo_abort_update` is th
 refuses these weights), and the next `grpo_begin_update` first closes any layer it left in the reload.
 """
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 from grpo_rollout.engines import vllm_written
+
+log = logging.getLogger(__name__)
 
 
 def reloading(model: Any) -> list[Any]:
@@ -179,10 +182,20 @@ class WeightLoader:
         return member_index(self.vllm_config.parallel_config)
 
     def grpo_held_experts(self) -> list[Any]:
-        """[this worker's member index, the routed experts it keeps or None] (`vllm_stream.held_experts`)."""
-        from grpo_rollout.engines.vllm_stream import held_experts, member_index
+        """[this worker's member index, the routed experts it keeps or None]: read from its own MoE
+        layers' expert maps (`vllm_stream.experts_in_model`), what vLLM placed, not what we expect it
+        to place; the placement computed from the config (`vllm_stream.held_experts`, which also
+        refuses EPLB) only where the model maps none. A disagreement is logged: it means the trainer's
+        view of vLLM's placement (`grpo_wire.holdings`) is stale."""
+        from grpo_rollout.engines.vllm_stream import experts_in_model, held_experts, member_index
 
-        return [member_index(self.vllm_config.parallel_config), held_experts(self.vllm_config)]
+        expected = held_experts(self.vllm_config)
+        own = experts_in_model(self.model_runner.get_model())
+        if own is not None and own != expected:
+            log.warning(
+                "vLLM keeps experts %s here, the config's placement says %s: sending vLLM's", own, expected
+            )
+        return [member_index(self.vllm_config.parallel_config), own if own is not None else expected]
 
     def grpo_receive_stream(self, request_json: str, refused: bool) -> dict[str, Any]:
         """Receive a streamed version as a member of the trainer's weight groups and load it here
