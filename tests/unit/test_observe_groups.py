@@ -44,3 +44,41 @@ def test_an_unschedulable_worker_is_the_reason_its_server_waits() -> None:
     obs = observe.summarize([member(0, 0), member(0, 1), stuck], attempt=0)
     assert obs.rollout.existing == 1
     assert obs.rollout.unschedulable == "j-rollout-0-2: 0/3 nodes: no p5en"
+
+
+def test_a_group_pod_whose_affinity_lost_matchlabelkeys_degrades_placement_once_with_a_warning() -> None:
+    """Kubernetes before 1.31 drops matchLabelKeys from the pods LWS makes from our template (render.groups)
+    without a word; the job says so (PlacementDegraded, one Warning Event) instead of placing silently."""
+    from datetime import UTC, datetime
+
+    from grpo_operator.api.status import ConditionType, GRPOJobStatus, Reason
+    from grpo_operator.controller import status
+
+    from tests.support.render import job, rendered
+
+    wide = {"dataParallelSize": 16, "expertParallelSize": 16}
+    r = rendered(job(rollout={"replicas": 1, "instanceType": "p5en.48xlarge", "nodesPerServer": 2,
+                              "tensorParallelSize": 1, "vllm": wide}))  # fmt: skip
+    lws = next(c for c in r.children if c["kind"] == "LeaderWorkerSet")
+    template = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    kept = member(0, 1)
+    kept["metadata"]["labels"][names.LABEL_LWS_GROUP_KEY] = "abc123"
+    kept["spec"]["affinity"] = template["spec"]["affinity"]  # as a 1.31+ API server keeps it
+    assert (
+        not observe.group_affinity_dropped(kept) and not observe.summarize([kept], attempt=0).affinity_dropped
+    )
+    dropped = member(0, 1)
+    dropped["metadata"]["labels"][names.LABEL_LWS_GROUP_KEY] = "abc123"
+    terms = template["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    dropped["spec"]["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {k: v for k, v in t.items() if k != "matchLabelKeys"} for t in terms]}}  # fmt: skip
+    obs = observe.summarize([dropped], attempt=0)
+    assert obs.affinity_dropped == "j-rollout-0-1"
+    now = datetime.now(UTC)
+    first = status.decide(spec=job().spec, generation=1, old=GRPOJobStatus(), obs=obs, now=now)
+    cond = next(c for c in first.status.conditions if c.type == ConditionType.PLACEMENT_DEGRADED)
+    assert (cond.status, cond.reason) == ("True", Reason.GROUP_AFFINITY_DROPPED) and "1.31" in cond.message
+    warnings = [e for e in first.events if e[1] == Reason.GROUP_AFFINITY_DROPPED]
+    assert len(warnings) == 1 and warnings[0][0] == "Warning"
+    again = status.decide(spec=job().spec, generation=1, old=first.status, obs=obs, now=now)
+    assert not [e for e in again.events if e[1] == Reason.GROUP_AFFINITY_DROPPED]  # said once

@@ -37,6 +37,7 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     UPDATE_REJECTED = "UpdateRejected"  # a live edit the operator cannot run; the job runs on
     RECONCILE_ERROR = "ReconcileError"  # the last pass failed; retried with backoff
+    PLACEMENT_DEGRADED = "PlacementDegraded"  # pods run, but placed by looser rules than rendered
 
 
 class Reason(StrEnum):
@@ -59,6 +60,8 @@ class Reason(StrEnum):
     SPEC_ACCEPTED = "SpecAccepted"
     RECOVERED = "Recovered"
     RECONCILE_FAILED = "ReconcileFailed"
+    # the API server dropped matchLabelKeys from a rollout group's pod affinity (Kubernetes < 1.31)
+    GROUP_AFFINITY_DROPPED = "GroupAffinityDropped"
     API_NOT_SERVED = "APINotServed"  # a child's kind whose CRD the cluster lacks (LeaderWorkerSet, PodGroup)
     # Stated by the trainer when it exits with a configuration error (`TRAINER_STATED`).
     RESUME_FROM_NOT_FOUND = "ResumeFromNotFound"

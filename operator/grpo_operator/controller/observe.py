@@ -98,6 +98,20 @@ class Observation:
     failed_rollout_pods: list[str] = field(default_factory=list)
     # Failed reward model server pods: deleted, their StatefulSet makes them again (no gang restart).
     failed_reward_pods: list[str] = field(default_factory=list)
+    affinity_dropped: str = ""  # a rollout group pod whose group affinity lost matchLabelKeys
+
+
+def group_affinity_dropped(pod: dict) -> bool:
+    """A pod of a rollout group (it carries LWS's group key) whose required pod affinity terms were
+    rendered with matchLabelKeys (render.groups) and came back without it: an API server before
+    Kubernetes 1.31 (MatchLabelKeysInPodAffinity, beta and on by default from 1.31) drops the field
+    without a word, and the term then matches every rollout pod of the job instead of its group's."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if names.LABEL_LWS_GROUP_KEY not in labels:
+        return False
+    affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("podAffinity") or {}
+    terms = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or []
+    return any(t.get("labelSelector") and not t.get("matchLabelKeys") for t in terms)
 
 
 def _is_ready(pod: dict) -> bool:
@@ -136,6 +150,8 @@ def summarize(
                 obs.failed_reward_pods.append(meta["name"])
         if meta.get("deletionTimestamp"):
             continue
+        if role == names.ROLE_ROLLOUT and not obs.affinity_dropped and group_affinity_dropped(pod):
+            obs.affinity_dropped = meta.get("name", "?")
         if role == names.ROLE_ROLLOUT and is_group_worker(pod):
             summary.unschedulable = summary.unschedulable or _unschedulable(pod)
             continue

@@ -147,7 +147,26 @@ def decide(
     decision = _decide_running(spec, old, status, obs, now, queue)
     decision.events[:0] = events
     decision.events += _autoscale(spec, old, decision.status, now)
+    decision.events += _placement(old, decision.status, obs, now)
     return decision
+
+
+def _placement(old: GRPOJobStatus, status: GRPOJobStatus, obs: Observation, now: datetime) -> list:
+    """PlacementDegraded (and one Warning Event) once a rollout group's pod shows the API server
+    dropped its group affinity; the condition stays: the pods keep the spec they were made with."""
+    if not obs.affinity_dropped:
+        return []
+    msg = (
+        f"pod {obs.affinity_dropped}: the API server dropped matchLabelKeys from the rollout group's pod "
+        "affinity (Kubernetes before 1.31, or MatchLabelKeysInPodAffinity off), so a group's pods are "
+        "kept in one zone and under few network spines together with every other group's instead of "
+        "their own: upgrade the cluster to 1.31 or later for per-group placement"
+    )
+    was = next((c for c in old.conditions if c.type == ConditionType.PLACEMENT_DEGRADED), None)
+    set_condition(status, ConditionType.PLACEMENT_DEGRADED, True, Reason.GROUP_AFFINITY_DROPPED, msg, now)
+    if was is not None and was.status == "True":
+        return []
+    return [("Warning", str(Reason.GROUP_AFFINITY_DROPPED), msg)]
 
 
 def _autoscale(spec: GRPOJobSpec, old: GRPOJobStatus, status: GRPOJobStatus, now: datetime) -> list:
