@@ -20,6 +20,17 @@ BASE = {
 }
 
 
+# The seed's rollout server (examples/p5en-deepseek-v3.yaml): 4 p5en nodes, TP 1 x DP 32, experts over
+# all 32 GPUs; all2allBackend auto resolves to deepep_v2 for it.
+SEED_SERVER = {
+    "replicas": 1,
+    "instanceType": "p5en.48xlarge",
+    "nodesPerServer": 4,
+    "tensorParallelSize": 1,
+    "vllm": {"dataParallelSize": 32, "expertParallelSize": 32},
+}
+
+
 def job(**spec_updates) -> GRPOJob:
     """BASE (a two-pod p5 job) with spec fields replaced by path: `job(trainer__replicas=4)`."""
     raw = copy.deepcopy(BASE)

@@ -19,7 +19,7 @@ from grpo_rollout import preflight
 from grpo_rollout.engines import vllm_deepep
 from grpo_wire import efa
 
-from tests.support.render import container, env, job, rendered
+from tests.support.render import SEED_SERVER, container, env, job, rendered
 
 UNLIMITED = resource.RLIM_INFINITY
 GOOD = efa.NodeFacts(
@@ -31,14 +31,7 @@ GOOD = efa.NodeFacts(
     memlock=(UNLIMITED, UNLIMITED),
 )
 EFA_ENV = {"FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi", "NCCL_GIN_PLUGIN": "ofi", "NCCL_GIN_TYPE": "2"}
-# The seed's rollout server: experts over 4 p5en nodes, all2allBackend auto resolves to deepep_v2.
-ACROSS = {
-    "replicas": 1,
-    "instanceType": "p5en.48xlarge",
-    "nodesPerServer": 4,
-    "tensorParallelSize": 1,
-    "vllm": {"dataParallelSize": 32, "expertParallelSize": 32},
-}
+ACROSS = SEED_SERVER  # all2allBackend auto resolves to deepep_v2 for it
 
 
 def replace(facts: efa.NodeFacts, **fields) -> efa.NodeFacts:

@@ -6,16 +6,9 @@ from grpo_operator import render
 from grpo_operator.api.contract import ENV_DP_ADDRESS, ENV_POD_INDEX, ENV_TOKEN
 from grpo_operator.render import names
 
-from tests.support.render import by_kind, env, job, rendered
+from tests.support.render import SEED_SERVER, by_kind, env, job, rendered
 
-# The seed's rollout server: 4 p5en nodes, TP 1 x DP 32, experts over all 32 GPUs.
-WIDE = {
-    "replicas": 3,
-    "instanceType": "p5en.48xlarge",
-    "nodesPerServer": 4,
-    "tensorParallelSize": 1,
-    "vllm": {"dataParallelSize": 32, "expertParallelSize": 32},
-}
+WIDE = SEED_SERVER | {"replicas": 3}
 GROUP_INDEX = {"fieldRef": {"fieldPath": f"metadata.labels['{names.LABEL_LWS_GROUP_INDEX}']"}}
 
 
