@@ -76,7 +76,16 @@ def contract(
 
 
 def trajectory(work: Path) -> dict[int, tuple[float, float]]:
-    return {r["step"]: (r["metrics"]["loss"], r["reward_mean"]) for r in progress(work)}
+    """(loss, mean reward) per step. A step whose every group drew one reward for all its samples keeps
+    none (metrics.kept 0) and trains nothing: no loss is reported, it counts as 0 here (seen at step 4
+    of the uninterrupted run on this machine's torch build); any other step must report its loss."""
+
+    return {r["step"]: step_point(r) for r in progress(work)}
+
+
+def step_point(record: dict) -> tuple[float, float]:
+    m = record["metrics"]
+    return (m.get("loss", 0.0) if m.get("kept") == 0 else m["loss"]), record["reward_mean"]
 
 
 def run_to_end(c: Path, work: Path, pods: int = 1) -> None:
@@ -141,7 +150,7 @@ def test_s3_gang_killed_mid_save_resumes_from_the_last_sealed_save_at_ep2_and_at
     )
 
     for step in range(3, STEPS + 1):
-        same = (resumed[step - 3]["metrics"]["loss"], resumed[step - 3]["reward_mean"])
+        same = step_point(resumed[step - 3])
         assert same == expected[step], f"step {step}: EP2 resume {same} vs uninterrupted {expected[step]}"
         loss, reward = resharded[step]
         assert abs(loss - expected[step][0]) <= LOSS_TOL, (step, loss, expected[step])
