@@ -68,13 +68,14 @@ def problems(
         return None
     asked = str(spec.rollout.vllm.all2all_backend)
     what = f"{FIELD} {backend}" + (f" (resolved from {asked})" if asked != backend else "")
+    # never a silent slower path: the user picks one (vLLM's own moves every token through every GPU)
+    instead = f"; or set {FIELD} allgather_reducescatter to run without DeepEP"
     if (why := importer(vllm_deepep.APIS[backend])) is not None:
-        return Reason.EP_BACKEND_UNAVAILABLE, f"{what} cannot run in this pod: {why}"
+        return Reason.EP_BACKEND_UNAVAILABLE, f"{what} cannot run in this pod: {why}{instead}"
     gin = efa.gin_problems(node) if node is not None and env.get("NCCL_GIN_PLUGIN") == "ofi" else []
     if backend == vllm_deepep.V2 and gin:
-        return Reason.EP_BACKEND_UNAVAILABLE, f"{what} needs NCCL GIN over EFA, which lacks: " + "; ".join(
-            gin
-        )
+        lacks = "; ".join(gin)
+        return Reason.EP_BACKEND_UNAVAILABLE, f"{what} needs NCCL GIN over EFA, which lacks: {lacks}{instead}"
     return None
 
 

@@ -99,7 +99,8 @@ def test_a_rollout_pod_without_deepep_states_the_field_the_backend_and_why() -> 
     assert found == (
         Reason.EP_BACKEND_UNAVAILABLE,
         "rollout.vllm.all2allBackend deepep_v2 (resolved from auto) cannot run in this pod: "
-        "No module named 'deep_ep'",
+        "No module named 'deep_ep'; or set rollout.vllm.all2allBackend allgather_reducescatter to run "
+        "without DeepEP",
     )
     assert env[vllm_deepep.ENV] == "deepep_v2"  # what vLLM's processes read
 
