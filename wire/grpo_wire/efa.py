@@ -35,7 +35,6 @@ GDRCOPY_MIN = (2, 5)
 GDRDRV = "/dev/gdrdrv"
 GDRAPI = "libgdrapi.so.2"
 UVERBS = "/dev/infiniband/uverbs*"  # what the EFA device plugin puts in a pod, one per device
-REASON = "EPBackendUnavailable"  # the status reason a pod states when these are missing
 UNLIMITED = resource.RLIM_INFINITY
 
 
@@ -158,8 +157,3 @@ def probe(env: Mapping[str, str] | None = None) -> NodeFacts:
         rdma_devices=len(glob.glob(UVERBS)),
         memlock=raised_memlock(),
     )
-
-
-def stated(what: str, problems: list[str]) -> str:
-    """The termination message a pod states (`<Reason>: <message>`, what the operator reads)."""
-    return f"{REASON}: {what} cannot run in this pod: " + "; ".join(problems)
