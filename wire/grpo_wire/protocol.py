@@ -181,6 +181,11 @@ class RewardDetail(WireModel):
     weight: float
     score: float = Field(description="score: unweighted value (0 when error is set).")
     error: str | None = Field(default=None, description="error: why this function failed for this sample.")
+    timed_out: bool = Field(
+        default=False,
+        description="timed_out: the judgement ran out of its time (a reward's own budget, or "
+        "reward.timeoutSeconds), so score 0 is no verdict; counted as reward_timeouts, never silently.",
+    )
 
 
 class Routing(WireModel):
@@ -231,7 +236,11 @@ class Completion(WireModel):
         "log_softmax(logits / temperature) restricted to the top_p nucleus and renormalised "
         "(with top_p = 1 that is plain log_softmax(logits / temperature))."
     )
-    finish_reason: FinishReason = Field(description="finish_reason: stop (EOS) or length (max_new_tokens).")
+    finish_reason: FinishReason = Field(
+        description="finish_reason: stop (EOS, or a multi-turn episode its environment or the model ended) "
+        "or length (the max_new_tokens budget ended it: a turn cut there, or a tool's or environment's "
+        "reply that did not fit)."
+    )
     reward: float = Field(description="reward: weighted sum of the reward functions' scores.")
     reward_details: list[RewardDetail] = Field(default_factory=list)
     routing: Routing | None = Field(
