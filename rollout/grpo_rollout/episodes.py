@@ -63,6 +63,7 @@ class Episode:
     messages: list[dict] = field(default_factory=list)  # the conversation, for the environment's step
     env_reward: float | None = None  # the sum of the environment's step rewards
     env_error: str | None = None
+    out_of_budget: bool = False  # a tool's or environment's reply did not fit the token budget
 
     def add_turn(self, sample: Sample) -> None:
         self.tokens += sample.token_ids
@@ -76,7 +77,8 @@ class Episode:
         return Sample(
             token_ids=self.tokens,
             logprobs=self.logprobs,
-            finish_reason=self.last.finish_reason,
+            # the budget ended it: a turn cut at max_new_tokens, or a reply that did not fit after one
+            finish_reason="length" if self.out_of_budget else self.last.finish_reason,
             text=self.last.text,
             routing=self.last.routing,  # the last turn's context covers every token before it
             mask=self.mask,
@@ -211,7 +213,8 @@ def _act(ep: Episode, loop: ToolLoop, sampling: Sampling) -> bool:
         log.warning("episode ends: %s", e)
         return False
     if len(ep.tokens) + len(more) >= sampling.max_new_tokens:
-        return False  # no room for the model to answer: what was written is dropped, the episode ends
+        ep.out_of_budget = True  # no room for the model to answer: what was written is dropped
+        return False
     ep.messages += written
     ep.tokens += more
     ep.logprobs += [0.0] * len(more)

@@ -56,6 +56,27 @@ def test_an_episode_takes_the_environments_turns_masked_and_its_reward(
         env.close()
 
 
+def test_an_episode_the_budget_cuts_says_so(on_path: Path, tiny_model: Path) -> None:
+    """The issue-46 case: a budget that holds the model's first turn but not the environment's reply
+    as well ends each episode after one turn, and the episode says the budget ended it (length),
+    whether the model's turn was cut or the environment's reply did not fit."""
+    engine = TorchEngine(EngineConfig(model_path=str(tiny_model), device="cpu"))
+    env = EnvironmentRunner("are_you_sure:AreYouSure", {"question": "Are you sure?"}, timeout=30)
+    try:
+        renderer = PromptRenderer.load(str(tiny_model), ChatSettings())
+        loop = episodes.ToolLoop(renderer, get_parser("hermes"), None, max_turns=4, environment=env)
+        prompt = Prompt.of("p", [{"role": "user", "content": "3+4="}], {"answer": "7"})
+        ids = renderer.render(prompt).token_ids
+        [result] = episodes.run(
+            engine, [prompt], [ids], 4, Sampling(max_new_tokens=8, seed=3), lambda: False, loop
+        )
+        assert result is not None
+        assert [(s.turns, s.finish_reason) for s in result.samples] == [(1, "length")] * 4
+        assert all(s.mask is not None and 0 not in s.mask for s in result.samples)  # the reply was dropped
+    finally:
+        env.close()
+
+
 def test_a_reset_that_fails_leaves_the_prompts_episodes_empty_with_the_reason(
     on_path: Path, tiny_model: Path
 ) -> None:
