@@ -212,7 +212,7 @@ def test_rollout_autoscaling_follows_the_trainers_wait_and_never_writes_spec(ope
     assert scale["status"]["selector"] == "grpo.dev/job=elastic,grpo.dev/role=rollout"
 
 
-def test_the_auto_choice_is_announced_before_the_first_step_once(operator, cluster, wait_for):
+def test_the_auto_choice_and_a_wrong_learning_signal_are_announced_once(operator, cluster, wait_for):
     cluster.create(manifest("auto"))
     cluster.wait_phase("auto", "Running")
     candidates = {
@@ -237,7 +237,8 @@ def test_the_auto_choice_is_announced_before_the_first_step_once(operator, clust
     assert not cluster.status("auto")["progress"].get("step")  # no step reported yet
     for step in (1, 2):  # rank 0 repeats the choice in every step's report: announced once
         stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        report({"step": step, "updatedAt": stamp} | ep_progress("nccl", candidates))
+        wrong = {"rewardTimeouts": 3 * step, "episodesCutFraction": 0.75}  # issue 46: said once each
+        report({"step": step, "updatedAt": stamp} | wrong | ep_progress("nccl", candidates))
         time.sleep(5)  # two resync passes (--resync-seconds 2) see each report
     (chosen,) = announced("EPBackendChosen")
     assert chosen.type == "Normal" and "nccl" in chosen.message and "1.250 ms" in chosen.message
@@ -248,6 +249,12 @@ def test_the_auto_choice_is_announced_before_the_first_step_once(operator, clust
     assert (failed.count or 1) == 1
     assert operator.metric("grpo_operator_ep_backend_failures_total") == 1
     assert operator.metric("grpo_operator_ep_backend_refused_total") == 1
+    (timeouts,) = announced("RewardTimeouts")
+    assert timeouts.type == "Warning" and "spec.reward.timeoutSeconds" in timeouts.message
+    (cut,) = announced("EpisodesCutByBudget")
+    assert cut.type == "Warning" and "75% of a step's episodes" in cut.message
+    assert "spec.algorithm.maxNewTokens=" in cut.message and (cut.count or 1) == 1
+    assert operator.metric("grpo_operator_signal_warnings_total") == 2
 
 
 def test_live_rollout_replicas_and_success(operator, cluster, fail_pod, wait_for):

@@ -25,7 +25,9 @@ def test_runs_to_completion_with_summary_plot_and_no_leftovers(tmp_path: Path, t
         "steps", "reward_first", "reward_last", "samples_per_s", "clip_fraction_mean", "wall_s", "restarts",
         "resumed_from_step", "resumed_from", "eval_reward_first", "eval_reward_last",
         "turns_mean", "tool_calls_per_episode", "tool_errors", "masked_token_fraction",
+        "episodes_cut_fraction_mean", "reward_timeouts", "untrained_steps",
     }  # fmt: skip
+    assert summary["reward_timeouts"] == 0 and 0.0 <= summary["episodes_cut_fraction_mean"] <= 1.0
     assert summary["turns_mean"] is None and summary["masked_token_fraction"] is None  # single-turn
     assert summary["eval_reward_first"] is None and summary["eval_reward_last"] is None  # no eval set
     assert summary["steps"] == 4 and summary["restarts"] == 0 and summary["resumed_from_step"] is None
@@ -34,6 +36,13 @@ def test_runs_to_completion_with_summary_plot_and_no_leftovers(tmp_path: Path, t
     assert summary["clip_fraction_mean"] in (0.0, None)  # one update per step: the ratio stays 1
     steps = run.steps()
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    for s in steps:  # every step says what it trained on, and why when nothing (issue 46)
+        m = s["metrics"]
+        assert "loss" in m and s["trained_samples"] == round(m["kept"] * s["samples"]), s
+        assert (s["untrained_reason"] is not None) == (s["trained_samples"] == 0) == (m["loss"] is None), s
+        assert m["reward_timeouts"] == 0 and s["reward_timeouts_total"] == 0
+        assert m["episodes_cut_by_budget"] == round(m["episodes_cut_fraction"] * s["samples"])
+    assert summary["untrained_steps"] == sum(s["trained_samples"] == 0 for s in steps)
     # 10% of 4 steps rounds up to one step at each end; samples/s leaves step 1 (start-up) out
     assert (
         summary["reward_first"] == steps[0]["reward_mean"]

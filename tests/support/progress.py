@@ -10,6 +10,9 @@ REPORT = StepReport(
     tokens_per_s=900.0,
     samples_per_s=120.0,
     samples=64,
+    trained_samples=48,
+    untrained_reason="each of the 16 group(s) scored all its 4 completions alike",  # a later step's words
+    reward_timeouts_total=2,
     staleness=1,
     weight_version=3,
     position=24,
@@ -27,7 +30,13 @@ REPORT = StepReport(
     resumed_from_step=1,
     resumed_from="s3://b/ck/ns/j-u/step-00000001",
     checkpoint_warning="checkpoint /ckpt/step-00000002 is unreadable; falling back",
-    metrics={"loss": 0.25, "grad_norm": 1.5, "kept": 1.0},
+    metrics={
+        "loss": 0.25,
+        "grad_norm": 1.5,
+        "kept": 0.75,
+        "episodes_cut_fraction": 0.25,
+        "reward_timeouts": 2.0,
+    },
     evals=[  # the baseline rides on the first report; this one also carries the step's own
         EvalScore(step=0, reward=0.1, pass_at_k=0.5, k=4, prompts=20, seconds=1.0),
         EvalScore(step=3, reward=0.3, pass_at_k=0.75, k=4, prompts=20, seconds=1.0),

@@ -35,6 +35,11 @@ class Rollouts:
     # wrote it (left out of the loss); [S] turns, tool calls and failed calls. None: single-turn.
     masks: list[list[int]] | None = None
     episodes: list[tuple[int, int, int]] | None = None
+    # [S] how each sequence ended, for the step's report: the max_new_tokens budget ended it (a turn
+    # cut there, or a reply that did not fit), and its reward judgements that ran out of time (scored
+    # 0 without a verdict). None: not known (rollouts built by hand).
+    cut: list[bool] | None = None
+    reward_timeouts: list[int] | None = None
 
     @classmethod
     def from_results(
@@ -44,6 +49,7 @@ class Rollouts:
         out = cls(group_size, [], [], [], [], weight_version, [] if routing else None)
         multi = any(c.mask is not None for r in results for c in r.completions)
         out.masks, out.episodes = ([], []) if multi else (None, None)
+        out.cut, out.reward_timeouts = [], []
         for r in results:
             if len(r.completions) != group_size:
                 raise ValueError(
@@ -54,6 +60,8 @@ class Rollouts:
                 out.completion_tokens.append(c.token_ids)
                 out.rollout_logprobs.append(c.logprobs)
                 out.rewards.append(c.reward)
+                out.cut.append(c.finish_reason == "length")
+                out.reward_timeouts.append(sum(d.timed_out for d in c.reward_details))
                 if out.routing is not None:
                     out.routing.append(decode_routing(r.prompt_id, c.routing))
                 if out.masks is not None and out.episodes is not None:
@@ -84,6 +92,8 @@ class Rollouts:
             self.prompts_drawn,  # the dropped groups were drawn all the same
             None if self.masks is None else self.masks[s],
             None if self.episodes is None else self.episodes[s],
+            None if self.cut is None else self.cut[s],
+            None if self.reward_timeouts is None else self.reward_timeouts[s],
         )
 
     @classmethod
@@ -94,7 +104,12 @@ class Rollouts:
         out.drawn = sum(p.prompts_drawn for p in parts)
         if any(p.masks is not None for p in parts):
             out.masks, out.episodes = [], []
+        if all(p.cut is not None and p.reward_timeouts is not None for p in parts):
+            out.cut, out.reward_timeouts = [], []
         for p in parts:
+            if out.cut is not None and out.reward_timeouts is not None:
+                out.cut += p.cut or []
+                out.reward_timeouts += p.reward_timeouts or []
             if out.masks is not None and out.episodes is not None:
                 out.masks += p.masks if p.masks is not None else [[1] * len(c) for c in p.completion_tokens]
                 out.episodes += p.episodes if p.episodes is not None else [(1, 0, 0)] * len(p)
@@ -122,6 +137,9 @@ class Rollouts:
         if self.masks is not None and self.episodes is not None:
             tensors["masks"] = _flat(self.masks, torch.int8)
             tensors["episodes"] = torch.tensor(self.episodes, dtype=torch.int64).reshape(-1, 3)
+        if self.cut is not None and self.reward_timeouts is not None:
+            tensors["cut"] = torch.tensor(self.cut, dtype=torch.bool)
+            tensors["reward_timeouts"] = torch.tensor(self.reward_timeouts, dtype=torch.int64)
         header = {"group_size": self.group_size, "weight_version": self.weight_version, "drawn": self.drawn}
         header["routing"] = self.routing is not None
         return safetensors.torch.save(tensors, metadata={"rollouts": json.dumps(header)})
@@ -144,6 +162,8 @@ class Rollouts:
             drawn=header.get("drawn"),
             masks=_split(t["masks"], lengths) if "masks" in t else None,
             episodes=[(a, b, c) for a, b, c in t["episodes"].tolist()] if "episodes" in t else None,
+            cut=t["cut"].tolist() if "cut" in t else None,
+            reward_timeouts=t["reward_timeouts"].tolist() if "reward_timeouts" in t else None,
         )
 
     def completion_tokens_total(self) -> int:
@@ -165,6 +185,19 @@ class Rollouts:
             "tool_calls_per_episode": sum(e[1] for e in self.episodes) / n,
             "tool_errors": float(sum(e[2] for e in self.episodes)),
             "masked_token_fraction": 1 - sum(map(sum, self.masks)) / tokens if tokens else 0.0,
+        }
+
+    def outcome_metrics(self) -> dict[str, float]:
+        """How the step's sequences ended: how many (and what share) the max_new_tokens budget cut,
+        and how many reward judgements ran out of time (each scored 0 with no verdict). Empty when
+        not known."""
+        if self.cut is None or self.reward_timeouts is None or not self.cut:
+            return {}
+        cut = sum(self.cut)
+        return {
+            "episodes_cut_by_budget": float(cut),
+            "episodes_cut_fraction": cut / len(self.cut),
+            "reward_timeouts": float(sum(self.reward_timeouts)),
         }
 
 
@@ -227,6 +260,24 @@ def score(rollouts: Rollouts, algo: AlgorithmSpec) -> tuple[torch.Tensor, list[i
         keep = zero_variance_mask(rewards)
     kept = keep.repeat_interleave(rollouts.group_size).nonzero().flatten().tolist()
     return adv.flatten().float(), kept
+
+
+def untrained_reason(rollouts: Rollouts, algo: AlgorithmSpec) -> str:
+    """Why `score` kept no sequence: every group's (shaped) rewards were equal, so no advantage; with
+    what the step's outcome says about why (episodes cut by the budget, judgements out of time)."""
+    rewards = shaped_rewards(rollouts, algo)  # [P, G]
+    levels = sorted({round(float(r), 4) for r in rewards[:, 0].tolist()})
+    shown = ", ".join(f"{v:g}" for v in levels[:4]) + (", ..." if len(levels) > 4 else "")
+    why = (
+        f"each of the {rewards.shape[0]} group(s) scored all its {rollouts.group_size} completions alike "
+        f"(group rewards {shown}): no advantage to learn from (algorithm.filterZeroVarianceGroups)"
+    )
+    outcome = rollouts.outcome_metrics()
+    if outcome.get("episodes_cut_fraction"):
+        why += f"; {outcome['episodes_cut_fraction']:.0%} of episodes were cut by spec.algorithm.maxNewTokens"
+    if outcome.get("reward_timeouts"):
+        why += f"; {outcome['reward_timeouts']:.0f} reward judgement(s) ran out of time"
+    return why
 
 
 def shard(indices: list[int], rank: int, world: int) -> list[int]:

@@ -29,7 +29,7 @@ from grpo_operator.api.contract import RunContract
 from torch import nn
 
 from grpo_trainer import checkpoint, memory, moe, prompts, weight_sync
-from grpo_trainer.batch import Rollouts, effective_prefix
+from grpo_trainer.batch import Rollouts, effective_prefix, untrained_reason
 from grpo_trainer.config import RankInfo, job_token
 from grpo_trainer.data import DATASET_FIELD, PromptOrder, RowShape, load_rows
 from grpo_trainer.evaluation import Evaluator
@@ -306,6 +306,7 @@ def loop(run: Run) -> bool:
                 staleness=staleness,
                 seconds=seconds,
                 metrics=stats,
+                untrained_reason=None if stats.get("trained_samples") else untrained_reason(rollouts, algo),
                 checkpoint=run.saver.last if run.saver else None,
                 resumed_from_step=run.resumed.state.step if run.resumed else None,
                 resumed_from=run.resumed.path if run.resumed else None,

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from grpo_operator.api import signals
 from grpo_operator.api.contract import RunContract
 from grpo_operator.api.job import GROUP, PLURAL, VERSION
 from grpo_operator.api.report import ENV_PROGRESS_FILE, AttemptStart, EvalScore, StepReport
@@ -79,6 +80,9 @@ class ProgressReporter:
         self._out: TextIO = open(path, "a") if path else sys.stdout  # noqa: SIM115 - lives as long as training
         self._patcher: StatusPatcher | None = None
         self._recent: deque[tuple[float, float]] = deque(maxlen=self.WAIT_WINDOW)  # (rollout_s, step_s)
+        self._max_new_tokens = contract.spec.algorithm.max_new_tokens
+        self._reward_timeouts = 0  # this attempt's, summed over its steps
+        self._said: set[str] = set()  # the signal warnings logged (api.signals), once each
         if in_cluster:
             try:
                 self._patcher = StatusPatcher(contract.namespace, contract.job_name)
@@ -128,6 +132,10 @@ class ProgressReporter:
         if total > 0:
             waited = min(1.0, sum(wait for wait, _ in self._recent) / total)
             report = report.model_copy(update={"rollout_wait_fraction": waited})
+        if report.metrics.get("reward_timeouts") is not None:
+            self._reward_timeouts += int(report.metrics["reward_timeouts"] or 0)
+            report = report.model_copy(update={"reward_timeouts_total": self._reward_timeouts})
+        self._warn(report)
         self._out.write(report.model_dump_json() + "\n")
         self._out.flush()
         if self._patcher is not None:
@@ -139,6 +147,20 @@ class ProgressReporter:
                 tracking.log_report(self.tracker, report)
             except Exception as e:  # a tracking server's hiccup costs a log line, never a step
                 log.warning("experiment tracking: step %d not logged: %s", report.step, e)
+
+    def _warn(self, report: StepReport) -> None:
+        """The signal warnings this report shows, each logged once (the operator posts them as Events)."""
+        if report.untrained_reason:
+            log.info("step %d trained on no completion: %s", report.step, report.untrained_reason)
+        found = signals.warnings(
+            reward_timeouts=report.reward_timeouts_total,
+            cut_fraction=report.metrics.get("episodes_cut_fraction"),
+            max_new_tokens=self._max_new_tokens,
+        )
+        for reason, message in found:
+            if reason not in self._said:
+                self._said.add(reason)
+                log.warning("step %d: %s", report.step, message)
 
     def close(self) -> None:
         if self._out is not sys.stdout:
@@ -170,8 +192,9 @@ def step_report(
     max_steps: int,
     staleness: int,
     seconds: StepSeconds,
-    metrics: dict[str, float],
+    metrics: dict[str, float | None],
     checkpoint: tuple[str, int] | None,
+    untrained_reason: str | None = None,
     resumed_from_step: int | None = None,
     resumed_from: str | None = None,
     checkpoint_warning: str | None = None,
@@ -188,6 +211,10 @@ def step_report(
         tokens_per_s=tokens / wall if wall > 0 else None,
         samples_per_s=len(rollouts) / wall if wall > 0 else None,
         samples=len(rollouts),
+        trained_samples=None
+        if metrics.get("trained_samples") is None
+        else int(metrics["trained_samples"] or 0),
+        untrained_reason=untrained_reason,
         staleness=staleness,
         weight_version=run_state.version,
         position=run_state.position,

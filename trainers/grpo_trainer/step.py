@@ -38,7 +38,7 @@ class Learner:
     loss_cfg: LossConfig
     pad_id: int
 
-    def train_step(self, rollouts: Rollouts) -> dict[str, float]:
+    def train_step(self, rollouts: Rollouts) -> dict[str, float | None]:
         """The step's optimizer updates: epochsPerStep passes over miniBatchesPerStep mini-batches.
 
         Each mini-batch is normalised by its own totals (over every rank) and every rank makes the
@@ -51,9 +51,10 @@ class Learner:
             if algo.dynamic_sampling
             else {}
         )
-        drawn |= rollouts.episode_metrics()
+        drawn |= rollouts.episode_metrics() | rollouts.outcome_metrics()
+        drawn["trained_samples"] = float(len(kept))
         if not kept:  # every group had equal rewards: nothing to learn, keep Adam's moments untouched
-            return {"kept": 0.0, **drawn}
+            return {"kept": 0.0, "loss": None, "grad_norm": None, **drawn}  # said, not missing
         plans = []  # per mini-batch: (its totals, this rank's micro-batches)
         for part in mini_batches(kept, algo.mini_batches_per_step):
             totals = Totals(

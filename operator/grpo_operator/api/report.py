@@ -62,6 +62,17 @@ class StepReport(BaseModel):
     tokens_per_s: float | None = Field(ge=0, description="Prompt plus completion tokens per second.")
     samples_per_s: float | None = Field(ge=0, description="Completions per second.")
     samples: int = Field(ge=0, description="Completions in the step.")
+    trained_samples: int | None = Field(
+        default=None, ge=0, description="Completions the step trained on (zero-variance groups filtered)."
+    )
+    untrained_reason: str | None = Field(
+        default=None, description="Why the step trained on no completion (its loss is then null)."
+    )
+    reward_timeouts_total: int | None = Field(
+        default=None,
+        ge=0,
+        description="Reward judgements out of time in this attempt so far (each scored 0, no verdict).",
+    )
     staleness: int = Field(ge=0, description="Policy versions between sampling and training.")
     weight_version: int = Field(ge=0, description="Policy version the rollout servers hold after it.")
     position: int = Field(ge=0, description="Prompts consumed so far (the data cursor).")
@@ -117,6 +128,9 @@ class StepReport(BaseModel):
             tokens_per_second=self.tokens_per_s,
             rollout_seconds=self.rollout_s,
             rollout_wait_fraction=self.rollout_wait_fraction,
+            trained_samples=self.trained_samples,
+            reward_timeouts=self.reward_timeouts_total,
+            episodes_cut_fraction=self.metrics.get("episodes_cut_fraction"),
             train_seconds=self.train_s,
             ep_all_to_all_seconds=self.ep_all_to_all_s,
             ep_backend=self.ep_backend,

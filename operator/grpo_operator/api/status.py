@@ -205,6 +205,23 @@ class Progress(ApiModel):
         description="rolloutWaitFraction: share of the trainer's wall time spent waiting for rollouts, "
         "over its last steps (what rollout.autoscaling follows).",
     )
+    trained_samples: int | None = Field(
+        default=None, ge=0, le=MAX_COUNT, description="trainedSamples: completions the last step trained on."
+    )
+    reward_timeouts: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_COUNT,
+        description="rewardTimeouts: reward judgements out of time this attempt (scored 0, no verdict; "
+        "a RewardTimeouts Warning Event says so once).",
+    )
+    episodes_cut_fraction: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="episodesCutFraction: share of the last step's episodes spec.algorithm.maxNewTokens "
+        "ended (past half: an EpisodesCutByBudget Warning Event, once).",
+    )
     weight_version: int | None = Field(
         default=None, le=MAX_COUNT, description="weightVersion: policy version on rollout."
     )

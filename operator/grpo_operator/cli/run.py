@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="PATH",
         help='write {"steps", "reward_first", "reward_last", "samples_per_s", "wall_s", "restarts", '
-        '"resumed_from_step", "resumed_from", and with spec.tools or spec.environment "turns_mean", '
+        '"resumed_from_step", "resumed_from", "episodes_cut_fraction_mean", "reward_timeouts", '
+        '"untrained_steps", and with spec.tools or spec.environment "turns_mean", '
         '"tool_calls_per_episode", "tool_errors", "masked_token_fraction"} here',
     )
     parser.add_argument(

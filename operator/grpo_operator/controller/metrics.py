@@ -40,6 +40,12 @@ EP_BACKEND_REFUSED = Counter(
     "(e.g. DeepEP not importable; each reported refusal counted once).",
     ["backend"],
 )
+SIGNAL_WARNINGS = Counter(
+    "grpo_operator_signal_warnings_total",
+    "Jobs warned that their learning signal is wrong (api.signals: RewardTimeouts, EpisodesCutByBudget), "
+    "once per job and reason.",
+    ["reason"],
+)
 
 
 class Heartbeat:

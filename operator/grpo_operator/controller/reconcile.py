@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pydantic import ValidationError
 
 from grpo_operator import render
+from grpo_operator.api import signals
 from grpo_operator.api.job import API_VERSION, KIND, GRPOJob
 from grpo_operator.api.status import TERMINAL_PHASES, GRPOJobStatus
 from grpo_operator.controller import ep_backend, failures, metrics, observe, placement, status
@@ -50,6 +51,7 @@ class JobMemory:
     generation: int | None = None  # of the job as the last pass read it
     reported: str | None = None  # the failure last reported as an Event
     ep_announced: set = field(default_factory=set)  # epBackend auto: choice and candidates announced
+    signals_said: set = field(default_factory=set)  # api.signals reasons posted as Warning Events
 
 
 @dataclass
@@ -151,7 +153,12 @@ class Reconciler:
             self._write_status(body, decision.status)
         ep_news = ep_backend.fresh(snap.old.progress, memory.ep_announced)
         decision.events += [e for e in map(ep_backend.event, ep_news) if e is not None]
+        said = _signal_warnings(snap, memory.signals_said)
+        decision.events += [("Warning", reason, message) for reason, message in said]
         self._emit(body, decision.events, memory, rendered, now)
+        for reason, _ in said:  # once per job, after its Event went out
+            metrics.SIGNAL_WARNINGS.labels(reason=reason).inc()
+            memory.signals_said.add(reason)
         for kind, backend, why in ep_news:  # once each, after its Event went out
             if kind == ep_backend.FAILED:
                 metrics.EP_BACKEND_FAILURES.labels(backend=backend).inc()
@@ -284,6 +291,19 @@ class Reconciler:
             text = "; ".join(rendered.warnings)
             self.kube.event(body, "Warning", "TemplateConflict", f"operator fields kept: {text}", stamp)
         memory.warned_generation = generation
+
+
+def _signal_warnings(snap: Snapshot, said: set) -> list[tuple[str, str]]:
+    """What trainer rank 0's last report says is wrong with the learning signal, not said yet."""
+    progress, job = snap.old.progress, snap.job
+    if progress is None or job is None:
+        return []
+    found = signals.warnings(
+        reward_timeouts=progress.reward_timeouts,
+        cut_fraction=progress.episodes_cut_fraction,
+        max_new_tokens=job.spec.algorithm.max_new_tokens,
+    )
+    return [(reason, message) for reason, message in found if reason not in said]
 
 
 def _rollout_count(new: GRPOJobStatus, kueue_cap: int | None) -> int | None:

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from grpo_operator.api import signals
 from grpo_operator.api.report import EvalScore, StepReport
 
 PLAIN_LINE_EVERY_S = 1.0  # off a terminal, at most one progress line per second (plus the last step)
@@ -37,9 +38,11 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
 class ProgressView:
     """Live panel on a terminal, one line per step elsewhere. Use as a context manager."""
 
-    def __init__(self, console: Console, title: str) -> None:
+    def __init__(self, console: Console, title: str, max_new_tokens: int | None = None) -> None:
         self.console = console
         self.title = title
+        self.max_new_tokens = max_new_tokens  # spec.algorithm.maxNewTokens, named by the budget warning
+        self._said: set[str] = set()  # signal warnings (api.signals) and the first untrained step, once each
         self._live: Live | None = None
         self._last: StepReport | None = None
         self._eval: EvalScore | None = None  # the newest held-out evaluation
@@ -71,6 +74,7 @@ class ProgressView:
         for rec in new:
             if rec.checkpoint_warning:  # the trainer skipped unreadable saves at resume
                 self.note(f"warning: {rec.checkpoint_warning}")
+            self._say_once(rec)
         if self._live is not None:
             self._live.update(self._render())
             return
@@ -89,6 +93,23 @@ class ProgressView:
                 highlight=False,
                 soft_wrap=True,
             )
+
+    def _say_once(self, rec: StepReport) -> None:
+        """What is wrong with the learning signal, once per run (later steps keep it in progress.jsonl)."""
+        found = signals.warnings(
+            reward_timeouts=rec.reward_timeouts_total,
+            cut_fraction=rec.metrics.get("episodes_cut_fraction"),
+            max_new_tokens=self.max_new_tokens,
+        )
+        lines = [(reason, f"warning: {message}") for reason, message in found]
+        if rec.untrained_reason:
+            lines.append(
+                ("untrained", f"note: step {rec.step} trained on no completion: {rec.untrained_reason}")
+            )
+        for reason, line in lines:
+            if reason not in self._said:
+                self._said.add(reason)
+                self.note(line)
 
     def _render(self) -> Table:
         s, r = self._state, self._last

@@ -119,6 +119,16 @@ def summarize(
             key: _mean([r.metrics[key] for r in records if r.metrics.get(key) is not None])
             for key in EPISODE_KEYS
         },
+        # how the episodes ended and what the rewards could not judge (issue 46: never silently)
+        "episodes_cut_fraction_mean": _mean(
+            [
+                r.metrics["episodes_cut_fraction"]
+                for r in records
+                if r.metrics.get("episodes_cut_fraction") is not None
+            ]
+        ),
+        "reward_timeouts": sum(int(r.metrics.get("reward_timeouts") or 0) for r in records),
+        "untrained_steps": sum(r.untrained_reason is not None for r in records),
         "wall_s": round(wall_s, 3),
         "restarts": restarts,
         # where the last attempt started (a gang restart, or a rerun); None: fresh

@@ -105,7 +105,7 @@ class Supervisor:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         failure: RunFailed | None = None
         interrupted: Interrupted | None = None
-        view = ProgressView(self.console, self.plan.name)
+        view = ProgressView(self.console, self.plan.name, self.plan.job.spec.algorithm.max_new_tokens)
         try:
             with view:
                 try:
