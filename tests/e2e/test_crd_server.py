@@ -163,6 +163,17 @@ def test_example_accepted_by_server_and_offline(
     assert validation.validate_file(path) == []
 
 
+def test_an_environment_job_may_leave_reward_out_on_the_server_as_offline(
+    crd_installed: None, kubectl: Any, namespace: str, tmp_path: Path
+) -> None:
+    """Issue 46: the fixture refused for scoring nothing is accepted once an environment scores."""
+    refused = ROOT / "tests" / "fixtures" / "invalid" / "rule-no-reward-no-environment.yaml"
+    path = tmp_path / "environment-only.yaml"
+    path.write_text(refused.read_text() + "  environment:\n    class: my_pkg.games:Guess\n")
+    kubectl("create", "--dry-run=server", "-f", "-", input=in_namespace(path, namespace))
+    assert validation.validate_file(path) == []
+
+
 class Mutator:
     """Sets random spec fields to boundary, wrong-typed, enum or null values (seeded, repeatable)."""
 

@@ -103,7 +103,7 @@ def test_a_local_job_learns_from_the_environments_reward_alone(tmp_path: Path, t
 
     manifest = job_manifest(tiny_model, maxSteps=80, groupSize=8, promptsPerStep=16, microBatchSize=64)
     manifest["spec"]["dataset"]["path"] = str(tiny_model / "addition-train.jsonl")
-    manifest["spec"]["reward"] = {"functions": []}
+    del manifest["spec"]["reward"]  # the environment scores: spec.reward may be left out (issue 46)
     manifest["spec"]["environment"] = {"class": "are_you_sure:AreYouSure"}
     manifest["spec"]["algorithm"].update(maxNewTokens=32, learningRate=0.0005)  # two answers and a question
     run = run_job(tmp_path, manifest, files={"are_you_sure.py": ENVIRONMENT})
@@ -112,6 +112,7 @@ def test_a_local_job_learns_from_the_environments_reward_alone(tmp_path: Path, t
     assert summary["steps"] == 80 and summary["restarts"] == 0, summary
     assert summary["turns_mean"] == pytest.approx(2.0, abs=0.05), summary  # asked twice, nearly always
     assert 0.0 < summary["masked_token_fraction"] < 1.0, summary
+    assert summary["episodes_cut_fraction_mean"] < 0.5, summary  # 32 tokens hold both turns
     rewards = [s["reward_mean"] for s in run.steps()]
     first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
     assert last > first + 0.05, rewards

@@ -101,6 +101,19 @@ def test_examples_are_valid(path: Path) -> None:
     assert validation.validate_file(path) == []
 
 
+def test_an_environment_job_may_leave_reward_out() -> None:
+    """Issue 46: leaving spec.reward out is refused only when nothing else scores (one CEL rule)."""
+    env_only = JOB.replace(
+        "  reward:\n    functions:\n      - builtin: exact_match\n", "  environment:\n    class: a:B\n"
+    )
+    assert "reward" not in env_only and validation.validate_text(env_only, "env.yaml") == []
+    neither = env_only.replace("  environment:\n    class: a:B\n", "")
+    [problem] = validation.validate_text(neither, "neither.yaml")
+    assert "spec.reward.functions" in str(problem) and "unless reward.model or spec.environment" in str(
+        problem
+    )
+
+
 def test_problem_names_file_line_and_path() -> None:
     text = JOB.replace("    processesPerPod: 2\n", "    processesPerPod: 2\n    expertParallelSize: 3\n")
     (problem,) = validation.validate_text(text, "job.yaml")

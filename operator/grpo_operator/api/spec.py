@@ -575,8 +575,8 @@ class GRPOJobSpec(ApiModel):
                 ".checkpoint.path",
             ),
             (
-                "has(self.environment) || has(self.reward.model) || "
-                "(has(self.reward.functions) && size(self.reward.functions) > 0)",
+                "has(self.environment) || (has(self.reward) && (has(self.reward.model) || "
+                "(has(self.reward.functions) && size(self.reward.functions) > 0)))",
                 "reward.functions needs at least one entry unless reward.model or spec.environment scores "
                 "the completions",
                 ".reward.functions",
@@ -585,7 +585,10 @@ class GRPOJobSpec(ApiModel):
     )
     model: ModelSpec = Field(description="model: required. The policy model to train.")
     dataset: DatasetSpec = Field(description="dataset: required. Prompts to train on.")
-    reward: RewardSpec = Field(description="reward: required. How completions are scored.")
+    reward: RewardSpec = Field(
+        default_factory=RewardSpec,
+        description="reward: how completions are scored; may be left out when spec.environment scores them.",
+    )
     environment: EnvironmentSpec | None = Field(
         default=None,
         description="environment: optional. An interactive task (multi-turn): the model's turns go to its "
