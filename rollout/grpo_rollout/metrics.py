@@ -38,6 +38,13 @@ class RolloutMetrics:
             ["function"],
             registry=r,
         )
+        self.reward_timeouts = Counter(
+            "grpo_rollout_reward_timeouts",
+            "Of the failed samples, those with no verdict in time (a reward's own budget or "
+            "reward.timeoutSeconds): scored 0, but no judgement of the answer.",
+            ["function"],
+            registry=r,
+        )
         self.handed_back = Counter(
             "grpo_rollout_prompts_handed_back", "Prompts returned unfinished.", registry=r
         )

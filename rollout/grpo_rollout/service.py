@@ -121,6 +121,7 @@ class RolloutService:
         self._gate = Gate()  # many generations or one weight swap
         self.failure: str | None = None  # the engine's first error once it died: final
         self._dead = asyncio.Event()
+        self._warned_timeout = False  # the first judgement that ran out of time is warned about, once
 
     @property
     def state(self) -> ServerState:
@@ -320,6 +321,18 @@ class RolloutService:
             raise ServiceError(422, "bad_request", str(e)) from None
         return version, out
 
+    def _count_timeout(self, detail: RewardDetail) -> None:
+        """A judgement that ran out of its time: counted, and warned about the first time."""
+        self.metrics.reward_timeouts.labels(detail.name).inc()
+        if not self._warned_timeout:
+            self._warned_timeout = True
+            log.warning(
+                "reward %s ran out of time judging a sample (%s): its score counted as 0, no verdict; "
+                "reported as reward_timeouts (this warning is not repeated)",
+                detail.name,
+                detail.error,
+            )
+
     def _score(
         self, req: GenerateRequest, samples: list[PromptSamples | None], version: int
     ) -> list[PromptResult]:
@@ -351,6 +364,8 @@ class RolloutService:
                 for d in details:
                     if d.error is not None:
                         self.metrics.reward_failures.labels(d.name).inc()
+                    if d.timed_out:
+                        self._count_timeout(d)
                 completions_out.append(
                     Completion(
                         text=sample.text,

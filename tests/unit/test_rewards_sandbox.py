@@ -11,7 +11,15 @@ import textwrap
 
 import pytest
 from grpo_rollout.rewards import sandbox
-from grpo_rollout.rewards.worker import PluginError, PluginTimeout, PluginWorker
+from grpo_rollout.rewards.base import Unjudged
+from grpo_rollout.rewards.worker import (
+    ANSWER_BASE_BYTES,
+    ANSWER_BYTES_PER_SCORE,
+    ANSWER_BYTES_PER_UNJUDGED,
+    PluginError,
+    PluginTimeout,
+    PluginWorker,
+)
 
 from tests.support.reward_processes import alive, in_session
 
@@ -53,6 +61,14 @@ def forge(prompts, completions, marker, **columns):
     channel.write(pickle.dumps(Opens(marker[0])) + b"\\n")
     channel.flush()
     return [1.0]
+
+def answer_unjudged(prompts, completions, unjudged, **columns):  # writes the answer line itself
+    import gc, io
+    (channel,) = [o for o in gc.get_objects() if isinstance(o, io.BufferedWriter) and o.mode == "wb"]
+    answer = {"ok": True, "scores": [0.0], "unjudged": json.loads(unjudged[0])}
+    channel.write(json.dumps(answer).encode() + b"\\n")
+    channel.flush()
+    os._exit(0)
 
 def spawn_and_hang(prompts, completions, pidfile, **columns):
     forked = os.fork()  # stays in the worker's process group
@@ -143,7 +159,8 @@ def test_a_reward_reads_the_jobs_credentials_as_files_and_never_from_the_env(wor
 
 def test_printing_does_not_corrupt_the_answers_and_a_flood_is_refused(worker):
     assert call(worker, "chatty") == [1.0]
-    with pytest.raises(PluginError, match="more than one line of at most 8224 bytes"):
+    one_score = ANSWER_BASE_BYTES + ANSWER_BYTES_PER_SCORE + ANSWER_BYTES_PER_UNJUDGED
+    with pytest.raises(PluginError, match=f"more than one line of at most {one_score} bytes"):
         call(worker, "flood")
     assert worker.killed == 1
     assert call(worker, "chatty") == [1.0]  # a fresh worker
@@ -155,6 +172,20 @@ def test_a_forged_answer_is_parsed_as_json_never_unpickled(worker, tmp_path):
         call(worker, "forge", marker=str(marker))
     assert not marker.exists()
     assert worker.killed == 1  # a worker that forged once is not trusted with the next call
+
+
+def test_an_unjudged_score_comes_back_as_one(worker):
+    (score,) = call(worker, "answer_unjudged", unjudged='[[0, "out of time"]]')
+    assert isinstance(score, Unjudged) and score.reason == "out of time"
+
+
+@pytest.mark.parametrize(
+    "unjudged", ['[[1, "x"]]', "[[0, 7]]", '[[true, "x"]]', "[0]", '[[0, "x", 1]]', "{}"]
+)
+def test_a_malformed_unjudged_list_is_garbage(worker, unjudged):
+    with pytest.raises(PluginError, match="reward worker answered garbage"):
+        call(worker, "answer_unjudged", unjudged=unjudged)
+    assert worker.killed == 1
 
 
 def test_a_timeout_kills_the_worker_with_everything_it_started(worker, tmp_path):

@@ -31,11 +31,12 @@ from typing import Any, BinaryIO
 
 from grpo_rollout import environment_host
 from grpo_rollout.environment_host import EnvError, EpisodeHost
-from grpo_rollout.rewards.base import load_function
+from grpo_rollout.rewards.base import Unjudged, load_function, warm_up
 from grpo_rollout.tools import registry, schema
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 MAX_ERROR_CHARS = 2000  # a reward's error message, as it appears in the sample's reward details
+MAX_REASON_CHARS = 200  # an Unjudged score's reason, per sample
 
 
 def confine(memory_bytes: int) -> int:
@@ -76,8 +77,7 @@ def answer(
         fn = load(functions, request["path"])
         if request["prompts"] is None:  # a load check only
             return {"ok": True, "scores": []}
-        scores = fn(request["prompts"], request["completions"], **request["columns"])
-        return {"ok": True, "scores": [None if v is None else float(v) for v in scores]}
+        return scored(fn(request["prompts"], request["completions"], **request["columns"]))
     except MemoryError:
         who = "reward" if op == "score" else "environment" if op.startswith("env_") else "tool"
         limit = memory_bytes >> 20
@@ -88,14 +88,25 @@ def answer(
         return {"ok": False, "error": f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]}
 
 
+def scored(scores: Any) -> dict[str, Any]:
+    """A reward's answer: its scores as floats (None kept), and [index, reason] of each Unjudged one."""
+    values = [None if v is None else float(v) for v in scores]
+    unjudged = [[i, v.reason[:MAX_REASON_CHARS]] for i, v in enumerate(scores) if isinstance(v, Unjudged)]
+    return {"ok": True, "scores": values, "unjudged": unjudged}
+
+
 def load(functions: dict[str, Any], path: str, tool: bool = False, environment: bool = False) -> Any:
-    """A reward, tool or environment class by path, imported once per worker."""
+    """A reward, tool or environment class by path, imported once per worker (a reward's warm-up run then)."""
     key = f"{'env:' * environment}{path}"  # a class is checked as one, apart from a function
     if key not in functions:
         if environment:
             functions[key] = environment_host.load_class(path)
+        elif tool:
+            functions[key] = registry.load_tool(path)
         else:
-            functions[key] = registry.load_tool(path) if tool else load_function(path)
+            fn = load_function(path)
+            warm_up(fn)  # on the load's time, not a batch's: a worker loads what the scorer checked first
+            functions[key] = fn
     return functions[key]
 
 

@@ -6,7 +6,9 @@ or `module:function` plugin, runs in a `PluginWorker` child that is killed if it
 function that raises, hangs, returns the wrong number of scores or a NaN scores the affected
 samples 0 and says why in that sample's reward details; the server goes on.
 When a batch call raises, each sample is retried alone (within the same time budget) so one bad
-completion does not zero its whole batch.
+completion does not zero its whole batch. A sample no verdict was reached for in time scores 0 with
+`timed_out` set in its detail: one the function returned as `Unjudged` (its own budget ran out), every
+sample of a batch call past reward.timeoutSeconds, and those a retry did not reach in time.
 With spec.reward.model, the reward model servers score the same completions (`model_client`, on a
 thread of its own while the functions run) and join the sum by the model's weight, as the detail
 named "model". Unlike a function's, their failure is not scored 0: a misconfigured model, or one no
@@ -16,12 +18,14 @@ server answers for, raises the client's `ServiceError`, which fails the /generat
 import logging
 import math
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from grpo_operator.api.spec import RewardSpec
 from grpo_wire.protocol import RewardDetail, ScoreItem
 
+from grpo_rollout.rewards.base import Unjudged
 from grpo_rollout.rewards.model_client import RewardModelClient
 from grpo_rollout.rewards.worker import PluginError, PluginTimeout, PluginWorker
 
@@ -80,10 +84,9 @@ class RewardScorer:
             ]
             asked = self._model_pool.submit(self.model.score, items)
         for name, weight in self.functions:
-            values, errors = self._run(name, prompts, completions, columns)
-            for i in range(total):
-                rewards[i] += weight * values[i]
-                details[i].append(RewardDetail(name=name, weight=weight, score=values[i], error=errors[i]))
+            for i, detail in enumerate(self._run(name, weight, prompts, completions, columns)):
+                rewards[i] += weight * detail.score
+                details[i].append(detail)
         if asked is not None:
             values, errors = asked.result()  # a misconfigured or unreachable model raises: no silent 0
             weight = self.model_weight
@@ -97,63 +100,77 @@ class RewardScorer:
     def _run(
         self,
         name: str,
+        weight: float,
         prompts: list[str],
         completions: list[str],
         columns: dict[str, list[Any]],
-    ) -> tuple[list[float], list[str | None]]:
+    ) -> list[RewardDetail]:
+        """One function's detail per completion."""
         total = len(completions)
         deadline = time.monotonic() + self.timeout
         call = self._worker.call
+
+        def detail(score: float = 0.0, error: str | None = None, timed_out: bool = False) -> RewardDetail:
+            return RewardDetail(name=name, weight=weight, score=score, error=error, timed_out=timed_out)
+
         try:
-            return self._check(call(name, prompts, completions, columns, self.timeout), total)
-        except (PluginTimeout, BadScores) as e:  # a retry would not help: zero the batch
-            return self._failed(name, total, str(e))
+            return [
+                detail(*v)
+                for v in self._check(call(name, prompts, completions, columns, self.timeout), total)
+            ]
+        except PluginTimeout as e:  # a retry would not help: no verdict for the batch
+            return self._failed(name, total, str(e), detail, timed_out=True)
+        except BadScores as e:
+            return self._failed(name, total, str(e), detail)
         except Exception as e:  # PluginError, or columns that are not JSON
             batch_error = e if isinstance(e, PluginError) else f"{type(e).__name__}: {e}"
         if total == 1:
-            return self._failed(name, 1, str(batch_error))
+            return self._failed(name, 1, str(batch_error), detail)
         # Retry sample by sample, so only the completions that break the function score 0.
-        values: list[float] = [0.0] * total
-        errors: list[str | None] = [f"{batch_error} (batch call; not retried in time)"] * total
+        out = [detail(error=f"{batch_error} (batch call; not retried in time)", timed_out=True)] * total
         for i in range(total):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             one_cols = {k: [v[i]] for k, v in columns.items()}
             try:
-                (values[i],), (errors[i],) = self._check(
+                ((value, error, timed_out),) = self._check(
                     call(name, [prompts[i]], [completions[i]], one_cols, left), 1
                 )
+                out[i] = detail(value, error, timed_out)
             except PluginTimeout as e:
-                errors[i] = str(e)
+                out[i] = detail(error=str(e), timed_out=True)
                 break
             except Exception as e:
-                errors[i] = str(e) if isinstance(e, PluginError) else f"{type(e).__name__}: {e}"
-        failed = sum(err is not None for err in errors)
+                out[i] = detail(error=str(e) if isinstance(e, PluginError) else f"{type(e).__name__}: {e}")
+        failed = sum(d.error is not None for d in out)
         if failed:
             log.warning("reward %s failed for %d of %d samples: %s", name, failed, total, batch_error)
-        return values, errors
+        return out
 
     @staticmethod
-    def _check(scores: Any, total: int) -> tuple[list[float], list[str | None]]:
-        """Validate a function's answer: right length, numbers or None, finite."""
+    def _check(scores: Any, total: int) -> list[tuple[float, str | None, bool]]:
+        """Validate a function's answer (right length, numbers or None, finite): (score, error, timed out)."""
         if not isinstance(scores, list | tuple) or len(scores) != total:
             got = len(scores) if isinstance(scores, list | tuple) else type(scores).__name__
             raise BadScores(f"returned {got} scores for {total} completions")
-        values: list[float] = []
-        errors: list[str | None] = []
+        verdicts: list[tuple[float, str | None, bool]] = []
         for v in scores:
+            if isinstance(v, Unjudged):
+                verdicts.append((0.0, v.reason or "returned Unjudged: no verdict", True))
+                continue
             try:
                 x = 0.0 if v is None else float(v)
             except (TypeError, ValueError):
-                values.append(0.0)
-                errors.append(f"returned a non-number: {v!r:.40}")
+                verdicts.append((0.0, f"returned a non-number: {v!r:.40}", False))
                 continue
             finite = math.isfinite(x)
-            values.append(x if finite else 0.0)
-            errors.append(None if finite else f"returned {x}")
-        return values, errors
+            verdicts.append((x, None, False) if finite else (0.0, f"returned {x}", False))
+        return verdicts
 
-    def _failed(self, name: str, total: int, reason: str) -> tuple[list[float], list[str | None]]:
+    @staticmethod
+    def _failed(
+        name: str, total: int, reason: str, detail: Callable[..., RewardDetail], timed_out: bool = False
+    ) -> list[RewardDetail]:
         log.warning("reward %s failed for all %d samples: %s", name, total, reason)
-        return [0.0] * total, [reason] * total
+        return [detail(error=reason, timed_out=timed_out)] * total

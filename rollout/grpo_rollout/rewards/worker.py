@@ -7,7 +7,9 @@ the process with everything it started and starts a fresh one on the next call. 
 answers are JSON lines over its stdin and stdout, written and read against the call's deadline, and
 an answer may be no larger than what it carries needs (scores, a capped tool result): what the child
 sends is parsed as data, never unpickled. A function that raises, or answers with the wrong shape,
-comes back as a PluginError carrying the function's own message.
+comes back as a PluginError carrying the function's own message. A reward's `Unjudged` scores (no
+verdict, out of time) come back as `Unjudged` in the scores' list. The rewards `check` loaded are loaded
+again, with their warm-ups, into every fresh process before its first call, on the load's time.
 """
 
 import json
@@ -20,6 +22,7 @@ import time
 from typing import Any
 
 from grpo_rollout.rewards import child, sandbox
+from grpo_rollout.rewards.base import Unjudged
 
 
 class PluginError(Exception):
@@ -32,6 +35,9 @@ class PluginTimeout(Exception):
 
 ANSWER_BASE_BYTES = 8192  # the JSON frame and an error message (the child cuts those at 2000 chars)
 ANSWER_BYTES_PER_SCORE = 32  # a float's repr and its separator
+# an Unjudged score's [index, reason]: JSON writes a character as at most 12 bytes (a surrogate pair)
+ANSWER_BYTES_PER_UNJUDGED = 32 + 12 * child.MAX_REASON_CHARS
+LOAD_TIMEOUT_S = 60.0  # importing (and warming) a reward in the worker: at start-up, never a batch's time
 TOOL_SCHEMA_BYTES = 1 << 20  # a tool's description for the chat template; a real one is a few KiB
 
 
@@ -43,6 +49,8 @@ class PluginWorker:
         self.memory_bytes = memory_bytes or sandbox.memory_limit(os.environ)
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
+        # the rewards `check` loaded: a fresh process loads them (and warms them) before its first call
+        self._loaded: list[str] = []
         self.killed = 0  # workers killed after a timeout or death; the next call starts a fresh one
 
     def _ensure(self) -> subprocess.Popen[bytes]:
@@ -57,6 +65,8 @@ class PluginWorker:
             )
             assert self._proc.stdin is not None
             os.set_blocking(self._proc.stdin.fileno(), False)  # writes wait on the deadline, not the child
+            for path in self._loaded:
+                self._send(self._proc, load_request(path), "scores", list, LOAD_TIMEOUT_S, ANSWER_BASE_BYTES)
         return self._proc
 
     def kill(self) -> None:
@@ -76,14 +86,19 @@ class PluginWorker:
         columns: dict[str, list[Any]],
         timeout: float,
     ) -> list[float | None]:
-        """Run one batch call; PluginTimeout after `timeout` seconds (the worker is then killed)."""
+        """Run one batch call; PluginTimeout after `timeout` seconds (the worker is then killed).
+        A score the reward returned as `Unjudged` comes back as one, with its reason."""
         request = {"path": path, "prompts": prompts, "completions": completions, "columns": columns}
-        limit = ANSWER_BASE_BYTES + ANSWER_BYTES_PER_SCORE * len(completions or ())
+        per_score = ANSWER_BYTES_PER_SCORE + ANSWER_BYTES_PER_UNJUDGED
+        limit = ANSWER_BASE_BYTES + per_score * len(completions or ())
         return self.request(request, "scores", list, timeout, limit)
 
-    def check(self, path: str, timeout: float = 60.0) -> None:
-        """Import a reward in the worker now, so a bad path fails at server start, not mid-job."""
-        self.call(path, None, None, {}, timeout)
+    def check(self, path: str, timeout: float = LOAD_TIMEOUT_S) -> None:
+        """Import (and warm) a reward in the worker now, so a bad path fails at server start, not mid-job;
+        every later fresh process loads it again before its first call."""
+        self.request(load_request(path), "scores", list, timeout, ANSWER_BASE_BYTES)
+        if path not in self._loaded:
+            self._loaded.append(path)
 
     def call_tool(
         self, path: str, name: str, arguments: dict[str, Any], timeout: float, max_chars: int
@@ -102,29 +117,65 @@ class PluginWorker:
 
     def request(self, request: dict[str, Any], key: str, kind: type, timeout: float, limit: int) -> Any:
         """Send one request, return its answer's `key` (a `kind`); PluginError or PluginTimeout otherwise."""
-        line = json.dumps(request).encode() + b"\n"
         with self._lock:
-            proc = self._ensure()
-            try:
-                raw = exchange(proc, line, time.monotonic() + timeout, limit, self.label)
-            except PluginTimeout:
-                self.kill()
-                raise PluginTimeout(f"timed out after {timeout:g}s; worker killed") from None
-            except PluginError:
-                self.kill()
-                raise
-            try:  # only code that wrote to the answer channel itself gets past this as garbage
-                answer = json.loads(raw)
-                ok = answer["ok"] is True
-                payload = answer[key] if ok else str(answer["error"])
-                if ok and not isinstance(payload, kind):
-                    raise TypeError
-            except (ValueError, TypeError, KeyError, RecursionError):
-                self.kill()
-                raise PluginError(f"{self.label} answered garbage: {raw[:80]!r}") from None
+            return self._send(self._ensure(), request, key, kind, timeout, limit)
+
+    def _send(
+        self,
+        proc: subprocess.Popen[bytes],
+        request: dict[str, Any],
+        key: str,
+        kind: type,
+        timeout: float,
+        limit: int,
+    ) -> Any:
+        line = json.dumps(request).encode() + b"\n"
+        try:
+            raw = exchange(proc, line, time.monotonic() + timeout, limit, self.label)
+        except PluginTimeout:
+            self.kill()
+            raise PluginTimeout(f"timed out after {timeout:g}s; worker killed") from None
+        except PluginError:
+            self.kill()
+            raise
+        try:  # only code that wrote to the answer channel itself gets past this as garbage
+            answer = json.loads(raw)
+            ok = answer["ok"] is True
+            payload = answer[key] if ok else str(answer["error"])
+            if ok and not isinstance(payload, kind):
+                raise TypeError
+            if ok and key == "scores":
+                payload = with_unjudged(payload, answer.get("unjudged", []))
+        except (ValueError, TypeError, KeyError, IndexError, RecursionError):
+            self.kill()
+            raise PluginError(f"{self.label} answered garbage: {raw[:80]!r}") from None
         if not ok:
             raise PluginError(payload)
         return payload
+
+
+def load_request(path: str) -> dict[str, Any]:
+    """The request that only loads a reward (and runs its warm-up)."""
+    return {"path": path, "prompts": None, "completions": None, "columns": {}}
+
+
+def with_unjudged(scores: list[Any], unjudged: Any) -> list[Any]:
+    """`scores` with each [index, reason] in `unjudged` made an Unjudged; TypeError, ValueError or
+    IndexError when it is malformed."""
+    if not isinstance(unjudged, list):
+        raise TypeError
+    out = list(scores)
+    for item in unjudged:
+        i, reason = item
+        if (
+            not isinstance(i, int)
+            or isinstance(i, bool)
+            or not isinstance(reason, str)
+            or not 0 <= i < len(out)
+        ):
+            raise IndexError
+        out[i] = Unjudged(reason)
+    return out
 
 
 def exchange(
