@@ -7,17 +7,29 @@ billion-digit integer, towers of exponents SymPy would evaluate); each must come
 verdict. Their pytest timeout is a generous does-not-hang bound, enforced from a thread because a
 stuck big-integer operation never returns to the interpreter for a signal to land; the batch of
 them also goes through the real reward sandbox, where the job's reward timeout is the last word.
-Symbolic comparisons that must agree get a generous SymPy budget, so a loaded machine cannot
-turn them into misses.
+SymPy's bound is CPU time, so load beside the reward changes no verdict: the timer itself is tested
+(a busy loop is stopped, a sleep is not), and the issue-46 pairs are scored in a real reward worker
+with every core spinning beside it. An answer that runs out of the bound is `Unjudged`, not wrong.
 """
 
+import os
+import signal
+import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from grpo_operator.api.spec import RewardSpec
+from grpo_rollout.rewards.base import Unjudged
 from grpo_rollout.rewards.builtin.math_answer import (
     MAX_TEXT,
+    AnswerTimeout,
+    cpu_limit,
     extract_answer,
+    judge,
     math_answer,
     same_answer,
     to_number,
@@ -185,6 +197,136 @@ def test_worst_cases_get_a_verdict_in_the_reward_sandbox_and_spare_their_batch()
         scorer.close()
     rewards = [reward for reward, _ in scored]
     assert rewards[1:] == [0.0] * len(WORST_CASES)
-    errors = {detail.error for _, details in scored for detail in details}
-    if errors == {None}:  # the reward bounded itself: nothing was zeroed wholesale
-        assert rewards[0] == 1.0
+    details = [detail for _, (detail,) in scored]
+    assert all(d.timed_out for d in details if d.error is not None)  # no verdict, never a silent 0
+    if not any("timed out after" in (d.error or "") for d in details):  # the reward bounded itself
+        assert rewards[0] == 1.0 and details[0].error is None
+
+
+@pytest.mark.timeout(30, method="signal")  # pytest-timeout's wall-clock SIGALRM timer runs beside it
+def test_the_cpu_bound_stops_a_busy_loop_and_leaves_wall_clock_timers_alone():
+    alarm, real = signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)[0]
+    assert real > 0
+    start = time.process_time()
+    with pytest.raises(AnswerTimeout), cpu_limit(0.2):
+        while True:
+            pass
+    assert 0.15 < time.process_time() - start < 10
+    assert signal.getsignal(signal.SIGALRM) is alarm and 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= real
+    assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGPROF) in (signal.SIG_DFL, None)
+
+
+def test_the_bound_counts_cpu_time_not_wall_time():
+    start = time.monotonic()
+    with cpu_limit(0.1):
+        time.sleep(0.5)  # five times the bound, but asleep: waiting spends no CPU
+    assert time.monotonic() - start >= 0.5
+
+
+def test_an_outer_cpu_timer_is_paused_and_rearmed_less_the_cpu_spent():
+    fired: list[int] = []
+
+    def outer(signum, frame):
+        fired.append(signum)
+
+    previous = signal.signal(signal.SIGPROF, outer)
+    signal.setitimer(signal.ITIMER_PROF, 30.0)
+    try:
+        with pytest.raises(AnswerTimeout), cpu_limit(0.2):
+            while True:
+                pass
+        left, _ = signal.getitimer(signal.ITIMER_PROF)
+        assert 25.0 < left < 29.9 and fired == []
+        assert signal.getsignal(signal.SIGPROF) is outer
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
+
+
+def test_an_answer_out_of_cpu_time_is_unjudged_not_wrong():
+    score = judge("\\boxed{9^{9^{9^{9}}}}", "2", seconds=0.2)  # SymPy would evaluate the tower
+    assert isinstance(score, Unjudged) and score == 0.0
+    assert "over 0.2s of CPU time" in score.reason
+    assert judge("\\boxed{\\frac{14}{2}}", "7", seconds=0.2) == 1.0
+    assert judge("\\boxed{8}", "7", seconds=0.2) == 0.0
+
+
+def test_loading_another_builtin_imports_no_sympy():
+    code = (
+        "import sys; from grpo_rollout.rewards import child; child.load({}, 'exact_match'); "
+        "assert not {'sympy', 'math_verify'} & set(sys.modules), sorted(sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+HIDDEN_STYLE = [  # (completion, gold answer, the verdict on an idle machine: 1.0, 0.0, None = no verdict)
+    ("\\boxed{\\sqrt{3}/2}", "\\frac{\\sqrt{3}}{2}", 1.0),  # the four issue 46 saw scored 0 under load
+    ("\\boxed{\\pi \\cdot 2}", "2\\pi", 1.0),
+    ("\\boxed{x^2+2x+1}", "(x+1)^2", 1.0),
+    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", 1.0),
+    ("\\boxed{(x+2)(x+5)}", "x^2+7x+10", 1.0),
+    ("\\boxed{\\sqrt{20}}", "2\\sqrt{5}", 1.0),
+    ("\\boxed{\\{2,1\\}}", "\\{1,2\\}", 1.0),
+    ("\\boxed{\\frac{\\pi}{2}}", "\\pi/2", 1.0),
+    ("Half of 2,160 is 1,080.\n#### 1,080", "1080", 1.0),
+    ("\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{\\sqrt{3}}{2}", 0.0),
+    ("\\boxed{(-1,3)}", "(3,-1)", 0.0),
+    ("\\boxed{(x+2)(x+6)}", "x^2+7x+10", 0.0),
+    ("\\boxed{5\\sqrt{2}}", "2\\sqrt{5}", 0.0),
+    ("\\boxed{2^{11}}", "1024", 0.0),
+    ("\\boxed{9^{9^{9^{9}}}}", "2", None),  # burns CPU far past the bound on any machine
+    ("\\boxed{1e999999999}", "2", 0.0),  # the rest are refused by the bounds at once
+    ("\\boxed{" + "\\frac{" * 100 + "1" + "}{2}" * 100 + "}", "2", 0.0),
+    ("\\boxed{" + "{" * 40_000 + "1" + "}" * 40_001, "2", 0.0),
+    ("x" * 1_000_000 + " so the answer is 7", "7", 1.0),
+]
+
+
+@contextmanager
+def every_core_busy() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """A busy loop per core, beside the block, killed after it whatever happens."""
+    spinners: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(os.cpu_count() or 1):
+            spinners.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+        yield spinners
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+        for spinner in spinners:
+            spinner.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU time of a live process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_verdicts_in_a_reward_worker_do_not_change_with_every_core_busy():
+    """The built-in as the rollout server runs it (a warmed, sandboxed worker) with a busy loop on
+    every core beside it: each verdict is the idle one. The job's reward.timeoutSeconds is wall time
+    and the sandbox's last word (a batch past it has no verdict either way); it is set high here, so
+    that what is tested is the reward's own bound."""
+    scorer = RewardScorer(RewardSpec(functions=[{"builtin": "math"}], timeout_seconds=120))
+    completions = [completion for completion, _, _ in HIDDEN_STYLE]
+    answers = [gold for _, gold, _ in HIDDEN_STYLE]
+    try:
+        worker = scorer._worker._proc
+        assert worker is not None  # started and warmed by the scorer's start-up check
+        cpu0 = cpu_seconds(worker.pid)
+        with every_core_busy() as spinners:
+            t0 = time.monotonic()
+            scored = scorer.score(["p"] * len(completions), completions, {"answer": answers})
+            wall = time.monotonic() - t0
+            assert all(spinner.poll() is None for spinner in spinners)  # they spun all along
+        cpu = cpu_seconds(worker.pid) - cpu0
+    finally:
+        scorer.close()
+    verdicts = [None if detail.timed_out else detail.score for _, (detail,) in scored]
+    assert verdicts == [verdict for _, _, verdict in HIDDEN_STYLE]
+    assert all(detail.error is None for _, (detail,) in scored if not detail.timed_out)
+    print(f"{len(completions)} answers: {wall:.1f}s of wall time, {cpu:.1f}s of the worker's CPU")

@@ -13,12 +13,16 @@ when it has at most MAX_NUMBER characters and an exponent within ±MAX_EXPONENT 
 would otherwise expand to a billion-digit integer); an answer longer than MAX_SYMBOLIC characters
 is never handed to SymPy, nor is one holding a number past the exponent bound (SymPy would build
 it in C, where no timer reaches); and each SymPy comparison (parse and verify of one answer) gets
-ANSWER_SECONDS, after which it is wrong. That bound is a SIGALRM timer, so it holds where the
-reward normally runs, the main thread of the reward worker; elsewhere (a reward called from a
-thread) the worker's `reward.timeoutSeconds` is the only bound, as for any reward.
+ANSWER_SECONDS of CPU time. A comparison still unfinished then is no verdict: the completion scores
+`Unjudged` (0, reported as a reward timeout), never silently wrong. The bound is CPU time
+(ITIMER_PROF, SIGPROF), not wall time: time the worker waits for a CPU on a busy machine does not
+count, so load never changes a verdict, while a hostile answer, which burns CPU, is still stopped.
+It holds where the reward normally runs, the main thread of the reward worker; elsewhere (a reward
+called from a thread) the worker's `reward.timeoutSeconds` is the only bound, as for any reward.
 
-math-verify (and SymPy) is imported at the first symbolic comparison, outside its timer: the registry
-imports every built-in when a worker loads any reward, and this import alone takes a third of a second.
+math-verify and SymPy are imported and warmed (`warm_up`: a few comparisons, so the parser and
+SymPy's lazy internals are built, a second of CPU once) when a worker loads `math`, outside any
+timer; the registry imports every built-in when a worker loads any reward, so the import stays lazy.
 """
 
 import functools
@@ -31,13 +35,14 @@ from contextlib import contextmanager
 from fractions import Fraction
 from typing import Any
 
-from grpo_rollout.rewards.base import BUILTINS, require_column
+from grpo_rollout.rewards.base import BUILTINS, Unjudged, require_column, warmed_by
 
 MAX_TEXT = 100_000  # characters read from the end of a completion
 MAX_NUMBER = 1000  # characters of one number, fraction parts included
 MAX_EXPONENT = 1000  # |e| in 1.5e-3; 10**1000 is still a cheap integer
 MAX_SYMBOLIC = 1000  # characters of an answer SymPy may parse; real final answers are far shorter
-ANSWER_SECONDS = 0.5  # SymPy's time for one answer: 16 pathological ones fit the default 10 s timeout
+ANSWER_SECONDS = 1.0  # SymPy's CPU time for one answer: warm, real answers take 0.01-0.4 s; 9 hostile
+# ones fit the default 10 s reward.timeoutSeconds on an idle core
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 MARKERS = re.compile(r"(?:####|answer is:?)\s*(.+)", re.IGNORECASE)
@@ -105,26 +110,34 @@ class AnswerTimeout(BaseException):
 
 
 @contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
-    """Raise AnswerTimeout in the block after `seconds` (main thread only; elsewhere no limit).
-    A timer already running (pytest-timeout's, say) is paused meanwhile and re-armed after."""
+def cpu_limit(seconds: float) -> Iterator[None]:
+    """Raise AnswerTimeout in the block once this process has spent `seconds` of CPU time in it.
+
+    Main thread only (elsewhere no limit). Time spent waiting for a CPU, or asleep, is not counted.
+    Wall-clock timers (pytest-timeout's SIGALRM) run on untouched; a CPU-time timer already running
+    (ITIMER_PROF: a profiler's) is paused meanwhile and re-armed after, less the CPU the block took.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    done = False
 
     def expire(signum: int, frame: Any) -> None:
-        raise AnswerTimeout
+        if not done:  # a signal landing during the clean-up below is too late to count
+            raise AnswerTimeout
 
-    previous = signal.signal(signal.SIGALRM, expire)
-    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
-    start = time.monotonic()
+    previous = signal.signal(signal.SIGPROF, expire)
+    outer, interval = signal.setitimer(signal.ITIMER_PROF, seconds)
+    start = time.process_time()
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        done = True
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
         if outer > 0:
-            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
+            left = max(outer - (time.process_time() - start), 1e-3)
+            signal.setitimer(signal.ITIMER_PROF, left, interval)
 
 
 @functools.cache
@@ -145,22 +158,28 @@ def _sympy(answer: str) -> list[Any]:
 
 
 def same_symbolically(predicted: str, expected: str, seconds: float = ANSWER_SECONDS) -> bool:
-    """math-verify's verdict, within `seconds` and MAX_SYMBOLIC; False past either bound."""
+    """math-verify's verdict within MAX_SYMBOLIC (False past it); AnswerTimeout past `seconds` of CPU."""
     if max(len(predicted), len(expected)) > MAX_SYMBOLIC:
         return False
     if any(len(e) > 4 or int(e) > MAX_EXPONENT for e in EXPONENTS.findall(predicted + " " + expected)):
         return False
-    verify = _math_verify()[1]  # imported now, not on the answer's time
+    _math_verify()  # imported now, not on the answer's time
     try:
-        with time_limit(seconds):
-            gold, guess = _sympy(expected), _sympy(predicted)
-            return bool(gold and guess and verify(gold, guess, timeout_seconds=None))
-    except (AnswerTimeout, RecursionError):
+        with cpu_limit(seconds):
+            return _compare(predicted, expected)
+    except RecursionError:
         return False
 
 
+def _compare(predicted: str, expected: str) -> bool:
+    verify = _math_verify()[1]
+    gold, guess = _sympy(expected), _sympy(predicted)
+    return bool(gold and guess and verify(gold, guess, timeout_seconds=None))
+
+
 def same_answer(predicted: str, expected: str, seconds: float = ANSWER_SECONDS) -> bool:
-    """Exact for two plain numbers; else equal as normalised text, else equal to math-verify."""
+    """Exact for two plain numbers; else equal as normalised text, else equal to math-verify.
+    AnswerTimeout when math-verify needs more than `seconds` of CPU."""
     a, b = to_number(predicted), to_number(expected)
     if a is not None and b is not None:
         return a == b
@@ -168,13 +187,35 @@ def same_answer(predicted: str, expected: str, seconds: float = ANSWER_SECONDS) 
     return norm(predicted) == norm(expected) or same_symbolically(predicted, expected, seconds)
 
 
+WARM_UP_PAIRS = [  # one of each path a first answer would otherwise pay for: LaTeX, sets, polynomials
+    ("\\frac{\\sqrt{3}}{2}", "\\sqrt{3}/2"),
+    ("(x+1)^2", "x^2+2x+1"),
+    ("2\\pi", "\\pi \\cdot 2"),
+    ("\\{1,2\\}", "(1, 2]"),
+    ("\\frac{x^2-1}{x-1}", "x+1"),
+    ("sqrt(8)", "2*sqrt(2)"),
+]
+
+
+def warm_up() -> None:
+    """Import math-verify and build SymPy's lazy parts: the worker runs this when it loads `math`."""
+    for predicted, expected in WARM_UP_PAIRS:
+        _compare(predicted, expected)
+
+
+def judge(completion: str, answer: Any, seconds: float = ANSWER_SECONDS) -> float:
+    """1.0 or 0.0; Unjudged when math-verify ran out of its CPU time."""
+    predicted = extract_answer(completion)
+    if predicted is None or answer is None:
+        return 0.0
+    try:
+        return float(same_answer(predicted, str(answer), seconds))
+    except AnswerTimeout:
+        return Unjudged(f"math: comparing the answer took over {seconds:g}s of CPU time (ANSWER_SECONDS)")
+
+
 @BUILTINS.register("math")
+@warmed_by(warm_up)
 def math_answer(prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
     answers = require_column(columns, "answer", "math")
-    scores = []
-    for completion, answer in zip(completions, answers, strict=True):
-        predicted = extract_answer(completion)
-        scores.append(
-            float(predicted is not None and answer is not None and same_answer(predicted, str(answer)))
-        )
-    return scores
+    return [judge(completion, answer) for completion, answer in zip(completions, answers, strict=True)]
