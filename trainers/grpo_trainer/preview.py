@@ -19,6 +19,7 @@ from typing import Any
 from grpo_operator import storage
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.api.status import Reason
+from grpo_wire.chat import ChatError, PromptRenderer
 
 from grpo_trainer.config import ConfigError
 from grpo_trainer.data import DATASET_FIELD, RowShape, load_rows
@@ -26,6 +27,11 @@ from grpo_trainer.prompts import Lengths, prompt_limit, render, renderer_for
 
 EXIT_NO_TOKENIZER = 3  # the model's tokenizer cannot be loaded: nothing was rendered
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt")
+# A multi-turn episode's budget (spec.algorithm.maxNewTokens, shared by every turn and every reply)
+# must hold two one-token model turns and a reply of at least this many tokens between them: a short
+# sentence. Replies are the environment's or the tools' own, unknown offline; past them the episode
+# ends after its first turn (grpo_rollout.episodes: a reply that does not fit is dropped).
+MIN_REPLY_TOKENS = 16
 # The columns each built-in reward reads (grpo_rollout.rewards: require_column).
 BUILTIN_COLUMNS = {
     "exact_match": ("answer",),
@@ -57,6 +63,29 @@ def reward_columns(spec: GRPOJobSpec) -> dict[str, tuple[str, ...] | None]:
     return out
 
 
+def budget_warning(spec: GRPOJobSpec, renderer: PromptRenderer) -> str | None:
+    """A warning when spec.algorithm.maxNewTokens leaves a multi-turn episode no room for a reply of
+    MIN_REPLY_TOKENS after the chat template's own tokens (which end a turn and open the next) and
+    two one-token model turns; None for single-turn jobs or when there is room."""
+    if (not spec.tools and spec.environment is None) or not renderer.uses_template:
+        return None
+    who = "a tool's" if spec.tools else "the environment's"
+    try:  # the template's tokens around an empty reply: closing the turn, the message, the next opening
+        overhead = len(renderer.continuation([{"role": "tool" if spec.tools else "user", "content": ""}], ""))
+    except (ChatError, ValueError):
+        return None  # the trainer's start-up check names what is wrong with the template
+    budget = spec.algorithm.max_new_tokens
+    room = budget - overhead - 2
+    if room >= MIN_REPLY_TOKENS:
+        return None
+    return (
+        f"spec.algorithm.maxNewTokens: {budget} tokens hold every turn of an episode and every reply in it; "
+        f"after two one-token model turns and the chat template's {overhead} tokens around a reply, "
+        f"{max(room, 0)} are left for {who} reply (fewer than {MIN_REPLY_TOKENS}): most episodes would "
+        "end after their first turn (finish_reason length). Raise spec.algorithm.maxNewTokens"
+    )
+
+
 def preview(spec: GRPOJobSpec, n: int) -> dict[str, Any]:
     """The first `n` prompts rendered, the columns of each, every reward's columns and what it
     misses, and the prompt lengths over the whole dataset."""
@@ -64,6 +93,7 @@ def preview(spec: GRPOJobSpec, n: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="grpo-preview-") as tmp:
         renderer = renderer_for(spec, tokenizer_dir(spec.model.path, Path(tmp)))
         rendered = render(rows, renderer)
+        budget = budget_warning(spec, renderer)
     limit = prompt_limit(spec)
     lengths = Lengths.of(rendered, limit)
     needs = reward_columns(spec)
@@ -97,7 +127,7 @@ def preview(spec: GRPOJobSpec, n: int) -> dict[str, Any]:
             "limit": lengths.limit,
             "over_limit": lengths.over,
         },
-        "warnings": [w for w in [lengths.warning(DATASET_FIELD)] if w],
+        "warnings": [w for w in [lengths.warning(DATASET_FIELD), budget] if w],
     }
 
 
