@@ -56,9 +56,9 @@ def code_metrics() -> set[str]:
 
 
 def trainer_metric_names() -> set[str]:
-    """Names the trainer puts in StepReport.metrics: string keys of the dicts loss, step and loop build."""
+    """Names the trainer puts in StepReport.metrics: string keys of the dicts loss, step, loop and batch build."""
     found: set[str] = set()
-    for module in ("losses.py", "loop.py", "step.py"):
+    for module in ("losses.py", "loop.py", "step.py", "batch.py"):
         for node in ast.walk(ast.parse((ROOT / "trainers" / "grpo_trainer" / module).read_text())):
             keys = node.keys if isinstance(node, ast.Dict) else []
             if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
