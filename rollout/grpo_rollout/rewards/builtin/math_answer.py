@@ -21,8 +21,9 @@ It holds where the reward normally runs, the main thread of the reward worker; e
 called from a thread) the worker's `reward.timeoutSeconds` is the only bound, as for any reward.
 
 math-verify and SymPy are imported and warmed (`warm_up`: a few comparisons, so the parser and
-SymPy's lazy internals are built, a second of CPU once) when a worker loads `math`, outside any
-timer; the registry imports every built-in when a worker loads any reward, so the import stays lazy.
+SymPy's lazy internals are built; about 2 s of CPU, once) when a worker loads `math`, and elsewhere
+before the first symbolic comparison, outside any timer: a cold first comparison alone can take a
+second of CPU. The registry imports every built-in when a worker loads any reward, so the import is lazy.
 """
 
 import functools
@@ -163,7 +164,7 @@ def same_symbolically(predicted: str, expected: str, seconds: float = ANSWER_SEC
         return False
     if any(len(e) > 4 or int(e) > MAX_EXPONENT for e in EXPONENTS.findall(predicted + " " + expected)):
         return False
-    _math_verify()  # imported now, not on the answer's time
+    warm_up()  # once per process, and not on the answer's time
     try:
         with cpu_limit(seconds):
             return _compare(predicted, expected)
@@ -197,8 +198,10 @@ WARM_UP_PAIRS = [  # one of each path a first answer would otherwise pay for: La
 ]
 
 
+@functools.cache
 def warm_up() -> None:
-    """Import math-verify and build SymPy's lazy parts: the worker runs this when it loads `math`."""
+    """Import math-verify and build SymPy's lazy parts, once: the worker runs this when it loads `math`,
+    and the first symbolic comparison in any other process before its timer starts."""
     for predicted, expected in WARM_UP_PAIRS:
         _compare(predicted, expected)
 
