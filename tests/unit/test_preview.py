@@ -141,27 +141,23 @@ def test_the_columns_preview_says_each_builtin_reads_are_the_ones_it_reads() -> 
                 fn(["p"], ["3"], **{c: v for c, v in given.items() if c != missing})
 
 
-@pytest.mark.parametrize(("budget", "warned"), [(8, True), (32, False)])
-def test_a_budget_with_no_room_for_a_reply_is_a_warning_of_validate_and_preview(
-    job: Path, budget: int, warned: bool
-) -> None:
+def test_a_budget_with_no_room_for_a_reply_is_a_warning_of_validate_and_preview(job: Path) -> None:
     """Issue 46: an environment's two-turn episodes under maxNewTokens 8 end after one turn; said
-    before the run (the template's 4 tokens around a reply and two one-token turns leave 2 of 8)."""
+    before the run (the template's 4 tokens around a reply and two one-token turns leave 2 of 8);
+    at 32 there is room, and nothing is said."""
     manifest = yaml.safe_load(job.read_text())
     manifest["spec"]["environment"] = {"class": "are_you_sure:AreYouSure"}
-    manifest["spec"]["algorithm"] = {"maxNewTokens": budget}
+    manifest["spec"]["algorithm"] = {"maxNewTokens": 32}
     job.write_text(yaml.safe_dump(manifest))
-    warnings = json.loads(preview(job, "-n", "0", "--json").stdout)["warnings"]
-    said = [w for w in warnings if w.startswith("spec.algorithm.maxNewTokens")]
-    assert len(said) == warned, warnings
-    if warned:
-        assert said[0].startswith(
-            "spec.algorithm.maxNewTokens: 8 tokens hold every turn of an episode and every reply in it; "
-            "after two one-token model turns and the chat template's 4 tokens around a reply, 2 are left for "
-            "the environment's reply (fewer than 16)"
-        ), said
+    assert not json.loads(preview(job, "-n", "0", "--json").stdout)["warnings"]
+    manifest["spec"]["algorithm"] = {"maxNewTokens": 8}
+    job.write_text(yaml.safe_dump(manifest))
     done = subprocess.run(
         [*CLI, "validate", "--check-paths", str(job)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr  # a warning: the file is valid
-    assert ("warning: spec.algorithm.maxNewTokens: 8 tokens hold" in done.stderr) is warned, done.stderr
+    assert (
+        "warning: spec.algorithm.maxNewTokens: 8 tokens hold every turn of an episode and every reply in it; "
+        "after two one-token model turns and the chat template's 4 tokens around a reply, 2 are left for "
+        "the environment's reply (fewer than 16)"
+    ) in done.stderr, done.stderr
