@@ -56,7 +56,7 @@ def code_metrics() -> set[str]:
 
 
 def trainer_metric_names() -> set[str]:
-    """Names the trainer puts in StepReport.metrics: string keys of the dicts loss, step, loop and batch build."""
+    """Names the trainer puts in StepReport.metrics: keys of the dicts loss, step, loop and batch build."""
     found: set[str] = set()
     for module in ("losses.py", "loop.py", "step.py", "batch.py"):
         for node in ast.walk(ast.parse((ROOT / "trainers" / "grpo_trainer" / module).read_text())):

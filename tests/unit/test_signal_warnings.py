@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from grpo_operator.api import signals
-from grpo_operator.api.report import StepReport
 from grpo_operator.api.algorithm import AlgorithmSpec
+from grpo_operator.api.report import StepReport
 from grpo_operator.local.display import ProgressView
 from grpo_trainer.batch import Rollouts, untrained_reason
 from grpo_trainer.progress import ProgressReporter
