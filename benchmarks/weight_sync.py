@@ -419,9 +419,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
                     await_count(ctl, f"sweep-result-{r}", None, procs)
                 peaks = [json.loads(ctl.get(f"sweep-result-{r}"))["peak"] for r in range(world)]
             finally:
-                for proc in procs.values():
-                    proc.kill()
-                    proc.wait()
+                end(procs)
             member = json.loads(report.read_text())
             held = member[-1]["held"]
             rows.append(dict(
@@ -537,9 +535,7 @@ def held(args: argparse.Namespace) -> list[dict]:
             json.loads((Path(tmp.name) / f"server-{k}.json").read_text())[-1] for k in range(len(urls))
         ]
     finally:
-        for proc in procs.values():
-            proc.kill()
-            proc.wait()
+        end(procs)
         tmp.cleanup()
     rows = [
         dict(transport="held", senders=world, member=k, experts=placements[k], model_bytes=whole,
@@ -573,6 +569,29 @@ def free_port() -> int:
 
 def spawn(*argv: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, __file__, *argv], env={**os.environ, **(env or {})})
+
+
+def end(procs: Procs) -> None:
+    """Kill the processes of a leg, the last started first: the trainer ranks go before the servers,
+    so a failed run does not also print the errors of ranks whose servers were killed under them
+    (a `WeightSyncError` of connections refused and reset, which looks like the cause)."""
+    for proc in reversed(procs.values()):
+        proc.kill()
+        proc.wait()
+
+
+def linger(store_port: int) -> None:
+    """A trainer rank whose part is done stays until the controller ends it (kills it, or leaves and
+    takes its store along): the controller counts every exit as a failure. A rank that returned raced
+    the controller's last waits: the default run's rank 1 ended while rank 0 still pushed the http
+    leg's last version, and the controller took that for a death and killed the servers under it."""
+    ctl = store(store_port)
+    try:
+        while True:
+            ctl.check(["-"])  # raises once the controller is gone
+            time.sleep(1)
+    except dist.DistError:
+        return
 
 
 async def _stream_request(
@@ -618,7 +637,8 @@ Procs = dict[str, subprocess.Popen]  # role and index -> process
 
 def check_alive(procs: Procs) -> None:
     """Raise, naming it, when any process of the benchmark has exited: every process lives until
-    the controller kills it, so an exit is a failure (its traceback is above, on stderr)."""
+    the controller kills it (a trainer rank whose part is done `linger`s), so an exit is a failure
+    (its traceback is above, on stderr)."""
     for name, proc in procs.items():
         if (code := proc.poll()) is not None:
             raise BenchmarkFailed(f"{name} exited with status {code} (its error is printed above)")
@@ -717,9 +737,7 @@ def transports(args: argparse.Namespace, spec: dict) -> list[dict]:
             await_count(ctl, f"result-{r}", None, procs)
         res = [json.loads(ctl.get(f"result-{r}")) for r in range(SENDERS)]
     finally:
-        for proc in procs.values():
-            proc.kill()
-            proc.wait()
+        end(procs)
         tmp.cleanup()
     mb = args.model_bytes_exact
     link_s = [max(runs) for runs in zip(*(r["raw_s"] for r in res), strict=True)]  # the slower rank's
@@ -769,6 +787,9 @@ def transports(args: argparse.Namespace, spec: dict) -> list[dict]:
     return rows
 
 
+RANK_ROLES = {"rank": run_rank, "sweep-rank": run_sweep_rank, "held-rank": run_held_rank}  # by leg
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-mib", type=int, default=1024, help="payload in the rollout dtype (bf16)")
@@ -806,14 +827,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "raw":
         run_raw(args.index, args.store_port, args.port, args.model_bytes_exact // SENDERS, 1 + args.repeats)
         return 0
-    if args.role == "rank":
-        run_rank(args.index, args)
-        return 0
-    if args.role == "sweep-rank":
-        run_sweep_rank(args.index, args)
-        return 0
-    if args.role == "held-rank":
-        run_held_rank(args.index, args)
+    if args.role in RANK_ROLES:
+        RANK_ROLES[args.role](args.index, args)
+        linger(args.store_port)
         return 0
 
     rows: list[dict] = []

@@ -1,7 +1,9 @@
 """`benchmarks/weight_sync.py` run small (4 MiB, both transports, the senders sweep at 1 and 2, the
-held leg at 2 members) finishes and writes every row; a
-process of the benchmark that dies fails the run at once, naming it (the benchmark once failed in
-its http leg and then hung with its servers idle). Nothing here is timed."""
+held leg at 2 members) finishes and writes every row; a process of the benchmark that dies fails
+the run at once, naming it (the benchmark once failed in its http leg and then hung with its servers
+idle), and a trainer rank whose part is done stays until the controller ends it (issue 47: the
+default run's rank 1 returned early, the controller took that for a death and killed the servers
+under rank 0's last http version). Nothing here is timed."""
 
 from __future__ import annotations
 
@@ -89,3 +91,32 @@ def test_the_held_leg_gives_each_ep_member_its_experts_alone(tmp_path: Path) -> 
     for row in rows:
         assert 1.0 <= row["received_over_held"] <= 1.01  # its experts and the dense part, once
         assert row["whole_over_held"] > 1.5  # what it took before: the whole model
+
+
+@pytest.mark.slow
+def test_a_rank_whose_part_is_done_stays_until_the_controller_ends_it() -> None:
+    """Every role of a trainer rank (its part here: say so in the store) then waits for the
+    controller, which counts any exit as a failure; once the controller is gone, it leaves too."""
+    bench = _bench()
+    port = bench.free_port()
+    ctl = bench.store(port, master=True)
+    child = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('bench', {str(SCRIPT)!r})\n"
+        "bench = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(bench)\n"
+        "for role in bench.RANK_ROLES:\n"
+        "    bench.RANK_ROLES[role] = lambda index, args: bench.store(args.store_port).add('done', 1)\n"
+        f"sys.exit(bench.main(['--role', sys.argv[1], '--store-port', '{port}']))\n"
+    )
+    procs = {role: subprocess.Popen([sys.executable, "-c", child, role]) for role in bench.RANK_ROLES}
+    try:
+        bench.await_count(ctl, "done", len(procs), procs)  # each did its part
+        time.sleep(3)  # a rank that returned would have exited by now
+        bench.check_alive(procs)
+        del ctl  # the controller leaves
+        assert all(p.wait(timeout=30) == 0 for p in procs.values())
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
