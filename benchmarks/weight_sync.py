@@ -51,7 +51,6 @@ for sub in ("trainers", "operator", "rollout", "wire"):
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from grpo_operator.api.roles import WeightSync  # noqa: E402
-from grpo_trainer.tiny_model import build_tokenizer  # noqa: E402
 
 TOKEN = "weight-sync-bench"
 COLS = 4096
@@ -376,7 +375,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
     spec = sweep_shapes(args)
     bucket = args.sweep_bucket_mib << 20
     tmp = tempfile.TemporaryDirectory(prefix="weight-sync-sweep-")
-    build_tokenizer().save_pretrained(tmp.name)
+    save_tokenizer(tmp.name)
     rows = []
     try:
         for world in [int(x) for x in args.sweep.split(",")]:
@@ -388,7 +387,6 @@ def sweep(args: argparse.Namespace) -> list[dict]:
             procs: Procs = {"server": spawn(*server, env=env)}
             try:
                 url = f"http://127.0.0.1:{port}"
-                wait_health([url], procs)
                 common = [
                     "--sweep-mib",
                     str(args.sweep_mib),
@@ -407,6 +405,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
                 procs |= {
                     f"trainer rank {r} of {world}": spawn(*rank, "--index", str(r)) for r in range(world)
                 }
+                wait_health([url], procs)  # the ranks start meanwhile
                 seconds = []
                 for version in SWEEP_VERSIONS:
                     ctl.set(f"sweep-{version}", "go")
@@ -507,7 +506,7 @@ def held(args: argparse.Namespace) -> list[dict]:
     placements = held_placements(args.held_servers)
     whole = sum(2 * math.prod(shape) for shape in spec.values())
     tmp = tempfile.TemporaryDirectory(prefix="weight-sync-held-")
-    build_tokenizer().save_pretrained(tmp.name)
+    save_tokenizer(tmp.name)
     ctl_port, sync_port = free_port(), free_port()
     ctl = store(ctl_port, master=True)
     ports = [free_port() for _ in placements]
@@ -519,12 +518,12 @@ def held(args: argparse.Namespace) -> list[dict]:
                    "BENCH_HELD": json.dumps(experts)}  # fmt: skip
             server = ["--role", "server", "--tokenizer", tmp.name, "--port", str(port)]
             procs[f"server {k}"] = spawn(*server, env=env)
-        wait_health(urls, procs)
         common = ["--sweep-mib", str(args.sweep_mib), "--sweep-bucket-mib", str(args.sweep_bucket_mib)]
         common += ["--senders", str(world), "--store-port", str(ctl_port), "--sync-port", str(sync_port)]
         common += ["--held-servers", str(args.held_servers)]
         for r in range(world):
             procs[f"trainer rank {r} of {world}"] = spawn("--role", "held-rank", *common, "--index", str(r))
+        wait_health(urls, procs)  # the ranks start meanwhile
         seconds = 0.0
         for version in HELD_VERSIONS:
             ctl.set(f"held-{version}", "go")
@@ -569,6 +568,14 @@ def free_port() -> int:
 
 def spawn(*argv: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, __file__, *argv], env={**os.environ, **(env or {})})
+
+
+def save_tokenizer(directory: str) -> None:
+    """The tiny model's tokenizer, for the servers; imported here, in the controller alone (transformers
+    would add seconds to the start of every process of the benchmark)."""
+    from grpo_trainer.tiny_model import build_tokenizer
+
+    build_tokenizer().save_pretrained(directory)
 
 
 def end(procs: Procs) -> None:
@@ -680,7 +687,7 @@ async def watched(work, procs: Procs, timeout_s: float = 600):  # a coroutine, a
     return task.result()
 
 
-def wait_health(urls: list[str], procs: Procs, timeout_s: float = 120) -> None:
+def wait_health(urls: list[str], procs: Procs, timeout_s: float = 300) -> None:
     import urllib.request
 
     deadline = time.monotonic() + timeout_s
@@ -707,7 +714,7 @@ def transports(args: argparse.Namespace, spec: dict) -> list[dict]:
     common += ["--repeats", str(args.repeats)]
     common += ["--only", args.only] if args.only else []
     tmp = tempfile.TemporaryDirectory(prefix="weight-sync-bench-")
-    build_tokenizer().save_pretrained(tmp.name)  # servers render prompts with one, even here
+    save_tokenizer(tmp.name)  # servers render prompts with one, even here
     server = ["--role", "server", "--tokenizer", tmp.name, *common]
     env = {"BENCH_SHAPES": json.dumps(spec)}
     procs: Procs = {
@@ -718,10 +725,10 @@ def transports(args: argparse.Namespace, spec: dict) -> list[dict]:
               for i, p in enumerate(raw_ports)}  # fmt: skip
     load_before = os.getloadavg()[0]
     try:
-        wait_health(urls, procs)
         rank_args = ["--store-port", str(ctl_port), "--sync-port", str(sync_port), "--servers", *urls]
         procs |= {f"trainer rank {r}": spawn("--role", "rank", "--index", str(r), *common, *rank_args,
                                              "--raw-urls", *raw_urls) for r in range(SENDERS)}  # fmt: skip
+        wait_health(urls, procs)  # the ranks start meanwhile (their first link run is a warm-up)
         stream_s = []
         for version in stream_versions(args.repeats):
             await_count(ctl, f"link-{version}-done", SENDERS, procs)
