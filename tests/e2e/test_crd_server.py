@@ -169,7 +169,8 @@ def test_an_environment_job_may_leave_reward_out_on_the_server_as_offline(
     """Issue 46: the fixture refused for scoring nothing is accepted once an environment scores."""
     refused = ROOT / "tests" / "fixtures" / "invalid" / "rule-no-reward-no-environment.yaml"
     path = tmp_path / "environment-only.yaml"
-    path.write_text(refused.read_text() + "  environment:\n    class: my_pkg.games:Guess\n")
+    extra = "  environment:\n    class: my_pkg.games:Guess\n  checkpoint:\n    path: s3://ckpt/env\n"
+    path.write_text(refused.read_text() + extra)  # (a gang of 2 checkpoints to s3: the fixture has none)
     kubectl("create", "--dry-run=server", "-f", "-", input=in_namespace(path, namespace))
     assert validation.validate_file(path) == []
 
