@@ -85,7 +85,8 @@ def trajectory(work: Path) -> dict[int, tuple[float, float]]:
 
 def step_point(record: dict) -> tuple[float, float]:
     m = record["metrics"]
-    return (m.get("loss", 0.0) if m.get("kept") == 0 else m["loss"]), record["reward_mean"]
+    # a step that trained on nothing says so: trained_samples 0 and loss null (issue 46)
+    return (0.0 if record["trained_samples"] == 0 else m["loss"]), record["reward_mean"]
 
 
 def run_to_end(c: Path, work: Path, pods: int = 1) -> None:

@@ -1,6 +1,9 @@
 """One StepReport with every field set, sent by the progress, exporter, tracking and e2e status
 tests: each consumer of rank 0's report is held to every field, not to the ones a test thought of."""
 
+from grpo_operator import render
+from grpo_operator.api.contract import RunContract
+from grpo_operator.api.job import GRPOJob
 from grpo_operator.api.report import EvalScore, StepReport
 
 REPORT = StepReport(
@@ -42,3 +45,16 @@ REPORT = StepReport(
         EvalScore(step=3, reward=0.3, pass_at_k=0.75, k=4, prompts=20, seconds=1.0),
     ],
 )
+
+
+def progress_contract() -> RunContract:
+    """A small job's run contract, for a ProgressReporter outside a cluster."""
+    spec = {
+        "model": {"path": "/m"},
+        "dataset": {"path": "/d.jsonl"},
+        "reward": {"functions": [{"builtin": "math"}]},
+    }
+    job = GRPOJob.model_validate(
+        {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob", "metadata": {"name": "j"}, "spec": spec}
+    )
+    return render.contract(job, name="j", namespace="ns", local_ports=render.LocalPorts(1, (2,)))

@@ -16,8 +16,7 @@ from grpo_trainer.progress import ProgressReporter
 from grpo_wire.protocol import Completion, PromptResult, RewardDetail
 from rich.console import Console
 
-from tests.support.progress import REPORT
-from tests.unit.test_grpo_progress import contract
+from tests.support.progress import REPORT, progress_contract
 
 
 def completion(reward: float, finish: str = "stop", timed_out: int = 0) -> Completion:
@@ -95,7 +94,7 @@ def test_a_step_with_no_advantage_says_why_in_words() -> None:
 def test_the_trainer_sums_timeouts_over_the_attempt_and_warns_once_each(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    reporter = ProgressReporter(contract(), str(tmp_path / "p.jsonl"), in_cluster=False)
+    reporter = ProgressReporter(progress_contract(), str(tmp_path / "p.jsonl"), in_cluster=False)
     metrics = {"loss": 0.1, "reward_timeouts": 2.0, "episodes_cut_fraction": 0.9}
     with caplog.at_level(logging.WARNING, logger="grpo_trainer.progress"):
         for step in (1, 2, 3):
