@@ -5,26 +5,12 @@ import json
 from pathlib import Path
 
 import pytest
-from grpo_operator import render
-from grpo_operator.api.job import GRPOJob
 from grpo_operator.api.report import ENV_PROGRESS_FILE, EvalScore, StepReport
 from grpo_operator.api.status import Progress
 from grpo_operator.local.progress import ProgressLog
 from grpo_trainer.progress import ProgressReporter
 
-from tests.support.progress import REPORT
-
-
-def contract():
-    spec = {
-        "model": {"path": "/m"},
-        "dataset": {"path": "/d.jsonl"},
-        "reward": {"functions": [{"builtin": "math"}]},
-    }
-    job = GRPOJob.model_validate(
-        {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob", "metadata": {"name": "j"}, "spec": spec}
-    )
-    return render.contract(job, name="j", namespace="ns", local_ports=render.LocalPorts(1, (2,)))
+from tests.support.progress import REPORT, progress_contract
 
 
 def test_reports_append_to_the_progress_file_and_the_runtime_reads_them(
@@ -33,7 +19,7 @@ def test_reports_append_to_the_progress_file_and_the_runtime_reads_them(
     path = tmp_path / "progress.jsonl"
     monkeypatch.setenv(ENV_PROGRESS_FILE, str(path))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    reporter = ProgressReporter.from_env(contract())
+    reporter = ProgressReporter.from_env(progress_contract())
     reporter.report(REPORT)
     reporter.report(REPORT.model_copy(update={"step": 4, "reward_mean": 0.5}))
     reporter.close()
@@ -47,7 +33,7 @@ def test_reports_append_to_the_progress_file_and_the_runtime_reads_them(
 
 
 def test_each_report_carries_the_wait_share_of_the_last_steps(tmp_path: Path) -> None:
-    reporter = ProgressReporter(contract(), str(tmp_path / "p.jsonl"), in_cluster=False)
+    reporter = ProgressReporter(progress_contract(), str(tmp_path / "p.jsonl"), in_cluster=False)
     waits = [0.5] * 3 + [0.0] * (ProgressReporter.WAIT_WINDOW + 2)  # 1 s steps
     for step, wait in enumerate(waits, start=1):
         reporter.report(REPORT.model_copy(update={"step": step, "rollout_s": wait, "step_s": 1.0}))
@@ -84,7 +70,7 @@ def test_a_report_with_a_misspelt_field_is_refused() -> None:
 
 
 def test_without_a_progress_file_lines_go_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
-    reporter = ProgressReporter(contract(), None, in_cluster=False)
+    reporter = ProgressReporter(progress_contract(), None, in_cluster=False)
     reporter.report(REPORT)
     reporter.close()
     assert StepReport.model_validate_json(capsys.readouterr().out) == REPORT
@@ -94,7 +80,7 @@ def test_a_cluster_without_credentials_never_stops_the_reports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # in_cluster config cannot load
-    reporter = ProgressReporter(contract(), str(tmp_path / "p.jsonl"), in_cluster=True)
+    reporter = ProgressReporter(progress_contract(), str(tmp_path / "p.jsonl"), in_cluster=True)
     reporter.report(REPORT)
     reporter.close()
     assert StepReport.model_validate_json((tmp_path / "p.jsonl").read_text()) == REPORT
